@@ -1,0 +1,28 @@
+"""The one error type for bad input: it always names the file, the line and the field."""
+
+from __future__ import annotations
+
+
+class InputError(Exception):
+    """Bad input: rendered as a single line ``file:line: field 'x': message``.
+
+    The command-line entry points catch it, print it, and exit with status 2 before
+    anything is written.
+    """
+
+    def __init__(self, file: str, line: int | None, field: str | None, message: str):
+        self.file = file
+        self.line = line
+        self.field = field
+        self.message = message
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        """The single-line message shown to the user."""
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        what = f" field '{self.field}':" if self.field else ""
+        return f"{where}:{what} {self.message}"
+
+
+class InfeasibleError(Exception):
+    """The limits cannot all be met; the message says which ones conflict."""

@@ -1,0 +1,61 @@
+"""``python -m model.evaluate``: validate plans and judge them by the reference cost model.
+
+    python -m model.evaluate REQUESTS PLAN [REQUESTS PLAN ...] [--limit-shapes K] [limit flags]
+    python -m model.evaluate --scenario S.toml --plans DIR     # DIR/plan_<bucket>.jsonl
+
+Exit status: 0 every plan valid and within every limit; 1 a rule or limit fails;
+2 bad input (named by file, line and field).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from model.cli_common import add_input_args, add_limit_args, build_problem, cli_limits, run_main
+from model.errors import InputError
+from model.plan_io import read_plan
+from model.report import bucket_table, verdict
+from model.validate import evaluate_plans
+
+
+def plan_path(plans_dir: Path, bucket_name: str) -> Path:
+    """Where a scenario's plan for a bucket lives."""
+    return plans_dir / f"plan_{bucket_name}.jsonl"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m model.evaluate", description=__doc__.split("\n")[0])
+    parser.add_argument("pairs", nargs="*", type=Path, help="REQUESTS PLAN pairs")
+    parser.add_argument("--plans", type=Path, help="with --scenario: folder of plan_<bucket>.jsonl")
+    add_input_args(parser)
+    add_limit_args(parser)
+    args = parser.parse_args(argv)
+    if args.scenario is not None:
+        if args.pairs:
+            raise InputError("<command line>", None, None, "give either --scenario or REQUESTS PLAN pairs, not both")
+        if args.plans is None:
+            raise InputError("<command line>", None, None, "--scenario needs --plans DIR")
+        problem, _ = build_problem(args, [])
+        plan_files = [plan_path(args.plans, b.name) for b in problem.buckets]
+    else:
+        if not args.pairs or len(args.pairs) % 2:
+            raise InputError("<command line>", None, None, "expected REQUESTS PLAN pairs (an even number of paths)")
+        problem, _ = build_problem(args, args.pairs[0::2], limits=cli_limits(args))
+        plan_files = args.pairs[1::2]
+    plans = tuple(read_plan(f) for f in plan_files)
+    results, global_problems = evaluate_plans(problem, plans)
+    print(f"cost model: {problem.mode}; shape cap K = {problem.max_shapes} per bucket and across all buckets")
+    for result, f in zip(results, plan_files):
+        print(bucket_table(result, {"plan": str(f)}))
+    print(verdict(results, global_problems))
+    return 0 if all(r.ok for r in results) and not global_problems else 1
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    run_main(main)
+
+
+if __name__ == "__main__":
+    entry()

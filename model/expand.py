@@ -1,0 +1,63 @@
+"""Expansion: turn a batching (who rides with whom, at which shape) into a concrete plan.
+
+Batch ids matter: each shape's compile spike (+1500 ms) lands on the first member,
+in plan-file order, of the batch whose id sorts first as a string among that
+shape's batches.  We choose ids and member order so that it lands where it hurts
+least: on a member that stays under the P95 limit, in the batch where it raises the
+batch's largest latency (its sequential-time contribution) the least.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from model.costs import CostParams, Mode, align, decode_latency, prefill_latency
+from model.schema import Batching, Bucket, Limits, Plan
+
+
+def batch_extents(bucket: Bucket, batching: Batching, mode: Mode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-record effective prompt length and per-batch (S_max, G_max) under the cost mode."""
+    nb = len(batching.shape_of)
+    S = batching.shape_of[batching.batch_of] if mode == "strict" else align(bucket.prompt_len)
+    s_max = np.zeros(nb, dtype=np.int64)
+    g_max = np.zeros(nb, dtype=np.int64)
+    np.maximum.at(s_max, batching.batch_of, S)
+    np.maximum.at(g_max, batching.batch_of, bucket.gen_len)
+    return S, s_max, g_max
+
+
+def assemble(bucket: Bucket, batching: Batching, params: CostParams = CostParams(), mode: Mode = "reference",
+             limits: Limits = Limits()) -> Plan:
+    """A plan with spike-aware batch ids (``s<seq_align>-<k>``, zero-padded) and member order."""
+    codes = np.asarray(batching.batch_of, dtype=np.int64)
+    shape_of = np.asarray(batching.shape_of, dtype=np.int64)
+    nb = len(shape_of)
+    S, s_max, g_max = batch_extents(bucket, batching, mode)
+    latency = prefill_latency(S, params) + decode_latency(s_max, g_max, params)[codes] + params.Tbatch_overhead_ms
+    # each batch's gentlest member goes first: the one with the least latency
+    order = np.lexsort((np.arange(len(codes)), latency, codes))
+    first = order[np.r_[True, codes[order][1:] != codes[order][:-1]]]  # first member of each batch 0..nb-1
+    first_lat = latency[first]
+    batch_max = np.full(nb, -np.inf)
+    np.maximum.at(batch_max, codes, latency)
+    spiked = first_lat + params.Tshape_compile_ms
+    seq_hurt = np.maximum(0.0, spiked - batch_max)
+    limit = limits.max_p95_latency_ms
+    crosses = (first_lat <= limit) & (spiked > limit) if limit is not None else np.zeros(nb, bool)
+    # per shape, the batch that takes the spike ranks 0; the rest keep their order
+    pick_order = np.lexsort((np.arange(nb), first_lat, seq_hurt, crosses, shape_of))
+    shapes_sorted = shape_of[pick_order]
+    head = np.r_[True, shapes_sorted[1:] != shapes_sorted[:-1]]
+    rank = np.empty(nb, dtype=np.int64)
+    group_start = np.maximum.accumulate(np.where(head, np.arange(nb), 0))
+    rank[pick_order] = np.arange(nb) - group_start
+    width = len(str(max(int(rank.max()), 0)))
+    ids = np.array([f"s{s}-{r:0{width}d}" for s, r in zip(shape_of.tolist(), rank.tolist())], dtype=object)
+    batch_order = np.lexsort((rank, shape_of))
+    pos = np.empty(nb, dtype=np.int64)
+    pos[batch_order] = np.arange(nb)
+    member_rank = np.empty(len(codes), dtype=np.int64)
+    member_rank[order] = np.arange(len(codes))
+    rec = np.lexsort((member_rank, pos[codes]))
+    return Plan(request_ids=bucket.request_ids[rec], batch_ids=ids[codes[rec]],
+                seq_align=shape_of[codes[rec]], source=f"<plan {bucket.name}>")

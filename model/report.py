@@ -1,0 +1,56 @@
+"""Plain-text tables: one per bucket, metrics beside limits and margins."""
+
+from __future__ import annotations
+
+from model.validate import BucketResult, Violation
+
+METRIC_ROWS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms")
+
+
+def fmt(value: float | None, name: str = "") -> str:
+    """Numbers as a person reads them: ratios with 4 decimals, the rest in 4 significant digits."""
+    if value is None:
+        return "-"
+    if name == "pad_ratio":
+        return f"{value:.4f}"
+    if value == 0 or 1e-3 <= abs(value) < 1e6:
+        return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.4g}"
+    return f"{value:.4e}"
+
+
+def bucket_table(result: BucketResult, extra: dict[str, str] | None = None) -> str:
+    """One bucket's table: each metric, its limit, the margin, and whether it holds."""
+    lines = [f"bucket {result.name}"]
+    m = result.metrics
+    if m is not None:
+        lines[0] += (f": {m.n_requests} requests, {m.n_batches} batches, {len(m.shapes)} shapes "
+                     f"[{', '.join(map(str, m.shapes))}]")
+        checks = {c.metric: c for c in result.checks}
+        lines.append(f"  {'metric':<16}{'value':>14}{'limit':>14}{'margin':>14}  ok")
+        for name in METRIC_ROWS:
+            c = checks.get(name)
+            value = m.value(name)
+            if c is None:
+                lines.append(f"  {name:<16}{fmt(value, name):>14}{'-':>14}{'-':>14}  -")
+            else:
+                sign = "+" if c.margin >= 0 else ""
+                lines.append(f"  {name:<16}{fmt(value, name):>14}{fmt(c.limit, name):>14}"
+                             f"{sign + fmt(c.margin, name):>14}  {'yes' if c.ok else 'NO'}")
+        lines.append(f"  breakdown: prefill {fmt(m.prefill_cost)}, decode {fmt(m.decode_cost)}, "
+                     f"overhead {fmt(m.overhead_cost)}, compile {fmt(m.compile_cost)}")
+    for key, value in (extra or {}).items():
+        lines.append(f"  {key}: {value}")
+    for v in result.violations:
+        lines.append(f"  INVALID {v.rule}: {v.message}")
+    return "\n".join(lines)
+
+
+def verdict(results: list[BucketResult], global_problems: list[Violation]) -> str:
+    """The closing line: valid and within limits, or what failed."""
+    failed = [r.name for r in results if not r.ok]
+    lines = [f"INVALID {v.rule}: {v.message}" for v in global_problems]
+    if failed or global_problems:
+        lines.append(f"FAIL: {', '.join(failed) or 'all buckets'} break a rule or a limit")
+    else:
+        lines.append("OK: every plan is valid and meets every limit")
+    return "\n".join(lines)

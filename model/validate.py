@@ -1,0 +1,148 @@
+"""Solver-independent validation: every rule of the contract, recomputed from the plan alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from model.costs import Metrics, align, batch_index, plan_metrics
+from model.schema import Bucket, Limits, Plan, Problem
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule or limit, with enough detail to find it."""
+
+    bucket: str
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.bucket}: {self.rule}: {self.message}"
+
+
+@dataclass(frozen=True)
+class LimitCheck:
+    """A metric against its limit; margin > 0 means room to spare, < 0 means broken."""
+
+    metric: str
+    value: float
+    limit: float
+
+    @property
+    def margin(self) -> float:
+        return self.limit - self.value
+
+    @property
+    def ok(self) -> bool:
+        return self.value <= self.limit
+
+
+@dataclass(frozen=True)
+class BucketResult:
+    """A validated and evaluated plan of one bucket."""
+
+    name: str
+    metrics: Metrics | None
+    checks: tuple[LimitCheck, ...]
+    violations: tuple[Violation, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and all(c.ok for c in self.checks)
+
+
+def plan_rows(bucket: Bucket, plan: Plan) -> tuple[np.ndarray | None, list[Violation]]:
+    """Row of the bucket behind each plan record, or the coverage violations found.
+
+    Each request must appear exactly once: no unknown ids, no repeats, none missing.
+    """
+    problems: list[Violation] = []
+    ids = pd.Index(bucket.request_ids.astype(str))
+    plan_ids = pd.Series(plan.request_ids.astype(str))
+    dup = plan_ids.duplicated().to_numpy()
+    if dup.any():
+        k = int(np.argmax(dup))
+        problems.append(Violation(bucket.name, "exactly-once",
+                                  f"{plan.source}:{_line(plan, k)}: request {plan_ids.iloc[k]!r} appears twice"
+                                  f" ({int(dup.sum())} repeats)"))
+    rows = ids.get_indexer(plan_ids)
+    unknown = rows < 0
+    if unknown.any():
+        k = int(np.argmax(unknown))
+        problems.append(Violation(bucket.name, "exactly-once",
+                                  f"{plan.source}:{_line(plan, k)}: request {plan_ids.iloc[k]!r} is not in "
+                                  f"{bucket.source} ({int(unknown.sum())} unknown)"))
+    seen = np.zeros(len(bucket), bool)
+    seen[rows[~unknown]] = True
+    if not seen.all():
+        k = int(np.argmax(~seen))
+        problems.append(Violation(bucket.name, "exactly-once",
+                                  f"request {bucket.request_ids[k]!r} ({bucket.source}:{int(bucket.lines[k])}) "
+                                  f"is missing from the plan ({int((~seen).sum())} missing)"))
+    return (None if problems else rows), problems
+
+
+def _line(plan: Plan, k: int) -> int:
+    return int(plan.lines[k]) if plan.lines is not None else k + 1
+
+
+def shape_rules(bucket: Bucket, plan: Plan, rows: np.ndarray, max_shapes: int,
+                max_seq_len: int | None = None) -> list[Violation]:
+    """seq_align covers every member, one shape per batch, at most K shapes in the bucket."""
+    problems = []
+    need = align(bucket.prompt_len[rows])
+    short = plan.seq_align < need
+    if short.any():
+        k = int(np.argmax(short))
+        problems.append(Violation(bucket.name, "shape-covers-prompt",
+                                  f"{plan.source}:{_line(plan, k)}: seq_align {int(plan.seq_align[k])} < aligned "
+                                  f"prompt {int(need[k])} of request {plan.request_ids[k]!r}"))
+    if max_seq_len is not None and (plan.seq_align > max_seq_len).any():
+        k = int(np.argmax(plan.seq_align > max_seq_len))
+        problems.append(Violation(bucket.name, "max-seq-len",
+                                  f"{plan.source}:{_line(plan, k)}: seq_align {int(plan.seq_align[k])} exceeds "
+                                  f"the largest allowed shape {max_seq_len}"))
+    codes, uniques = batch_index(plan.batch_ids)
+    first = np.unique(codes, return_index=True)[1]
+    mixed = plan.seq_align != plan.seq_align[first][codes]
+    if mixed.any():
+        k = int(np.argmax(mixed))
+        problems.append(Violation(bucket.name, "one-shape-per-batch",
+                                  f"{plan.source}:{_line(plan, k)}: batch {plan.batch_ids[k]!r} mixes seq_align "
+                                  f"{int(plan.seq_align[first][codes[k]])} and {int(plan.seq_align[k])}"))
+    n_shapes = len(np.unique(plan.seq_align))
+    if n_shapes > max_shapes:
+        problems.append(Violation(bucket.name, "shape-cap",
+                                  f"{n_shapes} distinct shapes in the bucket, at most {max_shapes} allowed"))
+    return problems
+
+
+def limit_checks(metrics: Metrics, limits: Limits) -> tuple[LimitCheck, ...]:
+    """Each set limit beside the metric it bounds."""
+    return tuple(LimitCheck(name, metrics.value(name), bound) for name, bound in limits.items())
+
+
+def evaluate_plans(problem: Problem, plans: tuple[Plan, ...]) -> tuple[list[BucketResult], list[Violation]]:
+    """Validate and evaluate every bucket's plan, plus the cross-bucket shape cap."""
+    results = []
+    all_shapes: set[int] = set()
+    for bucket, limits, plan in zip(problem.buckets, problem.limits, plans):
+        rows, problems = plan_rows(bucket, plan)
+        if rows is None:
+            results.append(BucketResult(bucket.name, None, (), tuple(problems)))
+            continue
+        problems += shape_rules(bucket, plan, rows, problem.max_shapes, problem.max_seq_len)
+        metrics = plan_metrics(bucket.prompt_len[rows], bucket.gen_len[rows], plan.batch_ids, plan.seq_align,
+                               problem.params, problem.mode)
+        all_shapes.update(metrics.shapes)
+        results.append(BucketResult(bucket.name, metrics, limit_checks(metrics, limits), tuple(problems)))
+    global_problems = []
+    if len(all_shapes) > problem.max_shapes:
+        global_problems.append(Violation("*", "shape-cap",
+                                         f"{len(all_shapes)} distinct shapes across all buckets "
+                                         f"({', '.join(map(str, sorted(all_shapes)))}), at most "
+                                         f"{problem.max_shapes} allowed"))
+    return results, global_problems
