@@ -1,0 +1,24 @@
+"""cells: one batch per identical (aligned prompt, gen_len) cell.
+
+What a server that only batches *identical* requests does (request de-duplication /
+exact-shape batching, as in static-batch TGI or a Triton dynamic batcher with
+exact shape matching): requests with the same aligned prompt and the same
+generation length share a batch, so batching adds no padding at all.  The batch is
+declared at the cell's aligned prompt rounded up to the shared K representatives.
+It is also the starting point of ``greedy``.
+"""
+
+from __future__ import annotations
+
+from model.costs import align
+from model.schema import Batching, Problem
+from solvers.packers.grouping import group_batching
+from solvers.packers.shapecap import cap_shapes
+
+
+def pack(problem: Problem) -> tuple[Batching, ...]:
+    """One batch per (capped shape, aligned prompt, gen_len) cell, split by max_batch_size."""
+    aligned = [align(b.prompt_len) for b in problem.buckets]
+    shapes = cap_shapes(problem, aligned)
+    return tuple(group_batching(b, s, (a, b.gen_len), problem.max_batch_size)
+                 for b, s, a in zip(problem.buckets, shapes, aligned))
