@@ -1,0 +1,61 @@
+"""Every heuristic packer beside the chosen planner, on the same problem and by the same evaluator.
+
+A plan's cost means little alone; beside the rules serving stacks use today it
+shows what the planner buys.  Packers run through the same path as the chosen
+planner (``run_solver`` -> ``plans_of`` -> ``evaluate_plans``), so the numbers are
+directly comparable, and a packer that cannot plan says why instead of a row.
+"""
+
+from __future__ import annotations
+
+from model.errors import InfeasibleError
+from model.report import fmt
+from model.schema import Problem
+from model.solve import plans_of, run_solver
+from model.validate import BucketResult, Violation, evaluate_plans
+from solvers.packers import PACKERS
+
+HEADER = f"  {'planner':<18}{'cost':>12}{'ratio':>8}{'pad':>8}{'p95 ms':>12}{'seq ms':>12}  limits met"
+
+
+def packer_results(problem: Problem, name: str) -> tuple[list[BucketResult], list[Violation]] | str:
+    """One packer's evaluated plans, or the reason it cannot plan this problem."""
+    try:
+        plans = plans_of(problem, run_solver(problem, name))
+    except InfeasibleError as exc:
+        return str(exc)
+    return evaluate_plans(problem, plans)
+
+
+def failures(result: BucketResult, global_problems: list[Violation]) -> list[str]:
+    """Names of the limits a bucket's plan breaks, then the rules it breaks (cross-bucket ones too)."""
+    return ([c.metric for c in result.checks if not c.ok]
+            + [v.rule for v in (*result.violations, *global_problems)])
+
+
+def row(label: str, result: BucketResult, global_problems: list[Violation], reference_cost: float | None) -> str:
+    """One table line: cost, its ratio to the chosen plan, pad, P95, sequential time, limits met."""
+    m = result.metrics
+    if m is None:
+        return f"  {label:<18}invalid: {', '.join(failures(result, global_problems))}"
+    ratio = f"{m.cost / reference_cost:.3f}" if reference_cost else "-"
+    failed = failures(result, global_problems)
+    met = f"NO ({', '.join(failed)})" if failed else "yes"
+    return (f"  {label:<18}{fmt(m.cost):>12}{ratio:>8}{m.pad_ratio:>8.4f}"
+            f"{fmt(m.p95_latency_ms):>12}{fmt(m.sequential_ms):>12}  {met}")
+
+
+def compare_table(problem: Problem, results: list[BucketResult], chosen_solver_name: str) -> str:
+    """Per bucket, the chosen planner's plan and every other packer's, cost ratios to the chosen one."""
+    outcomes = {name: packer_results(problem, name) for name in PACKERS if name != chosen_solver_name}
+    lines = []
+    for i, chosen in enumerate(results):
+        reference = chosen.metrics.cost if chosen.metrics else None
+        lines += [f"comparison, bucket {chosen.name} (ratio = cost / cost of {chosen_solver_name})", HEADER,
+                  row(f"{chosen_solver_name} (chosen)", chosen, [], reference)]
+        for name, outcome in outcomes.items():
+            if isinstance(outcome, str):
+                lines.append(f"  {name:<18}cannot plan: {outcome}")
+            else:
+                lines.append(row(name, outcome[0][i], outcome[1], reference))
+    return "\n".join(lines)
