@@ -2,12 +2,16 @@
 
 The fast path hands the file to pyarrow (a million rows in about a second); checks
 are vectorised and only the first offending row is turned into a message, so bad
-input costs no more than good input.  Every error names file, line and field.
+input costs no more than good input.  Every error names file, line and field, and
+it is always the FIRST bad line of the file, so fixing errors top to bottom works.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +27,14 @@ from model.schema import Bucket
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv",
            ".parquet": "parquet", ".pq": "parquet"}
+
+# The cost model sums squares of lengths in int64 (``model.costs.sq``); at 2**20 tokens
+# of prompt and of generation the largest term is ~2.7e18, safely below 2**63.  A longer
+# "length" is a corrupt row, not a request, and would otherwise overflow silently.
+MAX_LEN = 1 << 20
+
+PARQUET_MAGIC = b"PAR1"
+_WHITESPACE = b" \t\r\n\f\v"
 
 
 @dataclass(frozen=True)
@@ -48,11 +60,24 @@ class Columns:
                              f"expected a preset ({', '.join(PRESETS)}) or PROMPT,GEN[,ID], got {spec!r}")
         return cls(parts[0], parts[1], parts[2] if len(parts) == 3 else None)
 
+    def wanted(self) -> list[str]:
+        """The source columns to read, id first (absent when rows are numbered)."""
+        return [c for c in (self.request_id, self.prompt_len, self.gen_len) if c]
+
 
 PRESETS = {
     "default": Columns(),
     "azure": Columns("ContextTokens", "GeneratedTokens", None),
 }
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """The first bad row of one column: its 0-based row, the field and what is wrong."""
+
+    row: int
+    field: str | None
+    message: str
 
 
 def detect_format(path: Path, fmt: str | None = None) -> str:
@@ -73,52 +98,64 @@ def load_requests(path: str | Path, name: str | None = None, columns: Columns | 
     """Read and validate one bucket of requests.
 
     Raises InputError for an unreadable or empty file, malformed rows, missing fields,
-    non-integer or non-positive lengths and duplicate ids.
+    non-integer, non-positive or absurdly large lengths, and duplicate ids.
     """
     path = Path(path)
     kind = detect_format(path, fmt)
-    columns = columns or _auto_columns(path, kind)
+    raw = _read_bytes(path)
+    if kind == "jsonl":
+        columns = columns or Columns()
+        frame, lines, pending = _read_jsonl(path, raw, columns)
+    elif kind == "csv":
+        columns = columns or _auto_columns(_csv_header(raw))
+        frame, lines, pending = _read_csv(path, raw, columns)
+    else:
+        frame, lines, columns = _read_parquet(path, raw, columns)
+        pending = None
+    return _to_bucket(path, name or path.stem, frame, lines, columns, pending)
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The whole file; one read serves line numbering, sniffing and parsing."""
     try:
-        raw = path.read_bytes() if kind != "parquet" else None
+        return path.read_bytes()
     except OSError as exc:
         raise InputError(str(path), None, None, f"cannot read: {exc.strerror or exc}") from exc
-    if kind == "jsonl":
-        frame, lines = _read_jsonl(path, raw, columns)
-    elif kind == "csv":
-        frame, lines = _read_csv(path, raw, columns)
-    else:
-        frame, lines = _read_parquet(path, columns)
-    return _to_bucket(path, name or path.stem, frame, lines, columns)
 
 
-def _auto_columns(path: Path, kind: str) -> Columns:
-    """Default columns, switching to the Azure preset when a CSV header says so."""
-    if kind == "csv":
-        try:
-            with path.open("r", errors="replace") as fh:
-                header = fh.readline()
-        except OSError as exc:
-            raise InputError(str(path), None, None, f"cannot read: {exc.strerror or exc}") from exc
-        names = [h.strip() for h in header.split(",")]
-        if "ContextTokens" in names and "GeneratedTokens" in names and "prompt_len" not in names:
-            return PRESETS["azure"]
+def _auto_columns(names: list[str]) -> Columns:
+    """Default columns, switching to the Azure preset when the header says so."""
+    if "ContextTokens" in names and "GeneratedTokens" in names and "prompt_len" not in names:
+        return PRESETS["azure"]
     return Columns()
 
 
+def _csv_header(raw: bytes) -> list[str]:
+    """Column names on the first line of a CSV (for choosing the column preset)."""
+    first = raw.split(b"\n", 1)[0].decode("utf-8-sig", errors="replace")
+    return [h.strip().strip('"') for h in first.split(",")]
+
+
 def _line_numbers(raw: bytes) -> np.ndarray:
-    """1-based line number of each non-blank line (pyarrow skips blank ones)."""
+    """1-based line number of each non-blank line (pyarrow skips blank ones).
+
+    Vectorised over the newline positions; only lines that START with whitespace are
+    looked at one by one, and well-formed files have none.
+    """
     buf = np.frombuffer(raw, dtype=np.uint8)
     ends = np.flatnonzero(buf == 10)
     if len(buf) and buf[-1] != 10:
         ends = np.append(ends, len(buf))
-    starts = np.concatenate(([0], ends[:-1] + 1)) if len(ends) else np.zeros(0, dtype=np.int64)
-    length = ends - starts
-    cr = (length > 0) & (buf[np.maximum(ends - 1, 0)] == 13) if len(ends) else np.zeros(0, bool)
-    nonblank = (length - cr) > 0
+    starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64) if len(ends) else np.zeros(0, np.int64)
+    nonblank = ends > starts
+    first = buf[np.minimum(starts, max(len(buf) - 1, 0))] if len(buf) else np.zeros(0, np.uint8)
+    suspect = np.flatnonzero(nonblank & np.isin(first, np.frombuffer(_WHITESPACE, np.uint8)))
+    for i in suspect:
+        nonblank[i] = bool(raw[starts[i]:ends[i]].strip())
     return np.flatnonzero(nonblank).astype(np.int64) + 1
 
 
-def _read_jsonl(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame, np.ndarray]:
+def _read_jsonl(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame, np.ndarray, InputError | None]:
     """JSONL via pyarrow; on any parse trouble, a line-by-line pass finds the exact line."""
     lines = _line_numbers(raw)
     if len(lines) == 0:
@@ -126,148 +163,285 @@ def _read_jsonl(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame,
     try:
         table = pajson.read_json(pa.BufferReader(raw),
                                  read_options=pajson.ReadOptions(block_size=1 << 24))
-        frame = _project(table.to_pandas(), columns)
-        if len(frame) == len(lines):
-            return frame, lines
+        if table.num_rows == len(lines):
+            return _project(table, columns), lines, None
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         pass
     return _read_jsonl_slow(path, raw, columns)
 
 
-def _read_jsonl_slow(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame, np.ndarray]:
-    """Python pass used only when pyarrow refuses the file: names the first bad line."""
-    records, lines = [], []
-    text = raw.decode("utf-8", errors="replace")
-    for number, line in enumerate(text.splitlines(), start=1):
+def _reject_constant(name: str):
+    """json.loads hook: NaN and Infinity are not JSON, whatever Python accepts."""
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _read_jsonl_slow(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame, np.ndarray, InputError | None]:
+    """Python pass used only when pyarrow refuses the file.
+
+    It stops at the first line that is not a JSON object and returns that error as
+    pending, together with the rows before it, so a field error on an EARLIER line is
+    still the one reported.  Splits on "\\n" only: str.splitlines would also split on
+    U+2028 and friends, which are legal inside JSON strings.
+    """
+    records, lines, pending = [], [], None
+    text = raw.decode("utf-8-sig", errors="replace")
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, parse_constant=_reject_constant)
         except json.JSONDecodeError as exc:
-            raise InputError(str(path), number, None, f"malformed JSON: {exc.msg} (column {exc.colno})") from None
-        if not isinstance(obj, dict):
-            raise InputError(str(path), number, None, f"expected a JSON object, got {type(obj).__name__}")
-        records.append(obj)
-        lines.append(number)
-    wanted = [c for c in (columns.request_id, columns.prompt_len, columns.gen_len) if c]
-    frame = pd.DataFrame({c: pd.Series([r.get(c) for r in records], dtype=object) for c in wanted})
-    for c in wanted:  # a key that is absent and a key that is null both count as missing
-        present = np.fromiter((c in r for r in records), bool, len(records))
-        frame.loc[~present, c] = None
-    return frame, np.asarray(lines, dtype=np.int64)
+            pending = InputError(str(path), number, None, f"malformed JSON: {exc.msg} (column {exc.colno})")
+        except ValueError as exc:
+            pending = InputError(str(path), number, None, f"malformed JSON: {exc}")
+        else:
+            if isinstance(obj, dict):
+                records.append(obj)
+                lines.append(number)
+                continue
+            pending = InputError(str(path), number, None, f"expected a JSON object, got {_json_kind(obj)}")
+        break
+    frame = pd.DataFrame({c: pd.Series([r.get(c) for r in records], dtype=object) for c in columns.wanted()})
+    return frame, np.asarray(lines, dtype=np.int64), pending
 
 
-def _read_csv(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame, np.ndarray]:
-    """CSV via pyarrow; data row k sits on line k + 2 (after the header)."""
-    if not raw.strip():
-        raise InputError(str(path), None, None, "no requests (empty file)")
-    wanted = [c for c in (columns.request_id, columns.prompt_len, columns.gen_len) if c]
+def _json_kind(value) -> str:
+    """The JSON name of a value's type, for messages a JSON author recognises."""
+    names = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+def _read_csv(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame, np.ndarray, InputError | None]:
+    """CSV via pyarrow; each data row keeps its physical line number.
+
+    Lengths are left to pyarrow's type inference (int64 on good files, so no Python
+    work per row); the id column is read as text so "007" stays "007".
+    """
+    lines = _line_numbers(raw)
+    if len(lines) < 2:
+        raise InputError(str(path), None, None, "no requests (empty file)" if len(lines) == 0
+                         else "no requests (only a header)")
+    types = {columns.request_id: pa.string()} if columns.request_id else {}
     try:
-        table = pacsv.read_csv(pa.BufferReader(raw),
-                               convert_options=pacsv.ConvertOptions(
-                                   include_columns=None,
-                                   column_types={c: pa.string() for c in wanted}))
+        table = pacsv.read_csv(pa.BufferReader(raw), convert_options=pacsv.ConvertOptions(
+            column_types=types, include_columns=columns.wanted(), include_missing_columns=True))
     except (pa.ArrowInvalid, pa.ArrowKeyError) as exc:
-        raise InputError(str(path), _csv_error_line(str(exc)), None, f"malformed CSV: {_first_line(exc)}") from None
-    frame = _project(table.to_pandas(), columns)
-    return frame, np.arange(len(frame), dtype=np.int64) + 2
+        raise _csv_error(path, raw, exc) from None
+    rows = lines[1:] if table.num_rows == len(lines) - 1 else _csv_row_lines(raw)
+    return _project(table, columns), rows, None
 
 
-def _read_parquet(path: Path, columns: Columns) -> tuple[pd.DataFrame, np.ndarray]:
-    """Parquet via pyarrow; 'line' means 1-based row number."""
+def _csv_row_lines(raw: bytes) -> np.ndarray:
+    """Line of each data row when quoted newlines make rows span lines (rare: Python pass)."""
+    reader = csv.reader(io.StringIO(raw.decode("utf-8-sig", errors="replace"), newline=""))
+    starts, previous = [], 0
+    for row in reader:
+        if row:
+            starts.append(previous + 1)
+        previous = reader.line_num
+    return np.asarray(starts[1:], dtype=np.int64)
+
+
+def _csv_error(path: Path, raw: bytes, exc: Exception) -> InputError:
+    """Turn a pyarrow CSV failure into a message with the line it happened on.
+
+    pyarrow names no line for a ragged row, so a Python pass (error path only) finds the
+    first row whose field count differs from the header's.
+    """
+    reader = csv.reader(io.StringIO(raw.decode("utf-8-sig", errors="replace"), newline=""))
+    width = None
+    for row in reader:
+        if not row:
+            continue
+        if width is None:
+            width = len(row)
+        elif len(row) != width:
+            return InputError(str(path), reader.line_num, None,
+                              f"malformed CSV: expected {width} fields, got {len(row)}")
+    return InputError(str(path), _csv_error_line(str(exc)), None, f"malformed CSV: {_first_line(exc)}")
+
+
+def _read_parquet(path: Path, raw: bytes, columns: Columns | None) -> tuple[pd.DataFrame, np.ndarray, Columns]:
+    """Parquet via pyarrow; 'line' means 1-based row number.
+
+    The magic bytes are checked first so a file that is not Parquet at all gets a
+    stable message rather than whatever the installed pyarrow says.
+    """
+    if len(raw) < 8 or raw[:4] != PARQUET_MAGIC or raw[-4:] != PARQUET_MAGIC:
+        raise InputError(str(path), None, None, "not a Parquet file (no PAR1 magic bytes)")
     try:
-        table = pq.read_table(path)
-    except OSError as exc:
-        raise InputError(str(path), None, None, f"cannot read: {exc}") from None
-    except pa.ArrowInvalid as exc:
-        raise InputError(str(path), None, None, f"not a Parquet file: {_first_line(exc)}") from None
-    frame = _project(table.to_pandas(), columns)
-    return frame, np.arange(len(frame), dtype=np.int64) + 1
+        source = pq.ParquetFile(pa.BufferReader(raw))
+        columns = columns or _auto_columns(source.schema_arrow.names)
+        present = [c for c in columns.wanted() if c in source.schema_arrow.names]
+        table = source.read(columns=present)
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(str(path), None, None, f"corrupt Parquet file: {_first_line(exc)}") from None
+    return _project(table, columns), np.arange(table.num_rows, dtype=np.int64) + 1, columns
 
 
 def _first_line(exc: Exception) -> str:
+    """The first line of an exception's text (pyarrow appends multi-line context)."""
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def _csv_error_line(message: str) -> int | None:
-    """pyarrow says 'Row #N' (1-based, header included) for ragged rows."""
-    import re
-
+    """pyarrow says 'Row #N' (1-based, header included) for some errors."""
     m = re.search(r"[Rr]ow #(\d+)", message)
     return int(m.group(1)) if m else None
 
 
-def _project(frame: pd.DataFrame, columns: Columns) -> pd.DataFrame:
-    """Keep the mapped columns, adding an all-missing column for any that is absent."""
-    out = {}
-    for c in (columns.request_id, columns.prompt_len, columns.gen_len):
-        if c:
-            out[c] = frame[c] if c in frame.columns else pd.Series([None] * len(frame), dtype=object)
-    return pd.DataFrame(out)
+def _project(table: pa.Table, columns: Columns) -> pd.DataFrame:
+    """The mapped columns as pandas, an all-missing column standing in for any absent one."""
+    return pd.DataFrame({c: _pandas_column(table, c) for c in columns.wanted()})
 
 
-def _to_bucket(path: Path, name: str, frame: pd.DataFrame, lines: np.ndarray, columns: Columns) -> Bucket:
-    """Validate the columns and build the Bucket record."""
+def _pandas_column(table: pa.Table, name: str) -> pd.Series:
+    """One column, keeping "null" apart from everything else.
+
+    pandas would turn an integer column with a null into floats, and a float null into
+    NaN (indistinguishable from a NaN literal); such columns, which only bad files
+    have, become Python objects so "missing" means missing.
+    """
+    if name not in table.column_names:
+        return pd.Series([None] * table.num_rows, dtype=object)
+    column = table.column(name)
+    if column.null_count and pa.types.is_floating(column.type):
+        return pd.Series(column.to_pylist(), dtype=object)
+    return column.to_pandas(integer_object_nulls=True)
+
+
+def _to_bucket(path: Path, name: str, frame: pd.DataFrame, lines: np.ndarray, columns: Columns,
+               pending: InputError | None = None) -> Bucket:
+    """Validate the columns and build the Bucket, reporting the first bad line of the file.
+
+    ``pending`` is a whole-line error (malformed JSON) that lies after every row in
+    ``frame``, so it is reported only when those rows are all good.
+    """
+    prompt, bad_prompt = _length_column(frame[columns.prompt_len], columns.prompt_len)
+    gen, bad_gen = _length_column(frame[columns.gen_len], columns.gen_len)
+    if columns.request_id is None:
+        ids, bad_id = np.arange(len(frame)).astype(str).astype(object), None
+    else:
+        ids, bad_id = _id_column(frame[columns.request_id], columns.request_id, lines)
+    problems = [p for p in (bad_id, bad_prompt, bad_gen) if p is not None]
+    if problems:
+        first = min(problems, key=lambda p: p.row)
+        raise InputError(str(path), int(lines[first.row]), first.field, first.message)
+    if pending is not None:
+        raise pending
     if len(frame) == 0:
         raise InputError(str(path), None, None, "no requests (empty file)")
-    prompt = _positive_ints(path, frame[columns.prompt_len], lines, columns.prompt_len)
-    gen = _positive_ints(path, frame[columns.gen_len], lines, columns.gen_len)
-    if columns.request_id is None:
-        ids = np.arange(len(frame)).astype(str).astype(object)
-    else:
-        ids = _request_ids(path, frame[columns.request_id], lines, columns.request_id)
     return Bucket(name=name, source=str(path), request_ids=ids, prompt_len=prompt, gen_len=gen, lines=lines)
 
 
-def _positive_ints(path: Path, col: pd.Series, lines: np.ndarray, field: str) -> np.ndarray:
-    """Check that a column holds integers >= 1; report the first row that does not."""
-    missing = col.isna().to_numpy()
-    if missing.any():
-        k = int(np.argmax(missing))
-        raise InputError(str(path), int(lines[k]), field, "missing")
+def _plain(value):
+    """A numpy scalar as the Python value it holds (so messages never say np.float64(...))."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def shown(value) -> str:
+    """A length cell as the user wrote it: integral floats without '.0', text quoted."""
+    value = _plain(value)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return repr(value)
+
+
+def _length_column(col: pd.Series, field: str) -> tuple[np.ndarray, _Problem | None]:
+    """A length column as int64, or the first row that is missing, not an integer or out of range."""
     values = col.to_numpy()
-    if values.dtype.kind in "iu":
-        ints = values.astype(np.int64)
+    n = len(values)
+    kind = values.dtype.kind
+    if kind in "iu":
+        numeric, missing, nonint = values, np.zeros(n, bool), np.zeros(n, bool)
+    elif kind == "f":  # nulls arrive as objects (see _pandas_column): a NaN here was written as NaN
+        numeric, missing = values, np.zeros(n, bool)
+        with np.errstate(invalid="ignore"):
+            nonint = ~(np.isfinite(values) & (values == np.floor(values)))
+    elif kind == "b":
+        numeric, missing, nonint = np.zeros(n), np.zeros(n, bool), np.ones(n, bool)
     else:
-        if values.dtype.kind == "b":
-            bad = np.ones(len(values), bool)
-            numeric = np.zeros(len(values))
-        else:
-            is_bool = np.fromiter((isinstance(v, (bool, np.bool_)) for v in values), bool, len(values)) \
-                if values.dtype == object else np.zeros(len(values), bool)
-            numeric = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=np.float64)
-            with np.errstate(invalid="ignore"):
-                bad = is_bool | ~np.isfinite(numeric) | (numeric != np.floor(numeric))
-        if bad.any():
-            k = int(np.argmax(bad))
-            raise InputError(str(path), int(lines[k]), field, f"expected an integer, got {values[k]!r}")
-        ints = numeric.astype(np.int64)
-    nonpos = ints < 1
-    if nonpos.any():
-        k = int(np.argmax(nonpos))
-        raise InputError(str(path), int(lines[k]), field, f"must be a positive integer, got {int(ints[k])}")
-    return ints
+        numeric, missing, nonint = _object_numbers(col)
+    ok = ~missing & ~nonint
+    with np.errstate(invalid="ignore"):
+        low = ok & (numeric < 1)
+        high = ok & (numeric > MAX_LEN)
+    bad = missing | nonint | low | high
+    if not bad.any():
+        return numeric.astype(np.int64), None
+    k = int(np.argmax(bad))
+    if missing[k]:
+        message = "missing"
+    elif nonint[k]:
+        message = f"expected an integer, got {shown(values[k])}"
+    elif low[k]:
+        message = f"must be a positive integer, got {shown(values[k])}"
+    else:
+        message = f"must be at most {MAX_LEN}, got {shown(values[k])}"
+    return np.zeros(0, np.int64), _Problem(k, field, message)
 
 
-def _request_ids(path: Path, col: pd.Series, lines: np.ndarray, field: str) -> np.ndarray:
-    """Ids as strings (numbers are accepted and stringified); missing or duplicate ids are errors."""
+def _object_numbers(col: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(numbers, missing, not-an-integer) for a column of Python objects.
+
+    Only the slow JSON path and CSV columns with a non-numeric cell get here; an
+    all-integer column is recognised by pandas' C-level type inference and converted
+    without looking at each cell from Python.
+    """
     missing = col.isna().to_numpy()
-    if missing.any():
-        k = int(np.argmax(missing))
-        raise InputError(str(path), int(lines[k]), field, "missing")
+    if pd.api.types.infer_dtype(col, skipna=True) == "integer":
+        numeric = pd.to_numeric(col.where(~missing, 0), errors="coerce").to_numpy(dtype=np.float64)
+        return numeric, missing, np.zeros(len(col), bool)
     values = col.to_numpy()
-    if values.dtype == object:
-        odd = np.fromiter((isinstance(v, (bool, dict, list)) for v in values), bool, len(values))
-        if odd.any():
-            k = int(np.argmax(odd))
-            raise InputError(str(path), int(lines[k]), field, f"expected a string or integer id, got {values[k]!r}")
-    if values.dtype.kind == "f":
-        values = np.where(values == np.floor(values), values.astype(np.int64), values)
-    ids = pd.Series(values).astype(str)
-    dup = ids.duplicated().to_numpy()
-    if dup.any():
-        k = int(np.argmax(dup))
+    is_bool = np.fromiter((isinstance(v, (bool, np.bool_)) for v in values), bool, len(values))
+    numeric = pd.to_numeric(col.where(~is_bool & ~missing, np.nan), errors="coerce").to_numpy(dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        nonint = ~missing & (is_bool | ~np.isfinite(numeric) | (numeric != np.floor(numeric)))
+    return numeric, missing, nonint
+
+
+def _integral_id(value):
+    """An integral float id as the integer it spells (the fast path reads [1, 2.5] as 1.0, 2.5)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _id_column(col: pd.Series, field: str, lines: np.ndarray) -> tuple[np.ndarray, _Problem | None]:
+    """Ids as strings; integers are accepted and stringified, as plan files do.
+
+    Fractional numbers, booleans and nested values are refused (they have no one
+    spelling as text), and so are missing, empty and duplicate ids.
+    """
+    kind = col.dtype.kind
+    missing = col.isna().to_numpy() if kind == "O" else np.zeros(len(col), bool)
+    text = col
+    if kind in "iu" or (kind == "O" and pd.api.types.infer_dtype(col, skipna=True) in ("string", "integer", "empty")):
+        odd = np.zeros(len(col), bool)
+    elif kind == "f":  # pyarrow reads [1, 2.5] as doubles: only the 2.5 is wrong
+        values = col.to_numpy()
+        with np.errstate(invalid="ignore"):
+            odd = ~(np.isfinite(values) & (values == np.floor(values)))
+        text = pd.Series(np.where(odd, 0, values).astype(np.int64))
+    elif kind == "O":
+        values = np.asarray([_integral_id(v) for v in col.to_numpy()], dtype=object)
+        odd = ~missing & np.fromiter((not isinstance(v, (str, int)) or isinstance(v, bool) for v in values),
+                                     bool, len(values))
+        text = pd.Series(values)
+    else:
+        odd = np.ones(len(col), bool)
+    ids = text.astype(str)
+    if not (missing.any() or odd.any()) and pd.Index(ids).is_unique and not (ids.str.len() == 0).any():
+        return ids.to_numpy(dtype=object), None
+    empty = (ids.str.len() == 0).to_numpy() & ~missing & ~odd
+    dup = ids.duplicated().to_numpy() & ~missing & ~odd
+    bad = missing | odd | empty | dup
+    k = int(np.argmax(bad))
+    if missing[k]:
+        message = "missing"
+    elif odd[k]:
+        message = f"expected a string or integer id, got {_plain(col.iloc[k])!r}"
+    elif empty[k]:
+        message = "must not be empty"
+    else:
         first = int(np.argmax((ids == ids.iloc[k]).to_numpy()))
-        raise InputError(str(path), int(lines[k]), field,
-                         f"duplicate id {ids.iloc[k]!r} (first on line {int(lines[first])})")
-    return ids.to_numpy(dtype=object)
+        message = f"duplicate id {ids.iloc[k]!r} (first on line {int(lines[first])})"
+    return np.zeros(0, object), _Problem(k, field, message)
