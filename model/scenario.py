@@ -11,6 +11,7 @@ to the scenario), optional limits ``max_cost``, ``max_pad_ratio``,
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -24,21 +25,63 @@ LIMIT_KEYS = ("max_cost", "max_pad_ratio", "max_p95_latency_ms", "max_sequential
 BUCKET_KEYS = {"name", "requests", "format", "prompt_column", "gen_column", "id_column", "columns", *LIMIT_KEYS}
 
 
-def _key_line(text: str, key: str, occurrence: int = 0) -> int | None:
-    """Best-effort line number of the ``occurrence``-th ``key =`` in the TOML text."""
-    seen = 0
+def _toml_lines(text: str) -> list[tuple[int, int | None, str, str]]:
+    """(line, table, kind, name) for every header and ``key =`` line of a TOML text.
+
+    ``table`` is None at the top level, k inside the k-th ``[[bucket]]`` and -1 in any
+    other table; ``kind`` is "header" or "key".  Lets errors point at the exact line
+    of the key in ITS table (the second bucket's ``max_cost``, not the first's).
+    Best effort: keys inside multi-line values or inline tables are not followed.
+    """
+    out: list[tuple[int, int | None, str, str]] = []
+    current: int | None = None
+    buckets = -1
     for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip().startswith(f"{key}") and "=" in line and line.split("=")[0].strip() == key:
-            if seen == occurrence:
-                return number
-            seen += 1
+        stripped = line.strip()
+        if stripped.startswith("["):
+            header = stripped.split("#", 1)[0].strip()
+            name = header.strip("[]").strip()
+            is_bucket = header.startswith("[[") and name == "bucket"
+            buckets += is_bucket
+            out.append((number, current, "header", name))
+            current = buckets if is_bucket else -1
+        elif "=" in stripped and not stripped.startswith("#"):
+            out.append((number, current, "key", stripped.split("=", 1)[0].strip().strip('"')))
+    return out
+
+
+def _key_line(text: str, key: str, table: int | None = None) -> int | None:
+    """Line of ``key = ...`` in the top level (or a top-level ``[key]`` header) or in bucket ``table``."""
+    for number, where, kind, name in _toml_lines(text):
+        if name == key and where == table and (kind == "key" or table is None):
+            return number
     return None
 
 
-def _positive_int(path: str, text: str, key: str, value, occurrence: int = 0) -> int:
+def _table_line(text: str, index: int) -> int | None:
+    """Line of the index-th ``[[bucket]]`` header, where bucket-level errors point."""
+    headers = [number for number, _, kind, name in _toml_lines(text) if kind == "header" and name == "bucket"]
+    return headers[index] if index < len(headers) else None
+
+
+def _positive_int(path: str, text: str, key: str, value) -> int:
+    """A top-level count such as max_shapes: an integer >= 1 (booleans are not counts)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(path, _key_line(text, key, occurrence), key, f"must be a positive integer, got {value!r}")
+        raise InputError(path, _key_line(text, key), key, f"must be a positive integer, got {value!r}")
     return value
+
+
+def _toml_error(path: Path, exc: tomllib.TOMLDecodeError) -> InputError:
+    """A TOML syntax error with its line moved into the file:line prefix.
+
+    Python 3.11's tomllib only says "(at line N, column M)" inside the message.
+    """
+    message = str(exc)
+    m = re.search(r" \(at line (\d+), column (\d+)\)$", message)
+    if m is None:
+        return InputError(str(path), getattr(exc, "lineno", None), None, f"malformed TOML: {message}")
+    return InputError(str(path), int(m.group(1)), None,
+                      f"malformed TOML: {message[:m.start()]} (column {m.group(2)})")
 
 
 def load_scenario(path: str | Path, load: bool = True) -> Scenario:
@@ -51,7 +94,7 @@ def load_scenario(path: str | Path, load: bool = True) -> Scenario:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise InputError(str(path), getattr(exc, "lineno", None), None, f"malformed TOML: {exc}") from None
+        raise _toml_error(path, exc) from None
     src = str(path)
     for key in data:
         if key not in TOP_KEYS:
@@ -80,14 +123,14 @@ def load_scenario(path: str | Path, load: bool = True) -> Scenario:
         line = _table_line(text, i)
         for key in raw:
             if key not in BUCKET_KEYS:
-                raise InputError(src, line, f"bucket.{key}", "unknown bucket key")
+                raise InputError(src, _key_line(text, key, i) or line, f"bucket.{key}", "unknown bucket key")
         for key in ("name", "requests"):
             if not isinstance(raw.get(key), str) or not raw.get(key):
                 raise InputError(src, line, f"bucket.{key}", "missing (a non-empty string is required)")
         if raw["name"] in names:
             raise InputError(src, line, "bucket.name", f"duplicate bucket name {raw['name']!r}")
         names.append(raw["name"])
-        limits.append(_limits(src, line, raw))
+        limits.append(_limits(src, text, i, raw))
         if load:
             buckets.append(load_requests(path.parent / raw["requests"], raw["name"], _columns(src, line, raw),
                                          raw.get("format")))
@@ -96,24 +139,19 @@ def load_scenario(path: str | Path, load: bool = True) -> Scenario:
                     max_batch_size=max_batch)
 
 
-def _table_line(text: str, index: int) -> int | None:
-    seen = 0
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip() == "[[bucket]]":
-            if seen == index:
-                return number
-            seen += 1
-    return None
+def _limits(src: str, text: str, index: int, raw: dict) -> Limits:
+    """Limits of the index-th bucket; each must be a non-negative number (NaN is not one).
 
-
-def _limits(src: str, line: int | None, raw: dict) -> Limits:
-    """Limits of one bucket; each must be a non-negative number (pad_ratio any, as a ratio)."""
+    A negative limit can never be met (every metric is >= 0), so it is bad input
+    rather than an infeasible problem.
+    """
     values = {}
     for key in LIMIT_KEYS:
         if key in raw:
             v = raw[key]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != v:
-                raise InputError(src, line, f"bucket.{key}", f"must be a non-negative number, got {v!r}")
+                raise InputError(src, _key_line(text, key, index) or _table_line(text, index), f"bucket.{key}",
+                                 f"must be a non-negative number, got {v!r}")
             values[key] = float(v)
     return Limits(**values)
 
