@@ -1,0 +1,310 @@
+"""The optimisation model, built once as arrays (variables, one block of rows per constraint family).
+
+Per bucket b, over a restricted set of candidate boxes k = (t_k, g_k) and arcs
+a = (cell c, box k) with S_c <= t_k and G_c <= g_k:
+
+  m_k in {0..M_k}   batches of box k (M_k = 1 without a batch-size cap)
+  x_a in {0..n_c}   requests of cell c that ride in box k
+  s_*  >= 0         slack of each limit row (priced high while generating columns,
+                    fixed to 0 in the final MIP: limits are hard)
+
+and, in strict mode, z_{b,s} (bucket b compiles shape s) and y_s (shape s is one of
+the K global shapes).
+
+  minimise  sum_b [ sum_k Kbatch*m_k + sum_a unit(k)*x_a + sum_s compile(s)*z_{b,s} ] + penalty*slacks
+
+Each constraint family is one function below with its formula in its docstring; a
+backend only translates these arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from model.boxes import (BucketModel, Grid, arc_pad, arc_violates, box_fixed, box_unit_cost, shape_compile)
+
+# Cost per unit of violation of each limit while columns are generated: far above what
+# any decision saves per unit (a pad token costs ~1e7 of decode at most, a ms of
+# latency ~1e3 of cost, a request over the P95 limit at most one batch ~1e10).
+SLACK_PENALTY = {"cost": 10.0, "pad": 1e9, "seq": 1e6, "p95": 1e12}
+
+
+@dataclass(frozen=True, eq=False)
+class Restriction:
+    """The boxes and arcs of one bucket that the model currently holds."""
+
+    boxes: np.ndarray  # flat grid indices, sorted, unique
+    t: np.ndarray  # box extents, parallel to ``boxes``
+    g: np.ndarray
+    arc_cell: np.ndarray
+    arc_box: np.ndarray  # local position in ``boxes``
+
+
+def restriction(grid: Grid, boxes: np.ndarray, arc_cell: np.ndarray, arc_box: np.ndarray) -> Restriction:
+    """A restriction with its box extents read off the grid."""
+    t, g = grid.box(boxes)
+    return Restriction(boxes, t, g, arc_cell, arc_box)
+
+
+@dataclass(frozen=True, eq=False)
+class Block:
+    """A named range of columns or rows, so solutions and duals can be read by meaning."""
+
+    name: str
+    start: int
+    stop: int
+    bucket: int = -1
+
+    def slice(self) -> slice:
+        return slice(self.start, self.stop)
+
+
+@dataclass(frozen=True, eq=False)
+class MipArrays:
+    """A mixed-integer linear program: min c.x, row_lo <= A x <= row_hi, lb <= x <= ub.
+
+    A is in coordinate form (rows, cols, vals); backends convert as they need.
+    """
+
+    c: np.ndarray
+    lb: np.ndarray
+    ub: np.ndarray
+    integer: np.ndarray  # bool per column
+    rows: np.ndarray
+    cols: np.ndarray
+    vals: np.ndarray
+    row_lo: np.ndarray
+    row_hi: np.ndarray
+    col_blocks: tuple[Block, ...]
+    row_blocks: tuple[Block, ...]
+    offset: float = 0.0
+    scale: float = 1.0  # objective was divided by this (numerics); multiply back
+
+    @property
+    def n_cols(self) -> int:
+        return len(self.c)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.row_lo)
+
+    def block(self, kind: str, name: str, bucket: int = -1) -> Block | None:
+        blocks = self.col_blocks if kind == "col" else self.row_blocks
+        for b in blocks:
+            if b.name == name and b.bucket == bucket:
+                return b
+        return None
+
+
+@dataclass
+class _Builder:
+    """Accumulates column and row blocks; private to this module (build_model is the API)."""
+
+    c: list = field(default_factory=list)
+    lb: list = field(default_factory=list)
+    ub: list = field(default_factory=list)
+    integer: list = field(default_factory=list)
+    col_blocks: list = field(default_factory=list)
+    rows: list = field(default_factory=list)
+    cols: list = field(default_factory=list)
+    vals: list = field(default_factory=list)
+    row_lo: list = field(default_factory=list)
+    row_hi: list = field(default_factory=list)
+    row_blocks: list = field(default_factory=list)
+    n_cols: int = 0
+    n_rows: int = 0
+
+    def add_cols(self, name: str, cost, lb, ub, integer: bool, bucket: int = -1) -> Block:
+        cost = np.asarray(cost, dtype=np.float64)
+        n = len(cost)
+        self.c.append(cost)
+        self.lb.append(np.broadcast_to(np.asarray(lb, dtype=np.float64), (n,)))
+        self.ub.append(np.broadcast_to(np.asarray(ub, dtype=np.float64), (n,)))
+        self.integer.append(np.full(n, integer))
+        block = Block(name, self.n_cols, self.n_cols + n, bucket)
+        self.col_blocks.append(block)
+        self.n_cols += n
+        return block
+
+    def add_rows(self, name: str, r, c, v, lo, hi, bucket: int = -1) -> Block:
+        lo = np.atleast_1d(np.asarray(lo, dtype=np.float64))
+        hi = np.atleast_1d(np.asarray(hi, dtype=np.float64))
+        self.rows.append(np.asarray(r, dtype=np.int64) + self.n_rows)
+        self.cols.append(np.asarray(c, dtype=np.int64))
+        self.vals.append(np.asarray(v, dtype=np.float64))
+        self.row_lo.append(lo)
+        self.row_hi.append(hi)
+        block = Block(name, self.n_rows, self.n_rows + len(lo), bucket)
+        self.row_blocks.append(block)
+        self.n_rows += len(lo)
+        return block
+
+    def arrays(self, scale: float, offset: float) -> MipArrays:
+        cat = lambda xs, dt=np.float64: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
+        return MipArrays(cat(self.c) / scale, cat(self.lb), cat(self.ub), cat(self.integer, bool),
+                         cat(self.rows, np.int64), cat(self.cols, np.int64), cat(self.vals),
+                         cat(self.row_lo), cat(self.row_hi), tuple(self.col_blocks), tuple(self.row_blocks),
+                         offset / scale, scale)
+
+
+# ---------------------------------------------------------------- constraint families
+
+
+def coverage_rows(bld: _Builder, b: int, bm: BucketModel, res: Restriction, x: Block) -> None:
+    """Every request is planned exactly once:  sum_k x_{c,k} = n_c   for every cell c."""
+    bld.add_rows("cover", res.arc_cell, x.start + np.arange(len(res.arc_cell)), np.ones(len(res.arc_cell)),
+                 bm.hist.count, bm.hist.count, b)
+
+
+def link_rows(bld: _Builder, b: int, bm: BucketModel, res: Restriction, x: Block, m: Block,
+              max_batch: int | None) -> None:
+    """A cell rides in a box only if the box has batches:  x_{c,k} <= min(n_c, B) * m_k.
+
+    With a batch-size cap B also  sum_c x_{c,k} <= B * m_k  (each batch holds <= B).
+    """
+    na = len(res.arc_cell)
+    cap = bm.hist.count[res.arc_cell].astype(np.float64)
+    if max_batch is not None:
+        cap = np.minimum(cap, max_batch)
+    r = np.concatenate([np.arange(na), np.arange(na)])
+    c = np.concatenate([x.start + np.arange(na), m.start + res.arc_box])
+    v = np.concatenate([np.ones(na), -cap])
+    bld.add_rows("link", r, c, v, np.full(na, -np.inf), np.zeros(na), b)
+    if max_batch is not None:
+        nk = len(res.boxes)
+        r = np.concatenate([res.arc_box, np.arange(nk)])
+        c = np.concatenate([x.start + np.arange(na), m.start + np.arange(nk)])
+        v = np.concatenate([np.ones(na), -float(max_batch) * np.ones(nk)])
+        bld.add_rows("batch_cap", r, c, v, np.full(nk, -np.inf), np.zeros(nk), b)
+
+
+def _limit_row(bld: _Builder, name: str, b: int, cols: np.ndarray, vals: np.ndarray, rhs: float,
+               relax: bool) -> None:
+    """One "<=" limit row, with a priced slack column while generating columns."""
+    if relax:
+        s = bld.add_cols(f"slack_{name}", [SLACK_PENALTY[name]], 0.0, np.inf, False, b)
+        cols = np.append(cols, s.start)
+        vals = np.append(vals, -1.0)
+    bld.add_rows(name, np.zeros(len(cols), dtype=np.int64), cols, vals, -np.inf, rhs, b)
+
+
+def cost_limit_row(bld, b, bm, res, x, m, z, unit, shapes, relax) -> None:
+    """Cost limit:  sum_k Kbatch m_k + sum_a unit_a x_a [+ sum_s compile_s z_{b,s}] <= max_cost - const."""
+    if bm.limits.max_cost is None:
+        return
+    fixed, _ = box_fixed(bm, res.t, res.g)
+    cols = [m.start + np.arange(len(res.boxes)), x.start + np.arange(len(res.arc_cell))]
+    vals = [fixed, unit]
+    if z is not None:
+        cols.append(np.arange(z.start, z.stop))
+        vals.append(shape_compile(shapes, bm.params))
+    _limit_row(bld, "cost", b, np.concatenate(cols), np.concatenate(vals), bm.limits.max_cost - bm.const_cost, relax)
+
+
+def pad_limit_row(bld, b, bm, res, x, relax) -> None:
+    """Padding limit:  sum_a pad_a x_a <= max_pad_ratio*real - fixed prompt pad (pad_a per member)."""
+    if bm.pad_budget is None:
+        return
+    t, g = res.t, res.g
+    pad = arc_pad(bm, res.arc_cell, t[res.arc_box], g[res.arc_box])
+    _limit_row(bld, "pad", b, x.start + np.arange(len(res.arc_cell)), pad, bm.pad_budget, relax)
+
+
+def seq_limit_row(bld, b, bm, res, m, z, fixed_shapes: int, relax) -> None:
+    """Sequential time:  sum_k lat(t_k, g_k) m_k + 1500 * (#shapes of b) <= max_sequential_ms.
+
+    lat(t, g) is the batch's largest member latency; the compile spike is reserved
+    conservatively, one per shape the bucket compiles.
+    """
+    if bm.limits.max_sequential_ms is None:
+        return
+    _, lat = box_fixed(bm, res.t, res.g)
+    cols, vals = [m.start + np.arange(len(res.boxes))], [lat]
+    rhs = bm.limits.max_sequential_ms - bm.params.Tshape_compile_ms * fixed_shapes
+    if z is not None:
+        cols.append(np.arange(z.start, z.stop))
+        vals.append(np.full(z.stop - z.start, bm.params.Tshape_compile_ms))
+    _limit_row(bld, "seq", b, np.concatenate(cols), np.concatenate(vals), rhs, relax)
+
+
+def p95_limit_row(bld, b, bm, res, x, relax) -> None:
+    """P95 latency:  sum over arcs whose member latency > L of x_a <= n - ceil(0.95 n)."""
+    if bm.p95_allowed is None:
+        return
+    t, g = res.t, res.g
+    viol = arc_violates(bm, res.arc_cell, t[res.arc_box], g[res.arc_box])
+    keep = viol > 0
+    _limit_row(bld, "p95", b, x.start + np.flatnonzero(keep), viol[keep], float(bm.p95_allowed), relax)
+
+
+def shape_link_rows(bld, b, res, m, z, t_of_box_shape: np.ndarray, m_ub: np.ndarray) -> None:
+    """Strict mode: a box runs only at a compiled shape:  m_k <= M_k * z_{b, t_k}."""
+    nk = len(res.boxes)
+    r = np.concatenate([np.arange(nk), np.arange(nk)])
+    c = np.concatenate([m.start + np.arange(nk), z.start + t_of_box_shape])
+    v = np.concatenate([np.ones(nk), -m_ub])
+    bld.add_rows("shape_link", r, c, v, np.full(nk, -np.inf), np.zeros(nk), b)
+
+
+def shape_cap_rows(bld, zs: list[Block], y: Block, k: int) -> None:
+    """Shapes: z_{b,s} <= y_s for every bucket, and  sum_s y_s <= K  (the joint cap)."""
+    ns = y.stop - y.start
+    for b, z in enumerate(zs):
+        r = np.concatenate([np.arange(ns), np.arange(ns)])
+        c = np.concatenate([z.start + np.arange(ns), y.start + np.arange(ns)])
+        bld.add_rows("shape_global", r, c, np.concatenate([np.ones(ns), -np.ones(ns)]),
+                     np.full(ns, -np.inf), np.zeros(ns), b)
+    bld.add_rows("shape_cap", np.zeros(ns, dtype=np.int64), y.start + np.arange(ns), np.ones(ns), -np.inf, k)
+
+
+# ---------------------------------------------------------------- assembly
+
+
+def m_upper(bm: BucketModel, res: Restriction, max_batch: int | None) -> np.ndarray:
+    """Most batches a box can need: 1 without a cap, else ceil(requests it can hold / B)."""
+    if max_batch is None:
+        return np.ones(len(res.boxes))
+    held = np.bincount(res.arc_box, weights=bm.hist.count[res.arc_cell], minlength=len(res.boxes))
+    return np.maximum(1.0, np.ceil(held / max_batch))
+
+
+def build_model(bms: list[BucketModel], restrictions: list[Restriction],
+                shapes: np.ndarray | None, max_shapes: int, fixed_shapes: list[int], max_batch: int | None,
+                relax_limits: bool) -> MipArrays:
+    """Assemble the whole model: columns per bucket, then each constraint family.
+
+    ``shapes`` is None in reference mode (shape choice is settled outside: it only
+    moves compile cost), else the candidate shape values of strict mode.
+    """
+    bld = _Builder()
+    zs: list[Block] = []
+    const = 0.0
+    per_bucket = []
+    for b, (bm, res) in enumerate(zip(bms, restrictions)):
+        t, g = res.t, res.g
+        fixed, _ = box_fixed(bm, t, g)
+        m_ub = m_upper(bm, res, max_batch)
+        m = bld.add_cols("m", fixed, 0.0, m_ub, True, b)
+        unit = box_unit_cost(bm, t, g)[res.arc_box]
+        x = bld.add_cols("x", unit, 0.0, bm.hist.count[res.arc_cell].astype(np.float64), True, b)
+        z = None
+        if shapes is not None:
+            z = bld.add_cols("z", shape_compile(shapes, bm.params), 0.0, 1.0, True, b)
+            zs.append(z)
+        per_bucket.append((bm, res, m, x, z, unit, m_ub))
+        const += bm.const_cost
+    y = bld.add_cols("y", np.zeros(len(shapes)), 0.0, 1.0, True) if shapes is not None else None
+    for b, (bm, res, m, x, z, unit, m_ub) in enumerate(per_bucket):
+        coverage_rows(bld, b, bm, res, x)
+        link_rows(bld, b, bm, res, x, m, max_batch)
+        cost_limit_row(bld, b, bm, res, x, m, z, unit, shapes, relax_limits)
+        pad_limit_row(bld, b, bm, res, x, relax_limits)
+        seq_limit_row(bld, b, bm, res, m, z, 0 if shapes is not None else fixed_shapes[b], relax_limits)
+        p95_limit_row(bld, b, bm, res, x, relax_limits)
+        if shapes is not None:
+            shape_link_rows(bld, b, res, m, z, np.searchsorted(shapes, res.t), m_ub)
+    if shapes is not None:
+        shape_cap_rows(bld, zs, y, max_shapes)
+    return bld.arrays(scale=1e7, offset=const)

@@ -1,0 +1,169 @@
+"""Pricing and the certified lower bound: Lagrangian relaxation over EVERY candidate box.
+
+Dualise coverage (pi_c, free), the limit rows (mu: sequential time, rho: pad, lam:
+P95, gam: cost; all >= 0) and, in strict mode, the shape cap (kap >= 0).  What is
+left splits into one tiny problem per box k = (t, g):
+
+  e_ck = (1+gam)*unit(k) + rho*pad_ck + lam*viol_ck - pi_c    (value of one member of c in k)
+  F_k  = (1+gam)*Kbatch + mu*lat(k)                             (value of one batch of k)
+  h_k  = min(0, F_k + sum_{c in k} n_c * min(0, e_ck))          (open k or not)
+
+and  L = sum_b [(1+gam)*const + sum_c pi_c n_c - mu*T - rho*P - lam*A - gam*C] + sum_k h_k
+(strict: boxes are grouped by shape, each shape opened per bucket at its compile cost
+and counted against K).  For ANY multipliers of the right sign L <= the optimum of
+the real problem -- spikes are left out of the relaxation, which only loosens it --
+so the bound holds whatever subset of boxes the MIP itself searched.  The same h_k
+prices columns: boxes with h_k < 0 improve the restricted LP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from model.boxes import BucketModel, Grid, arc_pad, arc_violates, box_fixed, box_unit_cost, shape_compile
+from model.formulation import MipArrays
+
+CHUNK = 4_000_000  # matrix entries per pricing chunk (memory: a few arrays of this many floats)
+
+
+@dataclass(frozen=True, eq=False)
+class Duals:
+    """Lagrange multipliers of one bucket (raw cost units)."""
+
+    pi: np.ndarray
+    mu: float = 0.0
+    rho: float = 0.0
+    lam: float = 0.0
+    gam: float = 0.0
+
+
+def duals_from_lp(model: MipArrays, row_duals: np.ndarray, b: int, n_cells: int) -> Duals:
+    """Read one bucket's multipliers from an LP solution (HiGHS sign convention: <= rows give <= 0)."""
+    def one(name: str) -> float:
+        blk = model.block("row", name, b)
+        return max(0.0, -float(row_duals[blk.start])) if blk is not None else 0.0
+
+    cover = model.block("row", "cover", b)
+    pi = np.asarray(row_duals[cover.start:cover.start + n_cells], dtype=np.float64)
+    return Duals(pi, mu=one("seq"), rho=one("pad"), lam=one("p95"), gam=one("cost"))
+
+
+def shape_cap_dual(model: MipArrays, row_duals: np.ndarray) -> float:
+    blk = model.block("row", "shape_cap")
+    return max(0.0, -float(row_duals[blk.start])) if blk is not None else 0.0
+
+
+def _cell_values(bm: BucketModel, duals: Duals, t: int, gs: np.ndarray, cells: np.ndarray) -> np.ndarray:
+    """e_ck for boxes (t, g in gs) x cells, +inf where the cell does not fit (G_c > g)."""
+    g = gs[:, None]
+    c = cells[None, :]
+    e = (1 + duals.gam) * box_unit_cost(bm, np.int64(t), gs)[:, None] - duals.pi[c]
+    if duals.rho:
+        e = e + duals.rho * arc_pad(bm, c, np.int64(t), g)
+    if duals.lam:
+        e = e + duals.lam * arc_violates(bm, np.broadcast_to(c, e.shape), np.int64(t), np.broadcast_to(g, e.shape))
+    return np.where(bm.hist.G[c] <= g, e, np.inf)
+
+
+def _t_chunks(bm: BucketModel, grid: Grid):
+    """(t index, t, cells that fit under t, g sub-range) in chunks that bound memory."""
+    for i, t in enumerate(grid.ts):
+        cells = np.flatnonzero(bm.hist.S <= t)
+        if len(cells) == 0:
+            continue
+        step = max(1, CHUNK // len(cells))
+        for lo in range(0, len(grid.gs), step):
+            yield i, int(t), cells, lo, min(len(grid.gs), lo + step)
+
+
+def box_values(bm: BucketModel, grid: Grid, duals: Duals, boxes: np.ndarray) -> np.ndarray:
+    """Unclipped v_k = F_k + sum_c n_c min(0, e_ck) of given boxes (h_k = min(0, v_k))."""
+    t_all, g_all = grid.box(boxes)
+    out = np.zeros(len(boxes))
+    for t in np.unique(t_all):
+        sel = np.flatnonzero(t_all == t)
+        cells = np.flatnonzero(bm.hist.S <= t)
+        e = _cell_values(bm, duals, int(t), g_all[sel], cells)
+        fixed, lat = box_fixed(bm, t_all[sel], g_all[sel])
+        out[sel] = (1 + duals.gam) * fixed + duals.mu * lat + (bm.hist.count[cells][None, :]
+                                                                * np.minimum(0.0, e)).sum(axis=1)
+    return out
+
+
+def price_boxes(bm: BucketModel, grid: Grid, duals: Duals, max_batch: int | None) -> np.ndarray:
+    """h_k <= 0 for every box of the grid (flat, t-major): the value of opening it at these prices."""
+    h = np.zeros(len(grid))
+    for i, t, cells, lo, hi in _t_chunks(bm, grid):
+        gs = grid.gs[lo:hi]
+        e = _cell_values(bm, duals, t, gs, cells)
+        n = bm.hist.count[cells][None, :]
+        fixed, lat = box_fixed(bm, np.full(len(gs), t), gs)
+        F = (1 + duals.gam) * fixed + duals.mu * lat
+        value = F + (n * np.minimum(0.0, e)).sum(axis=1)
+        if max_batch is not None:  # each member also carries at least 1/B of a batch
+            value = np.maximum(value, (n * np.minimum(0.0, e + (F / max_batch)[:, None])).sum(axis=1))
+        h[i * len(grid.gs) + lo:i * len(grid.gs) + hi] = np.minimum(0.0, value)
+    return h
+
+
+def box_arcs(bm: BucketModel, grid: Grid, duals: Duals, boxes: np.ndarray, slack: float) -> tuple[np.ndarray, np.ndarray]:
+    """Arcs (cell, position in ``boxes``) worth holding: e_ck <= slack, plus each box's own tight cells."""
+    t_all, g_all = grid.box(boxes)
+    cells_out, pos_out = [], []
+    for t in np.unique(t_all):
+        sel = np.flatnonzero(t_all == t)
+        cells = np.flatnonzero(bm.hist.S <= t)
+        e = _cell_values(bm, duals, int(t), g_all[sel], cells)
+        tight = (bm.hist.S[cells][None, :] == t) & (bm.hist.G[cells][None, :] == g_all[sel][:, None])
+        r, c = np.nonzero((e <= slack) | tight)
+        cells_out.append(cells[c])
+        pos_out.append(sel[r])
+    if not cells_out:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(cells_out).astype(np.int64), np.concatenate(pos_out).astype(np.int64)
+
+
+def bucket_constant(bm: BucketModel, duals: Duals, compile_fixed: float) -> float:
+    """The multiplier-only part of one bucket's Lagrangian (spike reserve left out: a relaxation)."""
+    lim = bm.limits
+    value = (1 + duals.gam) * (bm.const_cost + compile_fixed) + float((duals.pi * bm.hist.count).sum())
+    if lim.max_sequential_ms is not None:
+        value -= duals.mu * lim.max_sequential_ms
+    if bm.pad_budget is not None:
+        value -= duals.rho * bm.pad_budget
+    if bm.p95_allowed is not None:
+        value -= duals.lam * bm.p95_allowed
+    if lim.max_cost is not None:
+        value -= duals.gam * lim.max_cost
+    return value
+
+
+@dataclass(frozen=True, eq=False)
+class Bound:
+    """A certified lower bound and the box prices it was computed from."""
+
+    total: float
+    per_bucket: tuple[float, ...] | None  # None when buckets are coupled (strict mode shapes)
+    prices: tuple[np.ndarray, ...]
+
+
+def lagrangian_bound(bms: list[BucketModel], grids: list[Grid], duals: list[Duals], max_batch: int | None,
+                     shapes: np.ndarray | None = None, kappa: float = 0.0, max_shapes: int = 0,
+                     compile_fixed: list[float] | None = None) -> Bound:
+    """L(multipliers): a valid lower bound on the optimal total cost (see module docstring)."""
+    prices = tuple(price_boxes(bm, grid, d, max_batch) for bm, grid, d in zip(bms, grids, duals))
+    fixed = compile_fixed or [0.0] * len(bms)
+    consts = [bucket_constant(bm, d, f) for bm, d, f in zip(bms, duals, fixed)]
+    if shapes is None:
+        per = tuple(c + float(h.sum()) for c, h in zip(consts, prices))
+        return Bound(sum(per), per, prices)
+    open_value = np.zeros(len(shapes))
+    for bm, grid, d, h in zip(bms, grids, duals, prices):
+        by_t = np.zeros(len(shapes))
+        pos = np.searchsorted(shapes, grid.ts)
+        np.add.at(by_t, pos, h.reshape(len(grid.ts), len(grid.gs)).sum(axis=1))
+        open_value += np.minimum(0.0, (1 + d.gam) * shape_compile(shapes, bm.params) + by_t)
+    total = sum(consts) - kappa * max_shapes + float(np.minimum(0.0, kappa + open_value).sum())
+    return Bound(total, None, prices)
