@@ -136,7 +136,7 @@ def _csv_header(raw: bytes) -> list[str]:
     return [h.strip().strip('"') for h in first.split(",")]
 
 
-def _line_numbers(raw: bytes) -> np.ndarray:
+def line_numbers(raw: bytes) -> np.ndarray:
     """1-based line number of each non-blank line (pyarrow skips blank ones).
 
     Vectorised over the newline positions; only lines that START with whitespace are
@@ -157,7 +157,7 @@ def _line_numbers(raw: bytes) -> np.ndarray:
 
 def _read_jsonl(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame, np.ndarray, InputError | None]:
     """JSONL via pyarrow; on any parse trouble, a line-by-line pass finds the exact line."""
-    lines = _line_numbers(raw)
+    lines = line_numbers(raw)
     if len(lines) == 0:
         raise InputError(str(path), None, None, "no requests (empty file)")
     try:
@@ -217,7 +217,7 @@ def _read_csv(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame, n
     Lengths are left to pyarrow's type inference (int64 on good files, so no Python
     work per row); the id column is read as text so "007" stays "007".
     """
-    lines = _line_numbers(raw)
+    lines = line_numbers(raw)
     if len(lines) < 2:
         raise InputError(str(path), None, None, "no requests (empty file)" if len(lines) == 0
                          else "no requests (only a header)")
