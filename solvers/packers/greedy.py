@@ -155,6 +155,24 @@ def unlink(st: MergeState, j: int) -> list[tuple[int, int]]:
     return joined
 
 
+def merged_prompts(x: dict[int, int], y: dict[int, int]) -> dict[int, int]:
+    """Member counts per effective prompt length of two batches together."""
+    out = dict(x)
+    for length, count in y.items():
+        out[length] = out.get(length, 0) + count
+    return out
+
+
+def apply_merge(st: MergeState, a: int, b: int, prompts: dict[int, int]) -> list[tuple[int, int]]:
+    """Fold batch b into batch a; return the pairs whose neighbourhood changed and need scoring."""
+    st.n[a], st.prompts[a] = st.n[a] + st.n[b], prompts
+    st.s_box[a], st.g_box[a] = max(st.s_box[a], st.s_box[b]), max(st.g_box[a], st.g_box[b])
+    st.owner[b] = a
+    st.version[a] += 1
+    rejoined = unlink(st, b)
+    return [*rejoined, *((a, int(x)) for x in st.prev[:, a]), *((a, int(x)) for x in st.next[:, a])]
+
+
 def merge(bucket: Bucket, batching: Batching, limits: Limits, problem: Problem) -> Batching:
     """The greedy merge of one bucket's cells plan (see the module docstring)."""
     p = problem.params
@@ -184,9 +202,7 @@ def merge(bucket: Bucket, batching: Batching, limits: Limits, problem: Problem) 
             continue
         s, g = max(st.s_box[a], st.s_box[b]), max(st.g_box[a], st.g_box[b])
         d_pad = int(st.n[a] * (g - st.g_box[a]) + st.n[b] * (g - st.g_box[b]))
-        prompts = dict(st.prompts[a])
-        for length, count in st.prompts[b].items():
-            prompts[length] = prompts.get(length, 0) + count
+        prompts = merged_prompts(st.prompts[a], st.prompts[b])
         new_zone = zones(prompts, int(s), int(g), p95, p)
         zone_after = zone_total - zone[a] - zone[b] + new_zone
         breaks = [name for name, bad in (("max_pad_ratio", pad + d_pad > pad_cap and d_pad > 0),
@@ -197,12 +213,7 @@ def merge(bucket: Bucket, batching: Batching, limits: Limits, problem: Problem) 
         seq -= saved
         pad += d_pad
         zone_total, zone[a], zone[b] = zone_after, new_zone, 0
-        st.n[a], st.s_box[a], st.g_box[a], st.prompts[a] = st.n[a] + st.n[b], s, g, prompts
-        st.owner[b] = a
-        st.version[a] += 1
-        rejoined = unlink(st, b)
-        touched = [*rejoined, *((a, int(x)) for x in st.prev[:, a]), *((a, int(x)) for x in st.next[:, a])]
-        for c in candidates(st, touched, p, problem.max_batch_size):
+        for c in candidates(st, apply_merge(st, a, b, prompts), p, problem.max_batch_size):
             heapq.heappush(heap, c)
     if seq > target:
         raise InfeasibleError(
