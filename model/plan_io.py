@@ -140,26 +140,30 @@ def plan_text(plan: Plan) -> str:
     """
     if len(plan) == 0:
         return ""
-    seq = pc.cast(pa.array(np.asarray(plan.seq_align, dtype=np.int64)), pa.large_string())
-    records = _concat('{"request_id": ', _json_strings(plan.request_ids), ', "batch_id": ',
-                      _json_strings(plan.batch_ids), ', "shape": {"seq_align": ', seq,
-                      f', "heads_align": {HEADS}, "hidden_align": {HIDDEN}}}}}\n')
-    return _joined(records)
+    records = concat_strings('{"request_id": ', json_strings(plan.request_ids), ', "batch_id": ',
+                             json_strings(plan.batch_ids), ', "shape": {"seq_align": ', int_strings(plan.seq_align),
+                             f', "heads_align": {HEADS}, "hidden_align": {HIDDEN}}}}}\n')
+    return joined_text(records)
 
 
-def _concat(*parts) -> pa.Array:
+def concat_strings(*parts) -> pa.Array:
     """Element-wise concatenation of large_string arrays and literal strings."""
     args = [pa.scalar(p, pa.large_string()) if isinstance(p, str) else p for p in parts]
     return pc.binary_join_element_wise(*args, pa.scalar("", pa.large_string()))
 
 
-def _json_strings(values: np.ndarray) -> pa.Array:
+def int_strings(values: np.ndarray) -> pa.Array:
+    """Integers as their decimal text (a large_string array)."""
+    return pc.cast(pa.array(np.asarray(values, dtype=np.int64)), pa.large_string())
+
+
+def json_strings(values: np.ndarray) -> pa.Array:
     """Each value as a JSON string literal, spelled as json.dumps(str(v)) spells it."""
     try:
         text = pa.array(values, type=pa.large_string())
     except (pa.ArrowInvalid, pa.ArrowTypeError):  # non-str ids: stringify them first
         text = pa.array([str(v) for v in values], type=pa.large_string())
-    quoted = _concat('"', text, '"')
+    quoted = concat_strings('"', text, '"')
     escape = pc.or_(pc.invert(pc.string_is_ascii(text)), pc.match_substring_regex(text, r'["\\\x00-\x1f\x7f]'))
     rows = np.flatnonzero(escape.to_numpy(zero_copy_only=False))
     if len(rows) == 0:
@@ -168,7 +172,7 @@ def _json_strings(values: np.ndarray) -> pa.Array:
     return pc.replace_with_mask(quoted, escape, escaped)
 
 
-def _joined(strings: pa.Array) -> str:
+def joined_text(strings: pa.Array) -> str:
     """All values of a large_string array concatenated, read straight from its data buffer."""
     _, offsets, data = strings.buffers()
     bounds = np.frombuffer(offsets, dtype=np.int64)[strings.offset:strings.offset + len(strings) + 1]
