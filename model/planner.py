@@ -30,6 +30,7 @@ from solvers.backends.result import SolveOptions
 log = logging.getLogger("shapeplan")
 
 MAX_GEN_VALUES = 400  # gen values per bucket before the histogram is coarsened
+PRICING_BUDGET = 2.5e7  # (box t values) x (gen values) x (cells) per pricing pass before coarsening
 COLUMNS_PER_ROUND = 300  # boxes added per bucket per pricing round
 MAX_ROUNDS = 30
 TARGET_GAP = 1e-3  # stop improving once the incumbent is this close to the certified bound
@@ -67,6 +68,32 @@ def reference_shapes(bms: list[BucketModel], max_shapes: int, max_seq_len: int |
         j, k = choice[j][k], k - 1
     picks.sort()
     return [min(v for v in picks if v >= n) for n in need]
+
+
+def gen_budget(hist: Histogram, n_t: int | None) -> int:
+    """How many gen values a bucket may keep so one pricing pass stays within PRICING_BUDGET."""
+    n_t = n_t or len(np.unique(hist.S))
+    return int(np.clip(PRICING_BUDGET / (n_t * max(len(hist), 1)), 48, MAX_GEN_VALUES))
+
+
+def fine_bound(problem: Problem, fine: list[Histogram], coarse: list[Histogram], duals: list[Duals], kappa: float,
+               compile_fixed: list[float], shapes) -> tuple[float, tuple[float, ...] | None]:
+    """The Lagrangian bound on the EXACT histograms, with each fine cell priced at its coarse cell's dual.
+
+    A coarsened model over-states costs, so its own bound could exceed the true optimum;
+    evaluating the Lagrangian on the exact cells keeps the certificate valid.
+    """
+    fbms, fgrids, fduals = [], [], []
+    for b, (hf, hc, d, f) in enumerate(zip(fine, coarse, duals, compile_fixed)):
+        bucket = problem.buckets[b]
+        bm = bucket_model(hf, gen_min_of(bucket.gen_len, hf), problem.limits[b], problem.params, problem.mode)
+        fbms.append(replace(bm, const_cost=bm.const_cost + f))
+        fgrids.append(candidate_grid(fbms[-1], shapes))
+        coarse_of_fine = np.zeros(len(hf), np.int64)
+        coarse_of_fine[hf.cell_of] = hc.cell_of
+        fduals.append(replace(d, pi=d.pi[coarse_of_fine]))
+    bound = lagrangian_bound(fbms, fgrids, fduals, problem.max_batch_size, shapes, kappa, problem.max_shapes)
+    return bound.total, bound.per_bucket
 
 
 def gen_min_of(bucket_gen: np.ndarray, hist: Histogram) -> np.ndarray:
@@ -132,10 +159,13 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0)
     deadline = t0 + time_limit
     solver = get_backend(backend)
     lp_solver = get_backend("highs")  # column generation needs LP duals
-    hists = [build_histogram(b, MAX_GEN_VALUES) for b in problem.buckets]
+    strict = problem.mode == "strict"
+    fine = [build_histogram(b) for b in problem.buckets]
+    n_t = len(np.unique(np.concatenate([h.S for h in fine]))) if strict else None
+    hists = [build_histogram(b, gen_budget(h, n_t)) if gen_budget(h, n_t) < len(np.unique(h.G)) else h
+             for b, h in zip(problem.buckets, fine)]
     bms = [bucket_model(h, gen_min_of(b.gen_len, h), lim, problem.params, problem.mode)
            for h, b, lim in zip(hists, problem.buckets, problem.limits)]
-    strict = problem.mode == "strict"
     notes: list[str] = []
     if strict:
         shapes = np.unique(np.concatenate([h.S for h in hists]))
@@ -164,9 +194,12 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0)
     for rnd in range(MAX_ROUNDS):
         model = build_model(bms, res, shapes, problem.max_shapes, fixed_shapes, problem.max_batch_size, True)
         lp = lp_solver.solve(model, SolveOptions(time_limit=max(1.0, deadline - time.perf_counter()), relax=True))
-        if lp.row_duals is None:
-            notes.append(f"LP relaxation returned no duals (status {lp.status}); bound from round {rnd}")
+        if lp.row_duals is None or lp.x is None:
+            if rnd == 0:
+                raise InfeasibleError(f"the LP relaxation failed (status {lp.status})")
+            notes.append(f"LP relaxation returned no duals (status {lp.status}); bound from round {rnd - 1}")
             break
+        last_lp = lp
         duals = [duals_from_lp(model, lp.row_duals, b, len(bm.hist)) for b, bm in enumerate(bms)]
         kappa = shape_cap_dual(model, lp.row_duals)
         bound = lagrangian_bound(bms, grids, duals, problem.max_batch_size, shapes, kappa, problem.max_shapes)
@@ -191,7 +224,10 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0)
             break
 
     # 1) incumbent: the MIP over the LP's support (small: it solves in seconds)
-    support = [_support(bm, grid, r, lp_model, lp.x, b) for b, (bm, grid, r) in enumerate(zip(bms, grids, lp_res))]
+    if any(h.coarsened for h in hists):
+        best_bound, best_bucket_bounds = fine_bound(problem, fine, hists, duals, kappa, compile_fixed, shapes)
+        notes.append("gen values were coarsened for the search; the bound is certified on the exact histogram")
+    support = [_support(bm, grid, r, lp_model, last_lp.x, b) for b, (bm, grid, r) in enumerate(zip(bms, grids, lp_res))]
     best = _solve_restricted(solver, bms, support, shapes, problem, fixed_shapes, warm,
                              min(deadline, time.perf_counter() + 0.25 * max(1.0, deadline - time.perf_counter())))
     # 2) if the incumbent is not yet within the target gap: the MIP over every generated box

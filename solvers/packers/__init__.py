@@ -4,3 +4,7 @@ Each packer is ``pack(problem) -> tuple[Batching, ...]`` (one per bucket), retur
 plan within the shape cap (per bucket and across buckets) or raises InfeasibleError
 saying why it cannot.
 """
+
+from solvers.packers.registry import PACKERS
+
+__all__ = ["PACKERS"]
