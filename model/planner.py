@@ -70,6 +70,19 @@ def reference_shapes(bms: list[BucketModel], max_shapes: int, max_seq_len: int |
     return [min(v for v in picks if v >= n) for n in need]
 
 
+def own_box_duals(bm: BucketModel, grid: Grid) -> Duals:
+    """Multipliers that price each cell at its cheapest box (its own tight one), limits at zero.
+
+    At these prices no box has a negative value, so the Lagrangian reduces to "every
+    request in its own smallest box, no overheads": weak but always valid, the floor
+    the column-generation bounds must beat.
+    """
+    from model.boxes import box_unit_cost
+
+    t_own = bm.hist.S if bm.mode == "reference" else grid.ts[np.searchsorted(grid.ts, bm.hist.S)]
+    return Duals(box_unit_cost(bm, t_own, bm.hist.G))
+
+
 def gen_budget(hist: Histogram, n_t: int | None) -> int:
     """How many gen values a bucket may keep so one pricing pass stays within PRICING_BUDGET."""
     n_t = n_t or len(np.unique(hist.S))
@@ -93,7 +106,10 @@ def fine_bound(problem: Problem, fine: list[Histogram], coarse: list[Histogram],
         coarse_of_fine[hf.cell_of] = hc.cell_of
         fduals.append(replace(d, pi=d.pi[coarse_of_fine]))
     bound = lagrangian_bound(fbms, fgrids, fduals, problem.max_batch_size, shapes, kappa, problem.max_shapes)
-    return bound.total, bound.per_bucket
+    floor = lagrangian_bound(fbms, fgrids, [own_box_duals(bm, g) for bm, g in zip(fbms, fgrids)],
+                             problem.max_batch_size, shapes, 0.0, problem.max_shapes)
+    best = max((bound, floor), key=lambda bd: bd.total)
+    return best.total, best.per_bucket
 
 
 def gen_min_of(bucket_gen: np.ndarray, hist: Histogram) -> np.ndarray:
@@ -188,7 +204,9 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0)
            for b, (bm, grid) in enumerate(zip(bms, grids))]
     fixed_shapes = [1] * len(bms)
 
-    best_bound, best_bucket_bounds = -np.inf, None
+    start = lagrangian_bound(bms, grids, [own_box_duals(bm, grid) for bm, grid in zip(bms, grids)],
+                             problem.max_batch_size, shapes, 0.0, problem.max_shapes)
+    best_bound, best_bucket_bounds = start.total, start.per_bucket
     duals = [Duals(np.zeros(len(bm.hist))) for bm in bms]
     lp_budget = 0.45 * time_limit
     for rnd in range(MAX_ROUNDS):
@@ -245,7 +263,16 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0)
     model, res, mip = best.model, best.res, best.result
     batchings = tuple(_batching(bm, r, model, mip.x, b, problem, ref_shape, shapes)
                       for b, (bm, r) in enumerate(zip(bms, res)))
-    objective = float(mip.objective)
+    candidates = {"mip": batchings}
+    if warm:
+        candidates["greedy warm start"] = tuple(w[1] for w in warm)
+    chosen, objective, broken = exact_pick(problem, candidates)
+    if chosen != "mip":
+        notes.append(f"the {chosen} plan is cheaper under the exact cost model than the MIP's "
+                     "(the search ran on a coarsened histogram) and is returned instead")
+    if broken:
+        notes.append(f"exact re-evaluation: {broken}")
+    batchings = candidates[chosen]
     gap = (objective - best_bound) / objective if objective > 0 else 0.0
     status = "optimal" if gap <= 1e-4 else ("time_limit" if mip.status == "time_limit" else "feasible")
     report = SolveReport(status, objective, best_bound, gap, time.perf_counter() - t0, mip.backend, mip.version,
@@ -317,6 +344,36 @@ def _batching(bm: BucketModel, r: Restriction, model: MipArrays, x: np.ndarray, 
         boxes = boxes[uniq // (len(box_of) + 1)]
     shape_of = np.full(len(boxes), ref_shape[b], np.int64) if ref_shape is not None else r.t[boxes]
     return Batching(batch_of.astype(np.int64), shape_of.astype(np.int64))
+
+
+def exact_pick(problem: Problem, candidates: dict[str, tuple[Batching, ...]]) -> tuple[str, float, str]:
+    """Re-evaluate each candidate exactly (spike placement included); keep the cheapest that meets every limit.
+
+    The model is conservative, so its plan should pass; if a candidate breaks a limit
+    the message says which, and a passing candidate is preferred over any failing one.
+    """
+    from model.costs import plan_metrics
+    from model.expand import assemble
+    from model.validate import limit_checks, plan_rows
+
+    best = None
+    messages = []
+    for name, batchings in candidates.items():
+        total, failing = 0.0, []
+        for bucket, bt, lim in zip(problem.buckets, batchings, problem.limits):
+            plan = assemble(bucket, bt, problem.params, problem.mode, lim)
+            idx, _ = plan_rows(bucket, plan)
+            m = plan_metrics(bucket.prompt_len[idx], bucket.gen_len[idx], plan.batch_ids, plan.seq_align,
+                             problem.params, problem.mode)
+            total += m.cost
+            failing += [f"{bucket.name} {c.metric} {c.value:.6g} > {c.limit:.6g}" for c in limit_checks(m, lim)
+                        if not c.ok]
+        if failing:
+            messages.append(f"{name} plan breaks {', '.join(failing)}")
+        key = (bool(failing), total)
+        if best is None or key < best[0]:
+            best = (key, name, total)
+    return best[1], best[2], "; ".join(messages)
 
 
 def _infeasible_message(problem: Problem, bms: list[BucketModel], status: str) -> str:
