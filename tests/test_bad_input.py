@@ -1,0 +1,274 @@
+"""Bad input: the exact one-line message (file, line, field), exit status 2, nothing written.
+
+Every case runs through the real entry point (``run_main(main)``, what ``python -m``
+calls) in-process, so the table stays fast; the same table also runs as real
+subprocesses under ``-m slow``, and a few representative cases always do.  Each
+run starts with a good plan already in the output folder and checks that its bytes
+-- and the folder's listing -- are unchanged afterwards.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from model import evaluate, solve
+from model.cli_common import run_main
+from model.errors import InputError
+from model.load import load_requests
+
+GOOD = ('{"request_id": "a", "prompt_len": 10, "gen_len": 5}\n'
+        '{"request_id": "b", "prompt_len": 100, "gen_len": 7}\n')
+GOOD_PLAN = ('{"request_id": "a", "batch_id": "b-1", "shape": {"seq_align": 128, "heads_align": 32, "hidden_align": 4096}}\n'
+             '{"request_id": "b", "batch_id": "b-1", "shape": {"seq_align": 128, "heads_align": 32, "hidden_align": 4096}}\n')
+OLD_PLAN = b'{"old": "plan that must survive"}\n'
+
+
+def jsonl(*rows: str) -> str:
+    """Request lines joined as a file (rows are written verbatim, blank ones included)."""
+    return "".join(r + "\n" for r in rows)
+
+
+def scenario(*bucket_lines: str, top: str = "max_shapes = 8") -> str:
+    """A one-bucket scenario over req.jsonl with extra lines in its [[bucket]] table."""
+    return "\n".join([top, "", "[[bucket]]", 'name = "b1"', 'requests = "req.jsonl"', *bucket_lines]) + "\n"
+
+
+def shape_plan(shape: str) -> str:
+    """GOOD_PLAN with the second record's shape replaced."""
+    first = GOOD_PLAN.splitlines()[0]
+    return f'{first}\n{{"request_id": "b", "batch_id": "b-1", "shape": {shape}}}\n'
+
+
+@dataclass(frozen=True)
+class Case:
+    """A bad input: files to lay out, the command, and the exact error line.
+
+    ``bucket`` names the plan solve would write (out/plan_<bucket>.jsonl), which is
+    pre-created so we can see it is left alone.
+    """
+
+    id: str
+    files: dict[str, str | bytes]
+    argv: tuple[str, ...]
+    error: str
+    module: str = "solve"
+    bucket: str = "req"
+    loader: bool = field(default=True)  # the message also comes straight from load_requests(argv[0])
+
+
+def solve_case(id: str, name: str, content: str | bytes, error: str, *extra: str, loader: bool = True) -> Case:
+    """solve REQUESTS --solver cells --out out, on one request file."""
+    return Case(id, {name: content}, (name, "--solver", "cells", "--out", "out", *extra), error,
+                bucket=Path(name).stem, loader=loader)
+
+
+def eval_case(id: str, plan: str, error: str) -> Case:
+    """evaluate req.jsonl plan.jsonl with a good request file and a bad plan."""
+    return Case(id, {"req.jsonl": GOOD, "plan.jsonl": plan}, ("req.jsonl", "plan.jsonl"), error,
+                module="evaluate", loader=False)
+
+
+def scenario_case(id: str, toml: str, error: str) -> Case:
+    """solve --scenario s.toml on a good bucket b1."""
+    return Case(id, {"s.toml": toml, "req.jsonl": GOOD}, ("--scenario", "s.toml", "--solver", "cells", "--out", "out"),
+                error, bucket="b1", loader=False)
+
+
+ROW_A = '{"request_id": "a", "prompt_len": 10, "gen_len": 5}'
+
+CASES = [
+    # JSONL structure
+    solve_case("malformed-json", "bad.jsonl", jsonl(ROW_A, '{"request_id": "b", "prompt_len": 10, "gen_len": 5'),
+               "bad.jsonl:2: malformed JSON: Expecting ',' delimiter (column 51)"),
+    solve_case("not-an-object", "bad.jsonl", jsonl(ROW_A, "[1, 2, 3]"),
+               "bad.jsonl:2: expected a JSON object, got an array"),
+    solve_case("nan-literal", "bad.jsonl", jsonl(ROW_A, '{"request_id": "b", "prompt_len": NaN, "gen_len": 5}'),
+               "bad.jsonl:2: field 'prompt_len': expected an integer, got nan"),
+    # fields
+    solve_case("missing-field-after-blank-lines", "bad.jsonl", jsonl(ROW_A, "", "  ", '{"request_id": "b", "prompt_len": 10}'),
+               "bad.jsonl:4: field 'gen_len': missing"),
+    solve_case("null-field", "bad.jsonl", jsonl(ROW_A, '{"request_id": "b", "prompt_len": null, "gen_len": 5}'),
+               "bad.jsonl:2: field 'prompt_len': missing"),
+    solve_case("missing-id", "bad.jsonl", jsonl(ROW_A, '{"prompt_len": 10, "gen_len": 5}'),
+               "bad.jsonl:2: field 'request_id': missing"),
+    solve_case("length-abc", "bad.jsonl", jsonl(ROW_A, '{"request_id": "b", "prompt_len": "abc", "gen_len": 5}'),
+               "bad.jsonl:2: field 'prompt_len': expected an integer, got 'abc'"),
+    solve_case("length-12.5", "bad.jsonl", jsonl(ROW_A, '{"request_id": "b", "prompt_len": 12.5, "gen_len": 5}'),
+               "bad.jsonl:2: field 'prompt_len': expected an integer, got 12.5"),
+    solve_case("length-true", "bad.jsonl", jsonl(ROW_A, '{"request_id": "b", "prompt_len": 10, "gen_len": true}'),
+               "bad.jsonl:2: field 'gen_len': expected an integer, got True"),
+    solve_case("length-zero", "bad.jsonl", jsonl(ROW_A, '{"request_id": "b", "prompt_len": 10, "gen_len": 0}'),
+               "bad.jsonl:2: field 'gen_len': must be a positive integer, got 0"),
+    solve_case("length-negative", "bad.jsonl", jsonl(ROW_A, '{"request_id": "b", "prompt_len": -3, "gen_len": 5}'),
+               "bad.jsonl:2: field 'prompt_len': must be a positive integer, got -3"),
+    solve_case("length-overflows-int64", "bad.jsonl",
+               jsonl(ROW_A, '{"request_id": "b", "prompt_len": 99999999999999999999, "gen_len": 5}'),
+               "bad.jsonl:2: field 'prompt_len': must be at most 1048576, got 1e+20"),
+    solve_case("first-bad-line-wins", "bad.jsonl",
+               jsonl('{"request_id": "a", "prompt_len": 10, "gen_len": 0}', '{"request_id": "b", "prompt_len": -1, "gen_len": 5}'),
+               "bad.jsonl:1: field 'gen_len': must be a positive integer, got 0"),
+    solve_case("field-error-before-malformed-line", "bad.jsonl",
+               jsonl('{"request_id": "a", "prompt_len": 0, "gen_len": 5}', "{oops"),
+               "bad.jsonl:1: field 'prompt_len': must be a positive integer, got 0"),
+    # ids
+    solve_case("duplicate-id", "bad.jsonl", jsonl(ROW_A, "", '{"request_id": "a", "prompt_len": 20, "gen_len": 5}'),
+               "bad.jsonl:3: field 'request_id': duplicate id 'a' (first on line 1)"),
+    solve_case("fractional-id", "bad.jsonl", jsonl('{"request_id": 1, "prompt_len": 10, "gen_len": 5}',
+                                                   '{"request_id": 2.5, "prompt_len": 10, "gen_len": 5}'),
+               "bad.jsonl:2: field 'request_id': expected a string or integer id, got 2.5"),
+    solve_case("empty-id", "bad.jsonl", jsonl('{"request_id": "", "prompt_len": 10, "gen_len": 5}'),
+               "bad.jsonl:1: field 'request_id': must not be empty"),
+    # files
+    solve_case("empty-file", "empty.jsonl", "", "empty.jsonl: no requests (empty file)"),
+    solve_case("blank-lines-only", "blank.jsonl", "\n  \n\r\n", "blank.jsonl: no requests (empty file)"),
+    Case("missing-file", {}, ("nope.jsonl", "--solver", "cells", "--out", "out"),
+         "nope.jsonl: cannot read: No such file or directory", bucket="nope"),
+    Case("unreadable-file-is-a-folder", {"dir.jsonl/x": "x"}, ("dir.jsonl", "--solver", "cells", "--out", "out"),
+         "dir.jsonl: cannot read: Is a directory", bucket="dir"),
+    solve_case("unknown-suffix", "req.txt", GOOD,
+               "req.txt: cannot tell the format from suffix '.txt'; use .jsonl, .csv or .parquet"),
+    # CSV and Parquet
+    solve_case("csv-non-numeric-cell", "bad.csv", "request_id,prompt_len,gen_len\na,10,5\nb,x,5\n",
+               "bad.csv:3: field 'prompt_len': expected an integer, got 'x'"),
+    solve_case("csv-line-after-blank-line", "bad.csv", "request_id,prompt_len,gen_len\na,10,5\n\nb,10,0\n",
+               "bad.csv:4: field 'gen_len': must be a positive integer, got 0"),
+    solve_case("csv-ragged-row", "bad.csv", "request_id,prompt_len,gen_len\na,10,5\nb,10\n",
+               "bad.csv:3: malformed CSV: expected 3 fields, got 2"),
+    solve_case("csv-missing-column", "bad.csv", "request_id,prompt_len\na,10\n",
+               "bad.csv:2: field 'gen_len': missing"),
+    solve_case("csv-header-only", "bad.csv", "request_id,prompt_len,gen_len\n", "bad.csv: no requests (only a header)"),
+    solve_case("parquet-that-is-not", "bad.parquet", b"request_id,prompt_len\n",
+               "bad.parquet: not a Parquet file (no PAR1 magic bytes)"),
+    # limits and settings
+    solve_case("prompt-longer-than-max-seq-len", "req.jsonl", GOOD,
+               "req.jsonl:2: field 'prompt_len': 100 is longer than the largest allowed shape 64",
+               "--max-seq-len", "64", loader=False),
+    solve_case("max-seq-len-not-multiple-of-64", "req.jsonl", GOOD,
+               "--max-seq-len: must be a positive multiple of 64, got 100", "--max-seq-len", "100", loader=False),
+    solve_case("negative-limit-flag", "req.jsonl", GOOD, "--max-pad-ratio: must be a non-negative number, got -0.1",
+               "--max-pad-ratio=-0.1", loader=False),
+    solve_case("nan-limit-flag", "req.jsonl", GOOD, "--max-cost: must be a non-negative number, got nan",
+               "--max-cost", "nan", loader=False),
+    solve_case("zero-shapes", "req.jsonl", GOOD, "--limit-shapes: must be a positive integer, got 0",
+               "--limit-shapes", "0", loader=False),
+    solve_case("bad-columns-spec", "req.jsonl", GOOD,
+               "--columns: expected a preset (default, azure) or PROMPT,GEN[,ID], got 'onlyone'",
+               "--columns", "onlyone", loader=False),
+    scenario_case("scenario-negative-pad-limit", scenario("max_cost = 1e9", "max_pad_ratio = -0.1"),
+                  "s.toml:7: field 'bucket.max_pad_ratio': must be a non-negative number, got -0.1"),
+    scenario_case("scenario-unknown-top-key", scenario(top="max_shapes = 8\nmax_shapez = 3"),
+                  "s.toml:2: field 'max_shapez': unknown scenario key"),
+    scenario_case("scenario-unknown-bucket-key", scenario("max_pad = 0.1"),
+                  "s.toml:6: field 'bucket.max_pad': unknown bucket key"),
+    scenario_case("scenario-zero-shapes", scenario(top="max_shapes = 0"),
+                  "s.toml:1: field 'max_shapes': must be a positive integer, got 0"),
+    scenario_case("scenario-malformed-toml", "max_shapes = 8\n[[bucket]\n",
+                  "s.toml:2: malformed TOML: Expected ']]' at the end of an array declaration (column 9)"),
+    scenario_case("scenario-missing-requests", scenario().replace("req.jsonl", "gone.jsonl"),
+                  "gone.jsonl: cannot read: No such file or directory"),
+    # plan files (evaluate)
+    eval_case("plan-shape-keys", shape_plan('{"seq_align": 128, "heads": 32, "hidden_align": 4096}'),
+              "plan.jsonl:2: field 'shape': must hold exactly seq_align, heads_align, hidden_align "
+              "(missing heads_align; unexpected heads)"),
+    eval_case("plan-heads-align", shape_plan('{"seq_align": 128, "heads_align": 16, "hidden_align": 4096}'),
+              "plan.jsonl:2: field 'shape.heads_align': must be 32, got 16"),
+    eval_case("plan-heads-align-float", shape_plan('{"seq_align": 128, "heads_align": 32.0, "hidden_align": 4096}'),
+              "plan.jsonl:2: field 'shape.heads_align': must be 32, got 32.0"),
+    eval_case("plan-seq-align-not-64", shape_plan('{"seq_align": 100, "heads_align": 32, "hidden_align": 4096}'),
+              "plan.jsonl:2: field 'shape.seq_align': must be a positive multiple of 64, got 100"),
+    eval_case("plan-malformed-json", GOOD_PLAN.splitlines()[0] + "\n\n{nope\n",
+              "plan.jsonl:3: malformed JSON: Expecting property name enclosed in double quotes (column 2)"),
+    eval_case("plan-missing-batch-id", GOOD_PLAN + '{"request_id": "c", "shape": {}}\n',
+              "plan.jsonl:3: field 'batch_id': missing"),
+    eval_case("plan-empty", "", "plan.jsonl: empty plan"),
+    Case("evaluate-odd-pairs", {"req.jsonl": GOOD}, ("req.jsonl",),
+         "<command line>: expected REQUESTS PLAN pairs (an even number of paths)", module="evaluate", loader=False),
+]
+
+MODULES = {"solve": solve.main, "evaluate": evaluate.main}
+
+
+def lay_out(tmp: Path, case: Case) -> dict[str, bytes]:
+    """Write the case's files and a pre-existing plan; return every file's bytes for comparison."""
+    for name, content in case.files.items():
+        path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+    (tmp / "out").mkdir()
+    (tmp / "out" / f"plan_{case.bucket}.jsonl").write_bytes(OLD_PLAN)
+    return snapshot(tmp)
+
+
+def snapshot(tmp: Path) -> dict[str, bytes]:
+    """Every file below tmp with its bytes (a new, changed or removed file shows up as a difference)."""
+    return {str(p.relative_to(tmp)): p.read_bytes() for p in sorted(tmp.rglob("*")) if p.is_file()}
+
+
+def run_in_process(case: Case, capsys) -> tuple[int, str]:
+    """Exit status and stderr of the entry point, exactly as ``python -m`` would run it."""
+    with pytest.raises(SystemExit) as stop:
+        run_main(lambda: MODULES[case.module](list(case.argv)))
+    return stop.value.code, capsys.readouterr().err
+
+
+def run_subprocess(case: Case, cwd: Path) -> tuple[int, str]:
+    """Exit status and stderr of ``python -m model.<module>`` in a fresh interpreter."""
+    done = subprocess.run([sys.executable, "-m", f"model.{case.module}", *case.argv], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_in_process(case: Case, tmp_path: Path, monkeypatch, capsys):
+    before = lay_out(tmp_path, case)
+    monkeypatch.chdir(tmp_path)
+    status, err = run_in_process(case, capsys)
+    assert (status, err) == (2, f"error: {case.error}\n")
+    assert snapshot(tmp_path) == before
+
+
+SMOKE = {"malformed-json", "csv-non-numeric-cell", "scenario-negative-pad-limit", "plan-seq-align-not-64"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=() if c.id in SMOKE else pytest.mark.slow)
+                                  for c in CASES])
+def test_bad_input_subprocess(case: Case, tmp_path: Path):
+    before = lay_out(tmp_path, case)
+    status, err = run_subprocess(case, tmp_path)
+    assert (status, err) == (2, f"error: {case.error}\n")
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.loader], ids=[c.id for c in CASES if c.loader])
+def test_loader_raises_the_same_line(case: Case, tmp_path: Path, monkeypatch):
+    lay_out(tmp_path, case)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError) as exc:
+        load_requests(case.argv[0])
+    assert str(exc.value) == case.error
+    assert "\n" not in str(exc.value)
+
+
+def test_the_harness_writes_when_input_is_good(tmp_path: Path, monkeypatch, capsys):
+    """The same command on good input exits 0 and replaces the old plan: the checks above can fail."""
+    case = solve_case("good", "req.jsonl", GOOD, "")
+    before = lay_out(tmp_path, case)
+    monkeypatch.chdir(tmp_path)
+    status, err = run_in_process(case, capsys)
+    assert (status, err) == (0, "")
+    after = snapshot(tmp_path)
+    assert after["out/plan_req.jsonl"] != before["out/plan_req.jsonl"]
+    assert set(after) == set(before)
+
+
+def test_evaluate_harness_accepts_a_good_plan(tmp_path: Path, monkeypatch, capsys):
+    case = eval_case("good", GOOD_PLAN, "")
+    lay_out(tmp_path, case)
+    monkeypatch.chdir(tmp_path)
+    status, err = run_in_process(case, capsys)
+    assert (status, err) == (0, "")
