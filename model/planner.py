@@ -23,13 +23,14 @@ from model.errors import InfeasibleError
 from model.formulation import MipArrays, Restriction, build_model, restriction
 from model.histogram import Histogram, build_histogram
 from model.pricing import Duals, box_arcs, duals_from_lp, lagrangian_bound, shape_cap_dual
-from model.schema import Batching, Limits, Planned, Problem, SolveReport
+from model.schema import Batching, Planned, Problem, SolveReport
+from model.shapes import choose_shapes
 from solvers.backends import get_backend
 from solvers.backends.result import SolveOptions
 
 log = logging.getLogger("shapeplan")
 
-MAX_GEN_VALUES = 400  # gen values per bucket before the histogram is coarsened
+MAX_GEN_VALUES = 1024  # gen values per bucket before the histogram is coarsened
 PRICING_BUDGET = 2.5e7  # (box t values) x (gen values) x (cells) per pricing pass before coarsening
 COLUMNS_PER_ROUND = 300  # boxes added per bucket per pricing round
 MAX_ROUNDS = 30
@@ -142,16 +143,23 @@ def grow(bm: BucketModel, grid: Grid, res: Restriction, duals: Duals, new_boxes:
     return restriction(grid, boxes, key % len(bm.hist), key // len(bm.hist))
 
 
-def warm_start_boxes(problem: Problem, bms: list[BucketModel], grids: list[Grid]) -> list[tuple[np.ndarray, list]] | None:
-    """Boxes and memberships of the greedy packer's plan, if it produces one (a MIP incumbent)."""
+def _greedy(problem: Problem) -> tuple[Batching, ...] | None:
+    """The greedy packer's plan (a warm start and a yardstick), or None if it finds none."""
     from solvers.packers import PACKERS
 
     packer = PACKERS.get("greedy")
     if packer is None:
         return None
     try:
-        batchings = packer(problem)
+        return packer(problem)
     except InfeasibleError:
+        return None
+
+
+def warm_start_boxes(batchings: tuple[Batching, ...] | None, bms: list[BucketModel], grids: list[Grid],
+                     problem: Problem) -> list[tuple[np.ndarray, Batching]] | None:
+    """Boxes of a packer's plan on the model's grid, or None if the grid cannot express it."""
+    if batchings is None:
         return None
     out = []
     for bm, grid, bucket, bt in zip(bms, grids, problem.buckets, batchings):
@@ -176,39 +184,54 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0)
     solver = get_backend(backend)
     lp_solver = get_backend("highs")  # column generation needs LP duals
     strict = problem.mode == "strict"
+    notes: list[str] = []
     fine = [build_histogram(b) for b in problem.buckets]
-    n_t = len(np.unique(np.concatenate([h.S for h in fine]))) if strict else None
+    greedy = _greedy(problem)
+    certified = -np.inf  # a bound valid for the whole problem, whatever the search below restricts
+    if strict:
+        all_shapes = np.unique(np.concatenate([h.S for h in fine]))
+        if problem.max_seq_len is not None:
+            all_shapes = all_shapes[all_shapes <= problem.max_seq_len]
+        fine_bms = [bucket_model(h, gen_min_of(b.gen_len, h), lim, problem.params, problem.mode)
+                    for h, b, lim in zip(fine, problem.buckets, problem.limits)]
+        choice = choose_shapes(fine_bms, all_shapes, problem.max_shapes)
+        certified = choice.bound
+        # search at the relaxation's shapes: a mixed candidate set (e.g. with greedy's shapes) leaves the
+        # LP's shape layer fractional and column generation stalls; the greedy plan stays a fallback
+        shapes = np.asarray(choice.shapes, dtype=np.int64)
+        log.info("strict mode: shape relaxation bound %.6e at shapes %s", choice.bound, list(choice.shapes))
+        ref_shape = None
+        compile_fixed = [0.0] * len(fine)
+    else:
+        shapes = None
+        ref_bms = [bucket_model(h, gen_min_of(b.gen_len, h), lim, problem.params, problem.mode)
+                   for h, b, lim in zip(fine, problem.buckets, problem.limits)]
+        ref_shape = reference_shapes(ref_bms, problem.max_shapes, problem.max_seq_len)
+        compile_fixed = [float(compile_cost(s, problem.params)) for s in ref_shape]
+        notes.append(f"reference mode: one compiled shape per bucket ({', '.join(map(str, ref_shape))}); "
+                     "the declared shape moves only compile cost, so more shapes never pay")
+    n_t = len(shapes) if strict else None
     hists = [build_histogram(b, gen_budget(h, n_t)) if gen_budget(h, n_t) < len(np.unique(h.G)) else h
              for b, h in zip(problem.buckets, fine)]
     bms = [bucket_model(h, gen_min_of(b.gen_len, h), lim, problem.params, problem.mode)
            for h, b, lim in zip(hists, problem.buckets, problem.limits)]
-    notes: list[str] = []
-    if strict:
-        shapes = np.unique(np.concatenate([h.S for h in hists]))
-        if problem.max_seq_len is not None:
-            shapes = shapes[shapes <= problem.max_seq_len]
-        ref_shape = None
-        compile_fixed = [0.0] * len(bms)
-    else:
-        shapes = None
-        ref_shape = reference_shapes(bms, problem.max_shapes, problem.max_seq_len)
-        compile_fixed = [float(compile_cost(s, problem.params)) for s in ref_shape]
-        notes.append(f"reference mode: one compiled shape per bucket ({', '.join(map(str, ref_shape))}); "
-                     "the declared shape moves only compile cost, so more shapes never pay")
     bms = [replace(bm, const_cost=bm.const_cost + f) for bm, f in zip(bms, compile_fixed)]
     grids = [candidate_grid(bm, shapes) for bm in bms]
-    warm = warm_start_boxes(problem, bms, grids)
+    warm = warm_start_boxes(greedy, bms, grids, problem)
     empty = np.zeros(0, np.int64)
     res = [seed_restriction(bm, grid, bm.hist.cell_of if warm else empty,
                             warm[b][0][warm[b][1].batch_of] if warm else empty)
            for b, (bm, grid) in enumerate(zip(bms, grids))]
+    # the Lagrangian certifies only when the search space is the whole problem
+    lagrangian_valid = not strict or len(shapes) == len(all_shapes)
     fixed_shapes = [1] * len(bms)
 
     start = lagrangian_bound(bms, grids, [own_box_duals(bm, grid) for bm, grid in zip(bms, grids)],
                              problem.max_batch_size, shapes, 0.0, problem.max_shapes)
-    best_bound, best_bucket_bounds = start.total, start.per_bucket
+    best_bound, best_bucket_bounds = start.total, start.per_bucket  # search bound (restricted problem)
     duals = [Duals(np.zeros(len(bm.hist))) for bm in bms]
     lp_budget = 0.45 * time_limit
+    lp_history: list[float] = []
     for rnd in range(MAX_ROUNDS):
         model = build_model(bms, res, shapes, problem.max_shapes, fixed_shapes, problem.max_batch_size, True)
         lp = lp_solver.solve(model, SolveOptions(time_limit=max(1.0, deadline - time.perf_counter()), relax=True))
@@ -238,13 +261,24 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0)
             new_res.append(grow(bm, grid, r, d, cand, slack=0.0))
         res = new_res
         gap_lp = (lp.objective - bound.total) / max(abs(lp.objective), 1.0)
-        if added == 0 or gap_lp < 1e-4 or time.perf_counter() - t0 > lp_budget:
+        lp_history.append(lp.objective)
+        stalled = len(lp_history) >= 3 and lp_history[-3] - lp_history[-1] < 1e-6 * abs(lp.objective)
+        if added == 0 or gap_lp < 1e-4 or stalled or time.perf_counter() - t0 > lp_budget:
             break
 
+    # certify: the Lagrangian on the exact histogram (if the search was the whole problem), else the relaxation
+    cert_bucket = None
+    if lagrangian_valid:
+        if any(h.coarsened for h in hists):
+            lb, cert_bucket = fine_bound(problem, fine, hists, duals, kappa, compile_fixed, shapes)
+            notes.append("gen values were coarsened for the search; the bound is certified on the exact histogram")
+        else:
+            lb, cert_bucket = best_bound, best_bucket_bounds
+        certified = max(certified, lb)
+    else:
+        notes.append("strict mode: the bound is the shape relaxation (every request at its own gen_len under "
+                     "the best K shapes), valid for the whole problem")
     # 1) incumbent: the MIP over the LP's support (small: it solves in seconds)
-    if any(h.coarsened for h in hists):
-        best_bound, best_bucket_bounds = fine_bound(problem, fine, hists, duals, kappa, compile_fixed, shapes)
-        notes.append("gen values were coarsened for the search; the bound is certified on the exact histogram")
     support = [_support(bm, grid, r, lp_model, last_lp.x, b) for b, (bm, grid, r) in enumerate(zip(bms, grids, lp_res))]
     best = _solve_restricted(solver, bms, support, shapes, problem, fixed_shapes, warm,
                              min(deadline, time.perf_counter() + 0.25 * max(1.0, deadline - time.perf_counter())))
@@ -273,10 +307,10 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0)
     if broken:
         notes.append(f"exact re-evaluation: {broken}")
     batchings = candidates[chosen]
-    gap = (objective - best_bound) / objective if objective > 0 else 0.0
+    gap = (objective - certified) / objective if objective > 0 else 0.0
     status = "optimal" if gap <= 1e-4 else ("time_limit" if mip.status == "time_limit" else "feasible")
-    report = SolveReport(status, objective, best_bound, gap, time.perf_counter() - t0, mip.backend, mip.version,
-                         best_bucket_bounds, tuple(notes))
+    report = SolveReport(status, objective, certified, gap, time.perf_counter() - t0, mip.backend, mip.version,
+                         cert_bucket, tuple(notes))
     return Planned(batchings, report)
 
 
