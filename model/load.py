@@ -14,6 +14,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -366,19 +367,26 @@ def _length_column(col: pd.Series, field: str) -> tuple[np.ndarray, _Problem | N
     with np.errstate(invalid="ignore"):
         low = ok & (numeric < 1)
         high = ok & (numeric > MAX_LEN)
-    bad = missing | nonint | low | high
+    problem = _first_problem(field, [
+        (missing, lambda k: "missing"),
+        (nonint, lambda k: f"expected an integer, got {shown(values[k])}"),
+        (low, lambda k: f"must be a positive integer, got {shown(values[k])}"),
+        (high, lambda k: f"must be at most {MAX_LEN}, got {shown(values[k])}"),
+    ])
+    return (numeric.astype(np.int64), None) if problem is None else (np.zeros(0, np.int64), problem)
+
+
+def _first_problem(field: str, checks: list[tuple[np.ndarray, Callable[[int], str]]]) -> _Problem | None:
+    """The first row any check flags, described by the first check (in priority order) that flags it.
+
+    Only that one row's message is ever built, so a million bad rows cost no more
+    than one.
+    """
+    bad = np.logical_or.reduce([mask for mask, _ in checks])
     if not bad.any():
-        return numeric.astype(np.int64), None
+        return None
     k = int(np.argmax(bad))
-    if missing[k]:
-        message = "missing"
-    elif nonint[k]:
-        message = f"expected an integer, got {shown(values[k])}"
-    elif low[k]:
-        message = f"must be a positive integer, got {shown(values[k])}"
-    else:
-        message = f"must be at most {MAX_LEN}, got {shown(values[k])}"
-    return np.zeros(0, np.int64), _Problem(k, field, message)
+    return _Problem(k, field, next(describe(k) for mask, describe in checks if mask[k]))
 
 
 def _object_numbers(col: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -431,17 +439,16 @@ def _id_column(col: pd.Series, field: str, lines: np.ndarray) -> tuple[np.ndarra
     ids = text.astype(str)
     if not (missing.any() or odd.any()) and pd.Index(ids).is_unique and not (ids.str.len() == 0).any():
         return ids.to_numpy(dtype=object), None
-    empty = (ids.str.len() == 0).to_numpy() & ~missing & ~odd
-    dup = ids.duplicated().to_numpy() & ~missing & ~odd
-    bad = missing | odd | empty | dup
-    k = int(np.argmax(bad))
-    if missing[k]:
-        message = "missing"
-    elif odd[k]:
-        message = f"expected a string or integer id, got {_plain(col.iloc[k])!r}"
-    elif empty[k]:
-        message = "must not be empty"
-    else:
-        first = int(np.argmax((ids == ids.iloc[k]).to_numpy()))
-        message = f"duplicate id {ids.iloc[k]!r} (first on line {int(lines[first])})"
-    return np.zeros(0, object), _Problem(k, field, message)
+    problem = _first_problem(field, [
+        (missing, lambda k: "missing"),
+        (odd, lambda k: f"expected a string or integer id, got {_plain(col.iloc[k])!r}"),
+        ((ids.str.len() == 0).to_numpy(), lambda k: "must not be empty"),
+        (ids.duplicated().to_numpy() & ~missing & ~odd, lambda k: f"duplicate id {ids.iloc[k]!r} "
+                                                                 f"(first on line {int(lines[_first_equal(ids, k)])})"),
+    ])
+    return (ids.to_numpy(dtype=object), None) if problem is None else (np.zeros(0, object), problem)
+
+
+def _first_equal(values: pd.Series, k: int) -> int:
+    """Row of the first value equal to row k's (where a duplicate was first seen)."""
+    return int(np.argmax((values == values.iloc[k]).to_numpy()))

@@ -79,23 +79,18 @@ def test_azure_header_is_recognised_without_the_flag():
     assert len(bucket) == 8819 and bucket.request_ids[0] == "0"
 
 
-def test_numeric_ids_are_stringified(tmp_path: Path):
-    path = tmp_path / "r.jsonl"
-    path.write_text('{"request_id": 7, "prompt_len": 3, "gen_len": 4}\n{"request_id": 12, "prompt_len": 5, "gen_len": 6}\n')
-    assert list(load_requests(path).request_ids) == ["7", "12"]
-
-
-def test_mixed_int_and_string_ids_take_the_slow_path_to_the_same_answer(tmp_path: Path):
-    path = tmp_path / "r.jsonl"
-    path.write_text('{"request_id": 7, "prompt_len": 3, "gen_len": 4}\n{"request_id": "x", "prompt_len": 5, "gen_len": 6}\n')
+@pytest.mark.parametrize("name, text, ids", [
+    ("numeric.jsonl", '{"request_id": 7, "prompt_len": 3, "gen_len": 4}\n{"request_id": 12, "prompt_len": 5, "gen_len": 6}\n',
+     ["7", "12"]),
+    ("mixed.jsonl", '{"request_id": 7, "prompt_len": 3, "gen_len": 4}\n{"request_id": "x", "prompt_len": 5, "gen_len": 6}\n',
+     ["7", "x"]),  # pyarrow refuses mixed types: the slow path must agree
+    ("zeros.csv", "request_id,prompt_len,gen_len\n007,3,4\n8,5,6\n", ["007", "8"]),  # CSV ids stay text
+])
+def test_ids_become_strings(tmp_path: Path, name: str, text: str, ids: list[str]):
+    path = tmp_path / name
+    path.write_text(text)
     bucket = load_requests(path)
-    assert list(bucket.request_ids) == ["7", "x"] and list(bucket.prompt_len) == [3, 5]
-
-
-def test_csv_ids_keep_leading_zeros(tmp_path: Path):
-    path = tmp_path / "r.csv"
-    path.write_text("request_id,prompt_len,gen_len\n007,3,4\n8,5,6\n")
-    assert list(load_requests(path).request_ids) == ["007", "8"]
+    assert list(bucket.request_ids) == ids and bucket.prompt_len.tolist() == [3, 5]
 
 
 def test_explicit_columns_and_row_numbering(tmp_path: Path):
