@@ -1,0 +1,113 @@
+"""``python -m model.sweep``: how many shapes to compile -- cost for every shape cap K, every planner side by side.
+
+    python -m model.sweep --scenario S.toml --report DIR
+    python -m model.sweep --scenario S.toml --k 1-8 --sweep-limit max_sequential_ms --factors 0.8,0.9,1.0,1.1
+    python -m model.sweep a.csv b.csv --columns azure --cost-model strict --k 1-16 --time-limit 20 --out sweep.csv
+
+Loads and aggregates the input once, solves it for each K (and each factor on one
+limit, applied to every bucket), writes a tidy CSV (one row per point x bucket x
+planner) and, with --report, report.md / report.html with pictures.  Infeasible
+points are rows with status "infeasible", never a crash.  Exit status: 0 done;
+2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from tqdm import tqdm
+
+from model.cli_common import add_input_args, add_limit_args, build_problem, run_main
+from model.errors import InputError
+from model.histogram import build_histogram
+from model.report_doc import k_table, recommendation_paragraphs, to_text, write_report
+from model.scenario import LIMIT_KEYS
+from model.solve import DEFAULT_SCENARIO, solver_names
+from model.sweep_core import (SweepSettings, base_factor, check_sweep_limit, parse_factors, parse_ks, planner_totals,
+                              recommend, run_sweep, sweep_points, write_csv)
+
+log = logging.getLogger("shapeplan")
+
+
+def parse_solvers(spec: str | None) -> tuple[str, ...]:
+    """``--solvers``: a comma list of planner names (default: the MIP and every packer), in registry order."""
+    known = solver_names()
+    if spec is None:
+        return tuple(known)
+    wanted = [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in known]
+    if unknown or not wanted:
+        raise InputError("--solvers", None, None, f"unknown planner(s) {', '.join(unknown) or '(none)'}; "
+                         f"choose from {', '.join(known)}")
+    return tuple(s for s in known if s in wanted)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The sweep's options: the solve CLI's input options plus the grid, the planners and the outputs."""
+    parser = argparse.ArgumentParser(prog="python -m model.sweep", description=__doc__.split("\n")[0])
+    parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each (or --scenario)")
+    add_input_args(parser)
+    add_limit_args(parser)
+    parser.add_argument("--k", help="shape caps to sweep, e.g. 1-16 or 2,4,8 (default 1-16, or --limit-shapes)")
+    parser.add_argument("--sweep-limit", choices=LIMIT_KEYS, help="also sweep this limit, scaled by --factors")
+    parser.add_argument("--factors", default="0.8,0.9,1.0,1.1", help="scale factors for --sweep-limit")
+    parser.add_argument("--solvers", help=f"comma list of planners (default all: {', '.join(solver_names())})")
+    parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
+    parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per MIP solve (default 20)")
+    parser.add_argument("--max-batch-size", type=int, default=None, help="at most this many requests per batch")
+    parser.add_argument("--tolerance", type=float, default=0.005,
+                        help="recommend the smallest K within this share of the cheapest (default 0.005)")
+    parser.add_argument("--out", type=Path, help="CSV path (default DIR/sweep.csv with --report, else sweep.csv)")
+    parser.add_argument("--report", type=Path, help="folder for report.md, report.html and the PNGs")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Load once, sweep, write the CSV (and report), print the K table and the recommendation."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if args.time_limit <= 0:
+        raise InputError("--time-limit", None, None, f"must be positive, got {args.time_limit}")
+    if args.max_batch_size is not None and args.max_batch_size < 1:
+        raise InputError("--max-batch-size", None, None, f"must be a positive integer, got {args.max_batch_size}")
+    problem, scenario = build_problem(args, args.requests, DEFAULT_SCENARIO)
+    ks = parse_ks(args.k) if args.k else (args.limit_shapes,) if args.limit_shapes else tuple(range(1, 17))
+    factors = parse_factors(args.factors) if args.sweep_limit else (1.0,)
+    if args.sweep_limit:
+        check_sweep_limit(problem, args.sweep_limit)
+    solvers = parse_solvers(args.solvers)
+    source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
+    settings = SweepSettings(source, problem.mode, ks, args.sweep_limit or "", factors, solvers, args.backend,
+                             args.time_limit, args.tolerance)
+    hists = tuple(build_histogram(b) for b in problem.buckets)
+    print(f"input: {source}; {len(problem.buckets)} buckets, {sum(len(b) for b in problem.buckets)} requests, "
+          f"{sum(len(h) for h in hists)} cells; cost model {problem.mode}")
+    points = sweep_points(ks, settings.sweep_limit, factors)
+    with tqdm(total=len(points) * len(solvers), disable=args.quiet, unit="solve", dynamic_ncols=True) as bar:
+        def step(point, name) -> None:
+            bar.set_postfix_str(f"{point.label()} {name}", refresh=False)
+            bar.update()
+
+        result = run_sweep(problem, points, solvers, args.backend, args.time_limit, step)
+    out = args.out or ((args.report / "sweep.csv") if args.report else Path("sweep.csv"))
+    write_csv(result.rows, out)
+    totals = planner_totals(result.rows)
+    print(to_text([k_table(totals, base_factor(t.point for t in totals)),
+                   *recommendation_paragraphs(recommend(result.rows, args.tolerance))]))
+    print(f"wrote {out}")
+    if args.report:
+        md, page = write_report(args.report, problem, hists, result, settings)
+        print(f"wrote {md}, {page}")
+    return 0
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    run_main(main)
+
+
+if __name__ == "__main__":
+    entry()
