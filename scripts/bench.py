@@ -1,0 +1,230 @@
+"""Benchmark: every planner on the shared workloads and the Azure traces, then a scaling run to 10^7 requests.
+
+    python scripts/bench.py [--time-limit 20] [--max-scale 7] [--scale-time-limit 10] [--skip-quality]
+
+1. Quality: the MIP and every packer on ``<repo>/../shared/workloads/*`` (reference
+   mode, the scenarios' limits and K) and on the two Azure traces as two buckets
+   (strict mode, K = 8, no limits).  Per scenario and planner: total cost, ratio to
+   the MIP, limits met, wall time (plan + expand + evaluate).  Runs through
+   ``model.sweep_core.solve_point``, the same path as ``python -m model.sweep``.
+2. Scaling: one synthetic chat-like bucket of 10^4 .. 10^max requests (generated
+   vectorised in chunks and written as JSONL to a temporary folder), timing each
+   stage -- load, aggregate (``build_histogram``), solve (MIP, short time limit),
+   expand (``plans_of``), evaluate (``evaluate_plans``), write (``write_plans``) --
+   with its peak memory.
+
+Peak memory is the process's peak resident set size from
+``resource.getrusage(RUSAGE_SELF).ru_maxrss``, with the kernel's high-water mark
+reset before each stage (writing 5 to ``/proc/self/clear_refs``), so each figure
+is that stage's own peak and counts native allocations (pyarrow, HiGHS) that
+tracemalloc cannot see.  Where the reset is refused the column is the cumulative
+process peak and the header says so.  "+MiB" is the peak minus the resident size
+when the stage began: what the stage itself needed on top of what was live.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+
+from model.histogram import build_histogram
+from model.load import Columns, load_requests
+from model.plan_io import write_plans
+from model.scenario import load_scenario
+from model.schema import Limits, Problem
+from model.solve import plans_of, run_solver, solver_names
+from model.sweep_core import PlannerTotal, SweepPoint, planner_totals, solve_point
+from model.synth import CHAT, draw, requests_jsonl
+from model.validate import evaluate_plans
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"  # beside the repository, as the workloads README says
+TRACES = ("code", "conv")
+STAGES = ("load", "aggregate", "solve", "expand", "evaluate", "write")
+CHUNK = 1_000_000
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage at one scale: wall seconds, peak RSS during it, and the peak above the RSS it started from."""
+
+    n: int
+    stage: str
+    seconds: float
+    peak_mib: float
+    extra_mib: float
+
+
+def workload_problems(shared: Path) -> list[tuple[str, Problem]]:
+    """Every shared workload scenario as loaded (reference mode, its own limits and K)."""
+    paths = sorted((shared / "workloads").glob("*/scenario.toml"))
+    if not paths:
+        raise SystemExit(f"no workloads under {shared / 'workloads'} (use --shared DIR)")
+    return [(path.parent.name, load_scenario(path).problem()) for path in paths]
+
+
+def trace_problem(shared: Path) -> Problem:
+    """The two Azure traces as two buckets: strict mode, K = 8, no limits (pure cost minimisation)."""
+    columns = Columns.parse("azure")
+    buckets = tuple(load_requests(shared / "traces" / f"AzureLLMInferenceTrace_{name}.csv", name, columns)
+                    for name in TRACES)
+    return Problem(buckets, tuple(Limits() for _ in buckets), 8, mode="strict")
+
+
+def quality_rows(problem: Problem, time_limit: float) -> list[PlannerTotal]:
+    """All planners at the problem's own K, totals over its buckets."""
+    rows, _ = solve_point(problem, SweepPoint(1.0, problem.max_shapes), solver_names(), time_limit=time_limit)
+    return planner_totals(rows)
+
+
+def print_quality(name: str, problem: Problem, totals: Sequence[PlannerTotal]) -> None:
+    """One scenario's table: cost, ratio to the MIP, limits met, wall time, status and gap."""
+    n = sum(len(b) for b in problem.buckets)
+    print(f"\n{name}: {len(problem.buckets)} buckets, {n:,} requests, K = {problem.max_shapes}, {problem.mode} mode")
+    print(f"  {'planner':<10}{'total cost':>14}{'ratio':>9}  {'limits met':<11}{'wall s':>8}  status")
+    for t in totals:
+        cost = f"{t.cost:.4e}" if t.cost is not None else "-"
+        ratio = f"{t.ratio_to_mip:.4f}" if t.ratio_to_mip is not None else "-"
+        extra = f", gap {t.gap:.2%}" if t.gap is not None else ""
+        print(f"  {t.planner:<10}{cost:>14}{ratio:>9}  {'yes' if t.limits_met else 'NO':<11}{t.wall_s:>8.2f}  "
+              f"{t.status}{extra}")
+
+
+def reset_peak() -> bool:
+    """Reset the kernel's peak-RSS mark for this process (Linux >= 4.0); False if refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def rss_mib() -> float:
+    """Current resident set size in MiB (from /proc/self/statm; 0 where it does not exist)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * resource.getpagesize() / 2**20
+    except OSError:
+        return 0.0
+
+
+def peak_mib() -> float:
+    """Peak resident set size in MiB since the last reset (ru_maxrss is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measured(n: int, stage: str, fn: Callable[[], T]) -> tuple[T, Stage]:
+    """Run one stage, returning its result and its time and memory."""
+    gc.collect()
+    reset_peak()
+    start = rss_mib()
+    t0 = time.perf_counter()
+    out = fn()
+    seconds = time.perf_counter() - t0
+    peak = peak_mib()
+    return out, Stage(n, stage, seconds, peak, peak - start)
+
+
+def write_synthetic(path: Path, n: int, seed: int) -> None:
+    """n chat-like requests as JSONL, generated and written in chunks so generation never dominates memory."""
+    rng = np.random.default_rng(seed)
+    width = max(6, len(str(n - 1)))
+    with path.open("w", encoding="utf-8") as fh:
+        for start in range(0, n, CHUNK):
+            m = min(CHUNK, n - start)
+            ids = np.char.add("c-", np.char.zfill((start + np.arange(m)).astype(str), width)).astype(object)
+            fh.write(requests_jsonl(ids, draw(rng, CHAT.prompt, m), draw(rng, CHAT.gen, m)))
+
+
+def scale_run(n: int, folder: Path, seed: int, time_limit: float) -> list[Stage]:
+    """The pipeline end to end on n requests, one measurement per stage."""
+    source = folder / f"requests_{n}.jsonl"
+    write_synthetic(source, n, seed)
+    bucket, load = measured(n, "load", lambda: load_requests(source, "synthetic"))
+    problem = Problem((bucket,), (Limits(),), 8)
+    _, aggregate = measured(n, "aggregate", lambda: build_histogram(bucket))
+    planned, solve = measured(n, "solve", lambda: run_solver(problem, "mip", time_limit=time_limit))
+    plans, expand = measured(n, "expand", lambda: plans_of(problem, planned))
+    (results, _), evaluate = measured(n, "evaluate", lambda: evaluate_plans(problem, plans))
+    _, write = measured(n, "write", lambda: write_plans({folder / f"plan_{n}.jsonl": plans[0]}))
+    ok = all(r.ok for r in results)
+    print(f"  n = {n:>12,}: plan valid {'yes' if ok else 'NO'}, cost {results[0].metrics.cost:.4e}, "
+          f"MIP {planned.report.status}" + (f" gap {planned.report.gap:.2%}" if planned.report.gap is not None else ""))
+    for f in (source, folder / f"plan_{n}.jsonl"):
+        f.unlink(missing_ok=True)
+    return [load, aggregate, solve, expand, evaluate, write]
+
+
+def growth_exponents(stages: Sequence[Stage]) -> dict[str, float]:
+    """Per stage, the slope of log time against log n between the two largest scales (1 = linear).
+
+    Stages under 0.05 s at the smaller scale are left out: their time is overhead, not growth.
+    """
+    ns = sorted({s.n for s in stages})
+    if len(ns) < 2:
+        return {}
+    a, b = ns[-2], ns[-1]
+    by = {(s.n, s.stage): s.seconds for s in stages}
+    return {st: math.log(by[(b, st)] / by[(a, st)]) / math.log(b / a) for st in STAGES
+            if by.get((a, st), 0.0) >= 0.05 and by.get((b, st), 0.0) > 0}
+
+
+def print_scaling(stages: Sequence[Stage], resettable: bool) -> None:
+    """The scaling table (seconds, stage peak RSS, peak above start) and the growth exponents."""
+    what = "stage peak RSS" if resettable else "CUMULATIVE process peak RSS (reset refused)"
+    print(f"\n  {'requests':>12}  {'stage':<10}{'seconds':>9}{'peak MiB':>10}{'+MiB':>9}   ({what})")
+    for s in stages:
+        print(f"  {s.n:>12,}  {s.stage:<10}{s.seconds:>9.2f}{s.peak_mib:>10.0f}{max(0.0, s.extra_mib):>9.0f}")
+    totals = {n: sum(s.seconds for s in stages if s.n == n) for n in sorted({s.n for s in stages})}
+    print("  end to end: " + ", ".join(f"{n:,}: {t:.1f} s (peak {max(s.peak_mib for s in stages if s.n == n):.0f} MiB)"
+                                       for n, t in totals.items()))
+    exps = growth_exponents(stages)
+    if exps:
+        print("  growth exponent between the two largest scales (time ~ n^e): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in exps.items()))
+        fast = [k for k, v in exps.items() if v > 1.15]
+        print("  faster than linear: " + (", ".join(fast) if fast else "none"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Quality tables, then the scaling table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--time-limit", type=float, default=20.0, help="MIP seconds per quality run (default 20)")
+    parser.add_argument("--max-scale", type=int, default=7, choices=range(4, 8),
+                        help="largest scale as a power of ten (default 7: 10^7 requests)")
+    parser.add_argument("--scale-time-limit", type=float, default=10.0, help="MIP seconds per scaling run")
+    parser.add_argument("--skip-quality", action="store_true", help="only the scaling run")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--shared", type=Path, default=SHARED, help=f"the shared folder (default {SHARED})")
+    args = parser.parse_args(argv)
+    if not args.skip_quality:
+        print("== quality: every planner beside the MIP (ratio = cost / MIP cost) ==")
+        runs = [*workload_problems(args.shared), ("azure traces (code + conv)", trace_problem(args.shared))]
+        for name, problem in runs:
+            print_quality(name, problem, quality_rows(problem, args.time_limit))
+    print(f"\n== scaling: one synthetic bucket, MIP time limit {args.scale_time_limit:g} s ==")
+    resettable = reset_peak()
+    stages: list[Stage] = []
+    with tempfile.TemporaryDirectory(prefix="shapeplan-bench-") as tmp:
+        for exp in range(4, args.max_scale + 1):
+            stages += scale_run(10 ** exp, Path(tmp), args.seed, args.scale_time_limit)
+            gc.collect()
+    print_scaling(stages, resettable)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

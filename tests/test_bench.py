@@ -1,0 +1,45 @@
+"""scripts/bench.py pieces that must be right for its table to mean anything: the data it writes and the growth it flags."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from model.load import load_requests
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """scripts/bench.py as a module (scripts/ is not a package; dataclasses need it in sys.modules)."""
+    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_synthetic_bucket_is_valid_across_chunks(bench, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "CHUNK", 700)  # force several chunks: ids must stay unique and in order
+    path = tmp_path / "r.jsonl"
+    bench.write_synthetic(path, 2000, seed=3)
+    bucket = load_requests(path)
+    assert len(bucket) == 2000 and bucket.request_ids[0] == "c-000000" and bucket.request_ids[-1] == "c-001999"
+    assert 30 <= bucket.prompt_len.min() and bucket.prompt_len.max() <= 2040
+    again = tmp_path / "again.jsonl"
+    bench.write_synthetic(again, 2000, seed=3)
+    assert again.read_bytes() == path.read_bytes()
+
+
+def test_growth_exponents_flag_only_superlinear_stages(bench):
+    stages = []
+    for n, scale in ((10**5, 1.0), (10**6, 10.0)):
+        stages += [bench.Stage(n, "load", scale, 0, 0), bench.Stage(n, "evaluate", scale ** 1.5, 0, 0),
+                   bench.Stage(n, "aggregate", 0.01 * scale, 0, 0)]
+    exps = bench.growth_exponents(stages)
+    assert exps["load"] == pytest.approx(1.0) and exps["evaluate"] == pytest.approx(1.5)
+    assert "aggregate" not in exps  # 0.01 s at the smaller scale is overhead, not growth
