@@ -72,7 +72,8 @@ def plot_cost_vs_k(totals: Sequence[PlannerTotal], path: Path, factor: float | N
     for planner in planners_of(here):
         by_k = {t.point.k: t for t in here if t.planner == planner}
         ys = [by_k[k].cost if k in by_k and by_k[k].cost is not None else np.nan for k in ks]
-        off = top is not None and np.nanmin(ys, initial=np.inf) > top
+        finite = [y for y in ys if np.isfinite(y)]
+        off = top is not None and bool(finite) and min(finite) > top
         ax.plot(ks, ys, marker="o", ms=4, label=planner + (" (off chart)" if off else ""),
                 lw=2.2 if planner == MIP else 1.2, zorder=4 if planner == MIP else 2)
         bad = [k for k in ks if k in by_k and by_k[k].cost is not None and not by_k[k].limits_met]

@@ -225,15 +225,20 @@ def limit_table(rows: Sequence[SweepRow], k: int, planner: str) -> Table:
     return Table(("factor", "bucket", name, "sequential ms", "cost", "limits met"), tuple(out))
 
 
+def report_point(rec: Recommendation, totals: Sequence[PlannerTotal]) -> SweepPoint:
+    """The point the detail tables and pictures show: the recommended one, else the smallest K at the base limits."""
+    factor = base_factor(t.point for t in totals)
+    return rec.point or min((t.point for t in totals if t.point.factor == factor), key=lambda p: p.k)
+
+
 def figures(folder: Path, problem: Problem, hists: Sequence[Histogram], result: SweepResult,
             rec: Recommendation) -> list[Image]:
     """Draw every picture the report shows into folder, at the recommended point (or the base one)."""
     totals = planner_totals(result.rows)
-    factor = base_factor(t.point for t in totals)
-    point = rec.point or min((t.point for t in totals if t.point.factor == factor), key=lambda p: p.k)
+    point = report_point(rec, totals)
     images = [Image(folder / "cost_vs_k.png", "Total cost against the shape cap K; shaded: between the MIP's "
                     "certified lower bound and its cost; red crosses: plans that break a limit.")]
-    plot_cost_vs_k(totals, images[-1].path, factor)
+    plot_cost_vs_k(totals, images[-1].path)
     images.append(Image(folder / "breakdown.png", f"Where the cost goes, per planner, at {point.label()}."))
     plot_breakdown(totals, point, images[-1].path)
     images.append(Image(folder / "heatmap.png", "Requests over (aligned prompt, gen_len), log counts; dashed: the "
@@ -262,7 +267,7 @@ def report_blocks(problem: Problem, hists: Sequence[Histogram], result: SweepRes
                Heading(f"Cost by shape cap{f' ({settings.sweep_limit} x{factor:g})' if settings.sweep_limit else ''}"),
                Paragraph("packer columns are cost / MIP cost over all buckets; * = the plan breaks a limit."),
                k_table(totals, factor)]
-    point = rec.point or min((t.point for t in totals if t.point.factor == factor), key=lambda p: p.k)
+    point = report_point(rec, totals)
     blocks += [Heading(f"Every planner per bucket at {point.label()}"), bucket_table_at(result.rows, point)]
     if settings.sweep_limit:
         blocks += [Heading(f"Limit sweep at K = {point.k} ({rec.planner or MIP})"),
