@@ -124,7 +124,10 @@ def recommendation_paragraphs(rec: Recommendation) -> list[Paragraph]:
     else:
         out.append(Paragraph("no fixed rule (packer) meets every limit at any K of the sweep.", "Savings: "))
     if rec.cost <= rec.cheapest_cost * (1 + 1e-9):
-        why_k = f"K = {rec.point.k} is the cheapest shape cap of the sweep; larger caps do not lower the cost."
+        why_k = (f"K = {rec.point.k} is the cheapest shape cap of the sweep; the larger caps swept (up to K = "
+                 f"{rec.largest_k}) do not lower the cost." if rec.point.k < rec.largest_k else
+                 f"K = {rec.point.k} is the largest cap swept and the cheapest: more shapes may lower the cost "
+                 "further (widen --k).")
     else:
         why_k = (f"K = {rec.point.k} is the smallest shape cap within {rec.tolerance:.1%} of the cheapest "
                  f"(K = {rec.cheapest_k}, cost {fmt(rec.cheapest_cost)}, {1 - rec.cheapest_cost / rec.cost:.3%} "

@@ -440,6 +440,8 @@ class Recommendation:
 
     ``k`` is the smallest shape cap whose cost is within ``tolerance`` of the
     cheapest K in the sweep: more shapes than that buy less than the tolerance.
+    ``largest_k`` is the largest K the planner met the limits at, so the report can
+    say when the answer sits at the edge of the sweep.
     ``rule`` is the cheapest packer meeting every limit at any K of the sweep (the
     best a fixed rule can do if its K is tuned too); ``same_k_rule`` the cheapest at
     the recommended K.
@@ -453,6 +455,7 @@ class Recommendation:
     shapes: tuple[int, ...]
     cheapest_k: int | None
     cheapest_cost: float | None
+    largest_k: int | None
     tolerance: float
     rule: PlannerTotal | None
     same_k_rule: PlannerTotal | None
@@ -478,14 +481,14 @@ def recommend(rows: Sequence[SweepRow], tolerance: float = 0.005) -> Recommendat
     chosen = MIP if MIP in planners else min(at_base, key=lambda t: t.cost).planner if at_base else None
     mine = sorted((t for t in at_base if t.planner == chosen), key=lambda t: t.point.k)
     if not mine:
-        return Recommendation(None, None, None, None, None, (), None, None, tolerance, None, None)
+        return Recommendation(None, None, None, None, None, (), None, None, None, tolerance, None, None)
     cheapest = min(mine, key=lambda t: (t.cost, t.point.k))
     pick = next(t for t in mine if t.cost <= cheapest.cost * (1 + tolerance))
     rules = [t for t in at_base if t.planner != chosen]
     rule = min(rules, key=lambda t: (t.cost, t.point.k), default=None)
     same = min((t for t in rules if t.point.k == pick.point.k), key=lambda t: t.cost, default=None)
     return Recommendation(chosen, pick.point, pick.cost, pick.bound, pick.gap, pick.shapes, cheapest.point.k,
-                          cheapest.cost, tolerance, rule, same)
+                          cheapest.cost, mine[-1].point.k, tolerance, rule, same)
 
 
 @dataclass(frozen=True)

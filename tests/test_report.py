@@ -41,7 +41,9 @@ def test_recommendation_text_says_k_cost_and_savings():
     assert text.startswith("Recommendation: compile K = 2 shapes (64, 128) with the mip plan")
     assert "gap 1.00%" in text
     assert f"{1 - 100 / 120:.1%} cheaper than the best fixed rule, greedy at its best K = 1" in text
-    assert "K = 2 is the cheapest shape cap" in text
+    assert "K = 2 is the cheapest shape cap of the sweep; the larger caps swept (up to K = 3)" in text
+    edge = recommendation_paragraphs(recommend(grid_rows({"mip": [3.0, 2.0], "greedy": [4.0, 4.0]})))
+    assert "K = 2 is the largest cap swept and the cheapest" in edge[-1].text
 
 
 def test_input_summary_percentiles():
