@@ -145,7 +145,7 @@ def draw_plan(ax, problem: Problem, b: int, batching: Batching) -> None:
         ax.axvline(float(s), color="black", ls="--", lw=1.5, gid=SHAPE_GID, label="compiled shape" if k == 0 else None)
     _, s_max, g_max = batch_extents(bucket, batching, problem.mode)
     corners = np.unique(np.stack([s_max, g_max], axis=1), axis=0)
-    ax.scatter(corners[:, 0], corners[:, 1], marker="+", s=40, color="red", gid=GEN_GID,
+    ax.scatter(corners[:, 0], corners[:, 1], marker="+", s=40 if len(corners) < 200 else 12, color="red", gid=GEN_GID,
                label="batch box corner (S_max, G_max)")
 
 

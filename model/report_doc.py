@@ -108,8 +108,8 @@ def recommendation_paragraphs(rec: Recommendation) -> list[Paragraph]:
         return [Paragraph("no planner met every limit at any K of the sweep; loosen a limit or widen the K range.",
                           "No recommendation: ")]
     limits = f" at {rec.point.limit} x{rec.point.factor:g}" if rec.point.limit else ""
-    text = (f"compile K = {rec.point.k} shapes ({', '.join(map(str, rec.shapes))}) with the {rec.planner} plan{limits}. "
-            f"Expected total cost {fmt(rec.cost)}")
+    text = (f"compile K = {rec.point.k} shapes ({', '.join(map(str, rec.shapes))}) with the {rec.planner} "
+            f"plan{limits}. Expected total cost {fmt(rec.cost)}")
     if rec.bound is not None:
         text += f" (certified lower bound {fmt(rec.bound)}, gap {rec.gap:.2%})"
     text += ". Every limit is met."
@@ -189,9 +189,9 @@ def k_table(totals: Sequence[PlannerTotal], factor: float) -> Table:
         mip = by.get((k, MIP))
         cells = [str(k)]
         if MIP in planners:
+            met = ("yes" if mip.limits_met else "NO") if mip and mip.cost is not None else mip.status if mip else "-"
             cells += [fmt(mip.cost) if mip else "-", fmt(mip.bound) if mip else "-",
-                      f"{mip.gap:.2%}" if mip and mip.gap is not None else "-",
-                      ("yes" if mip.limits_met else "NO") if mip and mip.cost is not None else mip.status if mip else "-"]
+                      f"{mip.gap:.2%}" if mip and mip.gap is not None else "-", met]
         for p in packers:
             t = by.get((k, p))
             if t is None or t.cost is None:

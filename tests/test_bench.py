@@ -1,4 +1,4 @@
-"""scripts/bench.py pieces that must be right for its table to mean anything: the data it writes and the growth it flags."""
+"""scripts/bench.py pieces its table rests on: the data it writes and the growth it flags."""
 
 from __future__ import annotations
 
