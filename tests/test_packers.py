@@ -5,18 +5,18 @@ from __future__ import annotations
 import subprocess
 import sys
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import REPO, WORKLOADS, bucket, check_valid, planned, problem
 from model.compare import compare_table
 from model.costs import align, member_latency
 from model.errors import InfeasibleError
 from model.scenario import load_scenario
-from model.schema import Batching, Bucket, Limits, Planned, Problem, SolveReport
+from model.schema import Limits, Problem
 from model.solve import plans_of, run_solver
 from model.validate import evaluate_plans
 from solvers.packers import PACKERS
@@ -24,45 +24,12 @@ from solvers.packers.exp import ladder
 from solvers.packers.grouping import pow2_ceil
 from solvers.packers.shapecap import representatives
 
-REPO = Path(__file__).resolve().parents[1]
-WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "workloads"
 TWINS = ("twin-1", "twin-2")
-
-
-def bucket(prompts: list[int], gens: list[int], name: str = "b") -> Bucket:
-    """A bucket built in memory, ids r0, r1, ... in file order."""
-    n = len(prompts)
-    return Bucket(name, f"<{name}>", np.array([f"{name}-r{i}" for i in range(n)], dtype=object),
-                  np.array(prompts, dtype=np.int64), np.array(gens, dtype=np.int64), np.arange(1, n + 1))
-
-
-def problem(*buckets: Bucket, k: int = 8, limits: Limits = Limits(), **kw) -> Problem:
-    """A problem over the given buckets, every bucket under the same limits."""
-    return Problem(buckets, tuple(limits for _ in buckets), k, **kw)
 
 
 @lru_cache(maxsize=None)
 def twin(name: str) -> Problem:
     return load_scenario(WORKLOADS / name / "scenario.toml").problem()
-
-
-def planned(batchings: tuple[Batching, ...]) -> Planned:
-    """Batchings wrapped as a planner's output, so they go through the real expansion."""
-    return Planned(batchings, SolveReport("heuristic", None, None, None, 0.0, "test", "1"))
-
-
-def check_valid(prob: Problem, batchings: tuple[Batching, ...]) -> None:
-    """The Batching contract, then the evaluator's rules: no violation, at most K shapes jointly."""
-    assert len(batchings) == len(prob.buckets)
-    for b, bt in zip(prob.buckets, batchings):
-        nb = len(bt.shape_of)
-        assert sorted(set(bt.batch_of.tolist())) == list(range(nb)), "batches 0..nb-1, each non-empty"
-        assert (bt.shape_of % 64 == 0).all() and (bt.shape_of[bt.batch_of] >= align(b.prompt_len)).all()
-        if prob.max_batch_size is not None:
-            assert np.bincount(bt.batch_of).max() <= prob.max_batch_size
-    results, global_problems = evaluate_plans(prob, plans_of(prob, planned(batchings)))
-    assert not global_problems and all(not r.violations for r in results)
-    assert len(set().union(*(set(r.metrics.shapes) for r in results))) <= prob.max_shapes
 
 
 # -- hand-built instances: aligned prompts 64, 128, 64, 192, 704, 128 ----------------------------

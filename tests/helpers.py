@@ -1,0 +1,239 @@
+"""Small helpers shared by the test modules: in-memory buckets, problems, plan checks, a brute-force optimum.
+
+Imported as ``from helpers import ...`` (pytest puts ``tests/`` on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from model.boxes import BucketModel, bucket_model, candidate_grid
+from model.costs import Metrics, align, compile_cost, plan_metrics
+from model.formulation import MipArrays, Restriction, build_model, restriction
+from model.histogram import build_histogram
+from model.schema import Batching, Bucket, Limits, Planned, Problem, SolveReport
+from model.solve import plans_of
+from model.validate import BucketResult, evaluate_plans, limit_checks
+
+REPO = Path(__file__).resolve().parents[1]
+WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "workloads"
+
+
+def bucket(prompts: list[int], gens: list[int], name: str = "b") -> Bucket:
+    """A bucket built in memory, ids <name>-r0, <name>-r1, ... in file order."""
+    n = len(prompts)
+    return Bucket(name, f"<{name}>", np.array([f"{name}-r{i}" for i in range(n)], dtype=object),
+                  np.array(prompts, dtype=np.int64), np.array(gens, dtype=np.int64), np.arange(1, n + 1))
+
+
+def problem(*buckets: Bucket, k: int = 8, limits: Limits = Limits(), **kw) -> Problem:
+    """A problem over the given buckets, every bucket under the same limits."""
+    return Problem(buckets, tuple(limits for _ in buckets), k, **kw)
+
+
+def planned(batchings: tuple[Batching, ...]) -> Planned:
+    """Batchings wrapped as a planner's output, so they go through the real expansion."""
+    return Planned(batchings, SolveReport("heuristic", None, None, None, 0.0, "test", "1"))
+
+
+def evaluated(prob: Problem, plan: Planned) -> list[BucketResult]:
+    """The evaluator's verdict on a planner's output after the real expansion; no cross-bucket problem allowed."""
+    results, global_problems = evaluate_plans(prob, plans_of(prob, plan))
+    assert not global_problems, global_problems
+    return results
+
+
+def check_valid(prob: Problem, batchings: tuple[Batching, ...]) -> list[BucketResult]:
+    """The Batching contract, then the evaluator's rules: no violation, at most K shapes jointly."""
+    assert len(batchings) == len(prob.buckets)
+    for b, bt in zip(prob.buckets, batchings):
+        nb = len(bt.shape_of)
+        assert sorted(set(bt.batch_of.tolist())) == list(range(nb)), "batches 0..nb-1, each non-empty"
+        assert (bt.shape_of % 64 == 0).all() and (bt.shape_of[bt.batch_of] >= align(b.prompt_len)).all()
+        if prob.max_batch_size is not None:
+            assert np.bincount(bt.batch_of).max() <= prob.max_batch_size
+    results = evaluated(prob, planned(batchings))
+    assert all(not r.violations for r in results), [r.violations for r in results]
+    assert len(set().union(*(set(r.metrics.shapes) for r in results))) <= prob.max_shapes
+    return results
+
+
+def broken_limits(results: list[BucketResult]) -> list[str]:
+    """'<bucket> <metric> <value> > <limit>' for every limit a plan breaks (empty: all met)."""
+    return [f"{r.name} {c.metric} {c.value!r} > {c.limit!r}" for r in results for c in r.checks if not c.ok]
+
+
+# ---------------------------------------------------------------- the whole model, every box
+
+
+@dataclass(frozen=True, eq=False)
+class FullModel:
+    """The MIP over EVERY candidate box and every arc that fits (no column generation), limits hard."""
+
+    bms: list[BucketModel]
+    res: list[Restriction]
+    shapes: np.ndarray | None  # strict mode: candidate shapes (z, y columns); reference: None
+    ref_shapes: list[int] | None  # reference mode: each bucket's one compiled shape
+    arrays: MipArrays
+
+
+def one_shape_per_bucket(prob: Problem) -> list[int]:
+    """Reference mode: each bucket declares one shape >= its largest aligned prompt, at most K of them in all,
+    cheapest compile first (by enumeration: the candidates are the buckets' own maxima)."""
+    need = [int(align(b.prompt_len).max()) for b in prob.buckets]
+    best = None
+    for k in range(1, prob.max_shapes + 1):
+        for picks in itertools.combinations(sorted(set(need)), k):
+            if picks[-1] < max(need):
+                continue
+            shapes = [min(v for v in picks if v >= n) for n in need]
+            total = float(compile_cost(np.array(shapes), prob.params).sum())
+            if best is None or total < best[0]:
+                best = (total, shapes)
+    return best[1]
+
+
+def full_model(prob: Problem) -> FullModel:
+    """Build the model as the planner does (reference: one shape per bucket, its compile cost a constant).
+
+    No gen coarsening, so each cell's smallest gen is its gen.
+    """
+    hists = [build_histogram(b) for b in prob.buckets]
+    bms = [bucket_model(h, h.G, lim, prob.params, prob.mode) for h, lim in zip(hists, prob.limits)]
+    shapes, ref = None, None
+    if prob.mode == "strict":
+        shapes = np.unique(np.concatenate([h.S for h in hists]))
+        if prob.max_seq_len is not None:
+            shapes = shapes[shapes <= prob.max_seq_len]
+    else:
+        ref = one_shape_per_bucket(prob)
+        bms = [replace(bm, const_cost=bm.const_cost + float(compile_cost(s, prob.params))) for bm, s in zip(bms, ref)]
+    res = []
+    for bm in bms:
+        grid = candidate_grid(bm, shapes)
+        boxes = np.arange(len(grid))
+        t, g = grid.box(boxes)
+        box, cell = np.nonzero((bm.hist.S[None, :] <= t[:, None]) & (bm.hist.G[None, :] <= g[:, None]))
+        res.append(restriction(grid, boxes, cell, box))
+    arrays = build_model(bms, res, shapes, prob.max_shapes, [1] * len(bms), prob.max_batch_size, False)
+    return FullModel(bms, res, shapes, ref, arrays)
+
+
+# ---------------------------------------------------------------- brute force
+
+
+def set_partitions(items: list[int]):
+    """Every partition of ``items`` into non-empty blocks (Bell(n) of them)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in set_partitions(rest):
+        yield [[first], *part]
+        for i in range(len(part)):
+            yield [*part[:i], [first, *part[i]], *part[i + 1:]]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One bucket's plan up to batch ids: its batches (request indices) and each batch's declared shape."""
+
+    blocks: tuple[tuple[int, ...], ...]
+    shapes: tuple[int, ...]
+
+    def arrays(self, recipients: dict[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows in plan-file order, batch ids, seq_align); ``recipients`` maps a shape to the request that
+        takes its compile spike: that request's batch gets the string-smallest id and it goes first."""
+        recipients = recipients or {}
+        chosen = set(recipients.values())
+        rows, ids, seq = [], [], []
+        for i, (blk, s) in enumerate(zip(self.blocks, self.shapes)):
+            lead = [r for r in blk if r in chosen]
+            rank = 0 if lead else 1
+            for r in lead + [r for r in blk if r not in chosen]:
+                rows.append(r)
+                ids.append(f"{rank}-{i}")
+                seq.append(s)
+        order = np.argsort([0 if r in chosen else 1 for r in rows], kind="stable")
+        return (np.asarray(rows)[order], np.asarray(ids, dtype=object)[order],
+                np.asarray(seq, dtype=np.int64)[order])
+
+
+def layouts(b: Bucket, values: list[int], k: int, max_batch: int | None):
+    """Every layout of a bucket: each partition, each batch at any candidate shape that covers it, <= k shapes."""
+    S = align(b.prompt_len)
+    for part in set_partitions(list(range(len(b)))):
+        if max_batch is not None and max(len(blk) for blk in part) > max_batch:
+            continue
+        options = [[v for v in values if v >= S[blk].max()] for blk in part]
+        for shapes in itertools.product(*options):
+            if len(set(shapes)) <= k:
+                yield Layout(tuple(tuple(blk) for blk in part), shapes)
+
+
+def layout_metrics(b: Bucket, lay: Layout, prob: Problem, recipients: dict[int, int] | None = None) -> Metrics:
+    rows, ids, seq = lay.arrays(recipients)
+    return plan_metrics(b.prompt_len[rows], b.gen_len[rows], ids, seq, prob.params, prob.mode)
+
+
+def meets_limits(b: Bucket, lay: Layout, prob: Problem, limits: Limits) -> bool:
+    """Whether SOME choice of batch ids and member order (i.e. of compile-spike recipients) meets every limit."""
+    if limits.max_p95_latency_ms is None and limits.max_sequential_ms is None:
+        return all(c.ok for c in limit_checks(layout_metrics(b, lay, prob), limits))
+    by_shape: dict[int, list[int]] = {}
+    for blk, s in zip(lay.blocks, lay.shapes):
+        by_shape.setdefault(s, []).extend(blk)
+    for pick in itertools.product(*by_shape.values()):
+        m = layout_metrics(b, lay, prob, dict(zip(by_shape, pick)))
+        if all(c.ok for c in limit_checks(m, limits)):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Optimum:
+    cost: float  # inf when no plan meets the limits
+    layouts: tuple[Layout, ...] | None
+
+
+@functools.lru_cache(maxsize=None)
+def _ranked_layouts(prompts: tuple[int, ...], gens: tuple[int, ...], values: tuple[int, ...], k: int,
+                    max_batch: int | None, mode: str, params) -> tuple[tuple[float, Layout], ...]:
+    """Every layout of one bucket with its cost, cheapest first (limits aside, so reusable across limits)."""
+    b = bucket(list(prompts), list(gens))
+    prob = Problem((b,), (Limits(),), k, params, mode, max_batch)
+    return tuple(sorted(((layout_metrics(b, lay, prob).cost, lay) for lay in layouts(b, list(values), k, max_batch)),
+                        key=lambda c: c[0]))
+
+
+def brute_force(prob: Problem) -> Optimum:
+    """The exact optimum over every plan: partitions x shape choices x spike placements, judged by plan_metrics.
+
+    Candidate shapes are the aligned prompts of all buckets (any other shape can be lowered to one of
+    them without raising any metric).  Plans are visited cheapest first (cost does not depend on spike
+    placement), so the first whose limits some spike placement meets is optimal.  For <= 6 requests.
+    """
+    values = sorted({int(s) for b in prob.buckets for s in align(b.prompt_len)})
+    if prob.max_seq_len is not None:
+        values = [v for v in values if v <= prob.max_seq_len]
+    per_bucket = [_ranked_layouts(tuple(b.prompt_len.tolist()), tuple(b.gen_len.tolist()), tuple(values),
+                                  prob.max_shapes, prob.max_batch_size, prob.mode, prob.params)
+                  for b in prob.buckets]
+    combos = sorted(itertools.product(*per_bucket), key=lambda combo: sum(c for c, _ in combo))
+    feasible: dict[tuple[int, Layout], bool] = {}
+    for combo in combos:
+        if len(set().union(*(set(lay.shapes) for _, lay in combo))) > prob.max_shapes:
+            continue
+        ok = True
+        for i, ((_, lay), b, lim) in enumerate(zip(combo, prob.buckets, prob.limits)):
+            if (i, lay) not in feasible:
+                feasible[(i, lay)] = meets_limits(b, lay, prob, lim)
+            ok = ok and feasible[(i, lay)]
+        if ok:
+            return Optimum(sum(c for c, _ in combo), tuple(lay for _, lay in combo))
+    return Optimum(float("inf"), None)
