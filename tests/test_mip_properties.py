@@ -1,0 +1,149 @@
+"""Properties of plan_mip on random small problems (hypothesis, derandomised so every run sees the same cases).
+
+1-2 buckets of 3-30 requests (prompts 1-700, gens 1-300), K 1-4, either cost model, optional batch-size cap,
+and optional limits drawn around the metrics of the ``cells`` packer's plan (so they bind about as often
+as they hold).  For every case:
+- every plan plan_mip emits is valid (each request once, shapes cover prompts, <= K shapes per bucket AND
+  across buckets) -- or it raises InfeasibleError;
+- its reported lower bound is <= its own exact cost and <= the exact cost of every packer's plan that is a
+  feasible point of the same problem (valid, within every limit: a plan that breaks a limit may be cheaper
+  than the constrained optimum, so it bounds nothing); packers that raise InfeasibleError are skipped;
+- whenever the greedy packer finds a feasible plan, plan_mip finds one too and it costs no more (the
+  greedy plan is its warm start);
+- every emitted plan meets every limit (split by where known bugs lie).
+
+The problems are seeded (derandomize=True), so a run is repeatable and takes seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from helpers import broken_limits, bucket, check_valid, evaluated
+from model.errors import InfeasibleError
+from model.planner import plan_mip
+from model.schema import Limits, Problem
+from model.solve import run_solver
+from solvers.packers import PACKERS
+
+SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@dataclass(frozen=True)
+class Outcome:
+    prob: Problem
+    cost: float | None  # exact cost of plan_mip's plan (None: it raised InfeasibleError)
+    bound: float | None
+    broken: list[str]  # limits its plan breaks
+
+
+def limits_near(cells_metrics, draw) -> Limits:
+    """Each limit absent, or the cells plan's metric times a factor in [0.5, 1.5]."""
+    def pick(value):
+        factor = draw(st.one_of(st.none(), st.floats(0.5, 1.5)))
+        return None if factor is None else value * factor
+    return Limits(max_cost=pick(cells_metrics.cost), max_pad_ratio=pick(cells_metrics.pad_ratio),
+                  max_p95_latency_ms=pick(cells_metrics.p95_latency_ms),
+                  max_sequential_ms=pick(cells_metrics.sequential_ms))
+
+
+@st.composite
+def problems(draw, modes=("reference", "strict"), p95: bool = True) -> Problem:
+    n_buckets = draw(st.integers(1, 2))
+    buckets = []
+    for i in range(n_buckets):
+        reqs = draw(st.lists(st.tuples(st.integers(1, 700), st.integers(1, 300)), min_size=3, max_size=30))
+        buckets.append(bucket([p for p, _ in reqs], [g for _, g in reqs], f"b{i}"))
+    k = draw(st.integers(1, 4))
+    mode = draw(st.sampled_from(modes))
+    max_batch = draw(st.sampled_from([None, None, 2, 4]))
+    free = Problem(tuple(buckets), tuple(Limits() for _ in buckets), k, mode=mode, max_batch_size=max_batch)
+    if not draw(st.booleans()):
+        return free
+    cells = evaluated(free, run_solver(free, "cells"))
+    limits = []
+    for r in cells:
+        lim = limits_near(r.metrics, draw)
+        limits.append(lim if p95 else Limits(lim.max_cost, lim.max_pad_ratio, None, lim.max_sequential_ms))
+    return Problem(tuple(buckets), tuple(limits), k, mode=mode, max_batch_size=max_batch)
+
+
+def run_mip(prob: Problem) -> Outcome:
+    try:
+        out = plan_mip(prob, time_limit=20)
+    except InfeasibleError:
+        return Outcome(prob, None, None, [])
+    results = check_valid(prob, out.batchings)
+    cost = sum(r.metrics.cost for r in results)
+    return Outcome(prob, cost, out.report.bound, broken_limits(results))
+
+
+def feasible_packer_costs(prob: Problem) -> dict[str, float]:
+    """Exact cost of every packer's plan that is a feasible point of the problem."""
+    costs = {}
+    for name, pack in PACKERS.items():
+        try:
+            batchings = pack(prob)
+        except InfeasibleError:
+            continue
+        results = check_valid(prob, batchings)
+        if not broken_limits(results):
+            costs[name] = sum(r.metrics.cost for r in results)
+    return costs
+
+
+@SETTINGS
+@given(problems())
+def test_plans_are_valid_and_the_bound_is_below_every_feasible_plan(prob):
+    out = run_mip(prob)  # check_valid inside: rules and the joint shape cap
+    if out.cost is None:
+        return
+    assert out.bound is not None and out.bound <= out.cost * (1 + 1e-9)
+    for name, cost in feasible_packer_costs(prob).items():
+        assert out.bound <= cost * (1 + 1e-9), f"bound {out.bound!r} > {name}'s feasible plan {cost!r}"
+
+
+@SETTINGS
+@given(problems())
+def test_whatever_greedy_finds_plan_mip_finds_no_dearer(prob):
+    greedy = feasible_packer_costs(prob).get("greedy")
+    if greedy is None:
+        return
+    out = run_mip(prob)
+    assert out.cost is not None, "plan_mip reports the limits unmeetable though greedy meets them"
+    assert out.cost <= greedy * (1 + 1e-9)
+
+
+@SETTINGS
+@given(problems(modes=("reference",), p95=False))
+def test_emitted_plans_meet_every_limit(prob):
+    assert not run_mip(prob).broken
+
+
+# Where known bugs lie, the property runs with their minimal counterexample first, so it fails for certain
+# until the bug is fixed (and then XPASS(strict) asks for the marker to go).
+STRICT_PAD = Problem((bucket([100], [5]),), (Limits(max_pad_ratio=0.1),), 8, mode="strict")
+P95_SPIKE = Problem((bucket([64], [10]),), (Limits(max_p95_latency_ms=2249.27),), 8)  # latency 2149.27 ms
+
+
+@pytest.mark.xfail(strict=True, reason="strict mode never counts the alignment pad align(prompt) - prompt against "
+                   "max_pad_ratio: prompt 100 pads to 128 (ratio 28/105) under a 0.1 limit")
+@SETTINGS
+@given(problems(modes=("strict",), p95=False))
+@example(STRICT_PAD)
+def test_emitted_plans_meet_every_limit_in_strict_mode(prob):
+    assert not run_mip(prob).broken
+
+
+@pytest.mark.xfail(strict=True, reason="the P95 row ignores the compile spike: one request of 2149.27 ms under a "
+                   "2249.27 ms limit is planned (status optimal) although its spike makes it 3649.27 ms")
+@SETTINGS
+@given(problems())
+@example(P95_SPIKE)
+def test_emitted_plans_meet_every_limit_with_p95_limits(prob):
+    assert not run_mip(prob).broken
