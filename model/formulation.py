@@ -28,6 +28,7 @@ from model.boxes import (BucketModel, Grid, arc_pad, arc_violates, box_fixed, bo
 # Cost per unit of violation of each limit while columns are generated: far above what
 # any decision saves per unit (a pad token costs ~1e7 of decode at most, a ms of
 # latency ~1e3 of cost, a request over the P95 limit at most one batch ~1e10).
+ROW_MAX = 1e3  # limit rows are scaled down to this largest coefficient
 SLACK_PENALTY = {"cost": 10.0, "pad": 1e9, "seq": 1e6, "p95": 1e12}
 
 
@@ -56,6 +57,7 @@ class Block:
     start: int
     stop: int
     bucket: int = -1
+    scale: float = 1.0  # rows: the block was multiplied by this (duals of the original rows = dual * scale)
 
     def slice(self) -> slice:
         return slice(self.start, self.stop)
@@ -128,7 +130,7 @@ class _Builder:
         self.n_cols += n
         return block
 
-    def add_rows(self, name: str, r, c, v, lo, hi, bucket: int = -1) -> Block:
+    def add_rows(self, name: str, r, c, v, lo, hi, bucket: int = -1, scale: float = 1.0) -> Block:
         lo = np.atleast_1d(np.asarray(lo, dtype=np.float64))
         hi = np.atleast_1d(np.asarray(hi, dtype=np.float64))
         self.rows.append(np.asarray(r, dtype=np.int64) + self.n_rows)
@@ -136,7 +138,7 @@ class _Builder:
         self.vals.append(np.asarray(v, dtype=np.float64))
         self.row_lo.append(lo)
         self.row_hi.append(hi)
-        block = Block(name, self.n_rows, self.n_rows + len(lo), bucket)
+        block = Block(name, self.n_rows, self.n_rows + len(lo), bucket, scale)
         self.row_blocks.append(block)
         self.n_rows += len(lo)
         return block
@@ -182,12 +184,19 @@ def link_rows(bld: _Builder, b: int, bm: BucketModel, res: Restriction, x: Block
 
 def _limit_row(bld: _Builder, name: str, b: int, cols: np.ndarray, vals: np.ndarray, rhs: float,
                relax: bool) -> None:
-    """One "<=" limit row, with a priced slack column while generating columns."""
+    """One "<=" limit row, scaled so its largest coefficient is at most ROW_MAX, with a priced
+    slack column while generating columns.
+
+    Unscaled, the cost row (coefficients ~1e10, right-hand side ~1e11) stalled HiGHS's
+    presolve for minutes past its time limit.
+    """
+    f = min(1.0, ROW_MAX / max(float(np.abs(vals).max(initial=0.0)), 1e-300))
+    vals = vals * f
     if relax:
-        s = bld.add_cols(f"slack_{name}", [SLACK_PENALTY[name]], 0.0, np.inf, False, b)
+        s = bld.add_cols(f"slack_{name}", [SLACK_PENALTY[name] / f], 0.0, np.inf, False, b)
         cols = np.append(cols, s.start)
         vals = np.append(vals, -1.0)
-    bld.add_rows(name, np.zeros(len(cols), dtype=np.int64), cols, vals, -np.inf, rhs, b)
+    bld.add_rows(name, np.zeros(len(cols), dtype=np.int64), cols, vals, -np.inf, rhs * f, b, scale=f)
 
 
 def cost_limit_row(bld, b, bm, res, x, m, z, unit, shapes, relax) -> None:

@@ -43,7 +43,7 @@ def duals_from_lp(model: MipArrays, row_duals: np.ndarray, b: int, n_cells: int)
     """Read one bucket's multipliers from an LP solution (HiGHS sign convention: <= rows give <= 0)."""
     def one(name: str) -> float:
         blk = model.block("row", name, b)
-        return max(0.0, -float(row_duals[blk.start])) if blk is not None else 0.0
+        return max(0.0, -float(row_duals[blk.start]) * blk.scale) if blk is not None else 0.0
 
     cover = model.block("row", "cover", b)
     pi = np.asarray(row_duals[cover.start:cover.start + n_cells], dtype=np.float64)
@@ -108,8 +108,14 @@ def price_boxes(bm: BucketModel, grid: Grid, duals: Duals, max_batch: int | None
     return h
 
 
-def box_arcs(bm: BucketModel, grid: Grid, duals: Duals, boxes: np.ndarray, slack: float) -> tuple[np.ndarray, np.ndarray]:
-    """Arcs (cell, position in ``boxes``) worth holding: e_ck <= slack, plus each box's own tight cells."""
+def box_arcs(bm: BucketModel, grid: Grid, duals: Duals, boxes: np.ndarray, slack: float,
+             max_per_box: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Arcs (cell, position in ``boxes``) worth holding: e_ck <= slack, plus each box's own tight cells.
+
+    ``max_per_box`` keeps only the most valuable arcs of each box: with penalty-driven
+    prices (limits still violated) nearly every arc looks worth it, and the model
+    would balloon.
+    """
     t_all, g_all = grid.box(boxes)
     cells_out, pos_out = [], []
     for t in np.unique(t_all):
@@ -117,7 +123,11 @@ def box_arcs(bm: BucketModel, grid: Grid, duals: Duals, boxes: np.ndarray, slack
         cells = np.flatnonzero(bm.hist.S <= t)
         e = _cell_values(bm, duals, int(t), g_all[sel], cells)
         tight = (bm.hist.S[cells][None, :] == t) & (bm.hist.G[cells][None, :] == g_all[sel][:, None])
-        r, c = np.nonzero((e <= slack) | tight)
+        keep = e <= slack
+        if max_per_box is not None and e.shape[1] > max_per_box:
+            cut = np.partition(e, max_per_box - 1, axis=1)[:, max_per_box - 1:max_per_box]
+            keep &= e <= cut
+        r, c = np.nonzero(keep | tight)
         cells_out.append(cells[c])
         pos_out.append(sel[r])
     if not cells_out:

@@ -69,6 +69,7 @@ def solve(model: MipArrays, options: SolveOptions) -> BackendResult:
         h.setSolution(sol)
     if options.on_progress is not None and not options.relax:
         _subscribe_progress(h, model, options.on_progress)
+    _enforce_time_limit(h, t0 + float(options.time_limit))
     h.run()
     status = h.getModelStatus()
     info = h.getInfo()
@@ -94,6 +95,23 @@ def solve(model: MipArrays, options: SolveOptions) -> BackendResult:
     if label == "time_limit" and x is not None:
         label = "time_limit"
     return BackendResult(label, x, duals, objective, bound, time.perf_counter() - t0, NAME, version())
+
+
+def _enforce_time_limit(h, until: float) -> None:
+    """Interrupt HiGHS from its own callbacks once the wall-clock budget is spent.
+
+    HiGHS's time_limit option is not honoured everywhere: proving a large MIP
+    infeasible ran for minutes past it here.  The interrupt callbacks fire inside
+    simplex, IPM and branch-and-bound, so the budget holds.
+    """
+    def check(event) -> None:
+        if time.perf_counter() > until:
+            event.interrupt()
+
+    for name in ("cbMipInterrupt", "cbSimplexInterrupt", "cbIpmInterrupt"):
+        hook = getattr(h, name, None)
+        if hook is not None:
+            hook.subscribe(check)
 
 
 def _subscribe_progress(h, model: MipArrays, report) -> None:

@@ -1,0 +1,78 @@
+"""When the limits cannot all be met: say which conflict and what each metric can at best reach.
+
+"At best" numbers come from extreme plans evaluated with the one cost model, each the
+best possible for its metric alone: one batch per bucket for sequential time (fewest
+batches), one batch per identical cell at its own shape for pad and P95 (no padding
+beyond alignment, every member at its own latency), and for cost the every-request-
+alone-at-its-own-box floor.  A limit below its "at best" can never be met; otherwise
+pairs of limits are probed by the planner's own search to name the ones that conflict.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+
+from model.costs import align, compile_cost, decode_cost, plan_metrics, prefill_cost
+from model.schema import Bucket, Limits, Problem
+
+FIELDS = {"cost": "max_cost", "pad_ratio": "max_pad_ratio", "p95_latency_ms": "max_p95_latency_ms",
+          "sequential_ms": "max_sequential_ms"}
+
+
+def at_best(bucket: Bucket, problem: Problem) -> dict[str, float]:
+    """The best value each limited metric can reach on its own in this bucket."""
+    p, mode = problem.params, problem.mode
+    S = align(bucket.prompt_len)
+    one = plan_metrics(bucket.prompt_len, bucket.gen_len, np.zeros(len(bucket), np.int64),
+                       np.full(len(bucket), S.max()), p, mode)
+    cell_ids = S * (int(bucket.gen_len.max()) + 1) + bucket.gen_len
+    cells = plan_metrics(bucket.prompt_len, bucket.gen_len, cell_ids, S, p, mode)
+    floor = float((prefill_cost(S, p) + decode_cost(S, bucket.gen_len, p)).sum()
+                  + p.Kbatch_overhead_cost + compile_cost(S.max(), p))
+    return {"cost": floor, "pad_ratio": cells.pad_ratio, "p95_latency_ms": cells.p95_latency_ms,
+            "sequential_ms": one.sequential_ms}
+
+
+def explain_infeasible(problem: Problem, deadline_s: float = 30.0) -> str:
+    """One line per finding: limits that can never be met, else pairs that conflict."""
+    found = []
+    for bucket, limits in zip(problem.buckets, problem.limits):
+        best = at_best(bucket, problem)
+        for metric, limit in limits.items():
+            if limit < best[metric]:
+                found.append(f"{bucket.name}: {metric} <= {limit:.6g} can never be met: at best {best[metric]:.6g}")
+    if found:
+        return "the limits cannot all be met; " + "; ".join(found)
+    pairs = conflicting_pairs(problem, time.perf_counter() + deadline_s)
+    bests = "; ".join(f"{b.name}: " + ", ".join(f"{m} at best {v:.6g}" for m, v in at_best(b, problem).items()
+                                                  if getattr(lim, FIELDS[m]) is not None)
+                      for b, lim in zip(problem.buckets, problem.limits) if lim.items())
+    if pairs:
+        return f"the limits cannot all be met; these conflict: {'; '.join(pairs)} (each alone: {bests})"
+    return (f"no plan meeting every limit was found (each limit alone is reachable: {bests}; "
+            "no pair of them conflicts within the probe's time, so the conflict needs three or more)")
+
+
+def conflicting_pairs(problem: Problem, deadline: float) -> list[str]:
+    """Pairs of one bucket's limits for which the planner's search finds no plan."""
+    from model.histogram import build_histogram
+    from model.planner import greedy_plan, search, shape_setup
+    from solvers.backends import get_backend
+
+    solver = get_backend("highs")
+    out = []
+    for b, (bucket, limits) in enumerate(zip(problem.buckets, problem.limits)):
+        for (m1, v1), (m2, v2) in itertools.combinations(limits.items(), 2):
+            if time.perf_counter() > deadline:
+                return out
+            single = Problem((bucket,), (Limits(**{FIELDS[m1]: v1, FIELDS[m2]: v2}),), problem.max_shapes,
+                             problem.params, problem.mode, problem.max_batch_size, problem.max_seq_len)
+            fine = [build_histogram(bucket)]
+            until = min(deadline, time.perf_counter() + 10.0)
+            outcome = search(single, fine, shape_setup(single, fine), greedy_plan(single), solver, until)
+            if outcome.batchings is None:
+                out.append(f"{bucket.name}: {m1} <= {v1:.6g} with {m2} <= {v2:.6g}")
+    return out

@@ -1,0 +1,199 @@
+"""Restrictions (which boxes and arcs a model holds) and the MIP solves over them.
+
+A solution is carried between restrictions as an ``Assignment`` -- batches per box and
+requests per (cell, box) keyed by grid index -- so an incumbent or a packer's plan
+can warm-start any bigger model without caring where its columns sit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from model.boxes import BucketModel, Grid
+from model.formulation import MipArrays, Restriction, build_model, restriction
+from model.pricing import Duals, box_arcs, box_values
+from model.schema import Batching, Problem
+from solvers.backends.result import BackendResult, SolveOptions
+
+log = logging.getLogger("shapeplan")
+
+ARCS_PER_BOX = 96  # most valuable arcs a box gets per pricing round
+
+
+@dataclass(frozen=True, eq=False)
+class Space:
+    """What every model of one run shares: buckets, grids, candidate shapes and settings."""
+
+    problem: Problem
+    bms: list[BucketModel]
+    grids: list[Grid]
+    shapes: np.ndarray | None  # strict mode: candidate shapes; reference: None
+    fixed_shapes: list[int]  # shapes each bucket compiles outside the model (reference: 1)
+
+    def model(self, res: list[Restriction], relax_limits: bool) -> MipArrays:
+        p = self.problem
+        return build_model(self.bms, res, self.shapes, p.max_shapes, self.fixed_shapes, p.max_batch_size,
+                           relax_limits)
+
+
+@dataclass(frozen=True, eq=False)
+class Assignment:
+    """One bucket's solution by meaning: batches per box, requests per (box, cell)."""
+
+    box: np.ndarray  # grid index per used box
+    batches: np.ndarray
+    arc_box: np.ndarray  # grid index per used arc
+    arc_cell: np.ndarray
+    count: np.ndarray
+
+
+def seed_restriction(bm: BucketModel, grid: Grid, extra_cell: np.ndarray, extra_box: np.ndarray) -> Restriction:
+    """Each cell's own tight box (so coverage is always possible) plus extra (cell, grid box) arcs."""
+    hist = bm.hist
+    t_own = hist.S if bm.mode == "reference" else grid.ts[np.searchsorted(grid.ts, hist.S)]
+    own = grid.index(t_own, hist.G)
+    return _from_arcs(grid, len(hist), np.concatenate([np.arange(len(hist)), extra_cell]),
+                      np.concatenate([own, extra_box]))
+
+
+def _from_arcs(grid: Grid, n_cells: int, cell: np.ndarray, box: np.ndarray) -> Restriction:
+    """The restriction holding exactly these (cell, grid box) arcs and their boxes."""
+    cell = np.asarray(cell, dtype=np.int64)
+    box = np.asarray(box, dtype=np.int64)
+    boxes = np.unique(box)
+    key = np.unique(np.searchsorted(boxes, box) * n_cells + cell)
+    return restriction(grid, boxes, key % n_cells, key // n_cells)
+
+
+def arcs_of(r: Restriction) -> tuple[np.ndarray, np.ndarray]:
+    """(cell, grid box) of every arc of a restriction."""
+    return r.arc_cell, r.boxes[r.arc_box]
+
+
+def grow(bm: BucketModel, grid: Grid, res: Restriction, duals: Duals, new_boxes: np.ndarray) -> Restriction:
+    """Add boxes; give every box the arcs that pay at the current prices, keeping the old ones."""
+    boxes = np.unique(np.concatenate([res.boxes, new_boxes]))
+    cells, pos = box_arcs(bm, grid, duals, boxes, 0.0, ARCS_PER_BOX)
+    old_cell, old_box = arcs_of(res)
+    return _from_arcs(grid, len(bm.hist), np.concatenate([cells, old_cell]), np.concatenate([boxes[pos], old_box]))
+
+
+def merge(bm: BucketModel, grid: Grid, a: Restriction, b: Restriction) -> Restriction:
+    """Union of two restrictions of the same bucket."""
+    ca, ba = arcs_of(a)
+    cb, bb = arcs_of(b)
+    return _from_arcs(grid, len(bm.hist), np.concatenate([ca, cb]), np.concatenate([ba, bb]))
+
+
+def support(bm: BucketModel, grid: Grid, r: Restriction, model: MipArrays, x: np.ndarray, b: int) -> Restriction:
+    """The arcs an LP solution uses, plus each cell's own box: a small MIP that solves in seconds."""
+    xblk = model.block("col", "x", b)
+    used = x[xblk.slice()] > 1e-6
+    cell, box = arcs_of(r)
+    return seed_restriction(bm, grid, cell[used], box[used])
+
+
+def prune(bm: BucketModel, grid: Grid, r: Restriction, d: Duals, gap: float) -> Restriction:
+    """Reduced-cost fixing: keep only boxes and arcs a plan cheaper than the incumbent could use.
+
+    A plan using box k costs at least LB + max(0, v_k), v_k its unclipped Lagrangian
+    value, and each arc with e_ck > 0 adds e_ck more; so v_k > gap or e_ck > gap rules
+    the box or arc out.
+    """
+    keep_box = box_values(bm, grid, d, r.boxes) <= gap
+    cells, pos = box_arcs(bm, grid, d, r.boxes, slack=gap)
+    keep = keep_box[pos]
+    old = keep_box[r.arc_box]
+    cell, box = arcs_of(r)
+    return seed_restriction(bm, grid, np.concatenate([cells[keep], cell[old]]),
+                            np.concatenate([r.boxes[pos[keep]], box[old]]))
+
+
+def assignment_of(model: MipArrays, res: list[Restriction], x: np.ndarray) -> list[Assignment]:
+    """Read a solution vector back into per-bucket assignments (by grid index, not column)."""
+    out = []
+    for b, r in enumerate(res):
+        m = np.rint(x[model.block("col", "m", b).slice()]).astype(np.int64)
+        xa = np.rint(x[model.block("col", "x", b).slice()]).astype(np.int64)
+        used, arcs = m > 0, xa > 0
+        cell, box = arcs_of(r)
+        out.append(Assignment(r.boxes[used], m[used], box[arcs], cell[arcs], xa[arcs]))
+    return out
+
+
+def assignment_from_batching(bm: BucketModel, grid: Grid, bt: Batching) -> Assignment | None:
+    """A packer's batching as an assignment on the grid (None if a box falls off the grid)."""
+    nb = len(bt.shape_of)
+    S = bm.hist.S[bm.hist.cell_of] if bm.mode == "reference" else bt.shape_of[bt.batch_of]
+    t = np.zeros(nb, np.int64)
+    g = np.zeros(nb, np.int64)
+    np.maximum.at(t, bt.batch_of, S)
+    np.maximum.at(g, bt.batch_of, bm.hist.G[bm.hist.cell_of])
+    if not (np.isin(t, grid.ts).all() and np.isin(g, grid.gs).all()):
+        return None
+    box = grid.index(t, g)
+    key = box[bt.batch_of] * len(bm.hist) + bm.hist.cell_of
+    arcs, count = np.unique(key, return_counts=True)
+    boxes, batches = np.unique(box, return_counts=True)
+    return Assignment(boxes, batches, arcs // len(bm.hist), arcs % len(bm.hist), count)
+
+
+def vector_of(space: Space, model: MipArrays, res: list[Restriction], sol: list[Assignment]) -> np.ndarray | None:
+    """A column vector for ``model`` holding the assignments, or None if a box or arc is missing."""
+    x = np.zeros(model.n_cols)
+    for b, (r, a) in enumerate(zip(res, sol)):
+        pos = _positions(r.boxes, a.box)
+        cell, box = arcs_of(r)
+        n = len(space.bms[b].hist)
+        apos = _positions(box * n + cell, a.arc_box * n + a.arc_cell)
+        if pos is None or apos is None:
+            return None
+        x[model.block("col", "m", b).start + pos] = a.batches
+        x[model.block("col", "x", b).start + apos] = a.count
+        if space.shapes is not None:
+            used = np.unique(np.searchsorted(space.shapes, space.grids[b].box(a.box)[0]))
+            x[model.block("col", "z", b).start + used] = 1.0
+            y = model.block("col", "y")
+            x[y.start + used] = 1.0
+    return x
+
+
+def _positions(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray | None:
+    """Index of each wanted key in keys, or None if one is absent."""
+    order = np.argsort(keys, kind="stable")
+    idx = np.minimum(np.searchsorted(keys[order], wanted), max(len(keys) - 1, 0))
+    if len(wanted) and (len(keys) == 0 or (keys[order][idx] != wanted).any()):
+        return None
+    return order[idx]
+
+
+@dataclass(frozen=True, eq=False)
+class Solved:
+    """A MIP solved over a restriction, with its solution read back by meaning."""
+
+    res: list[Restriction]
+    result: BackendResult
+    assignment: list[Assignment]
+
+    @property
+    def objective(self) -> float:
+        return float(self.result.objective)
+
+
+def solve_restricted(space: Space, solver, res: list[Restriction], start: list[Assignment] | None,
+                     until: float) -> Solved | None:
+    """Solve the MIP over a restriction with the limits hard, warm-started from ``start`` if it fits."""
+    model = space.model(res, relax_limits=False)
+    warm = vector_of(space, model, res, start) if start is not None else None
+    progress = lambda inc, bnd: log.info("  MIP incumbent %.6e", inc)  # noqa: E731
+    out = solver.solve(model, SolveOptions(time_limit=max(1.0, until - time.perf_counter()), warm_start=warm,
+                                           on_progress=progress))
+    log.info("MIP over %d boxes / %d arcs: %s, objective %s (%s %.1f s)", sum(len(r.boxes) for r in res),
+             sum(len(r.arc_cell) for r in res), out.status, out.objective, out.backend, out.time_s)
+    if not out.has_solution:
+        return None
+    return Solved(res, out, assignment_of(model, res, out.x))
