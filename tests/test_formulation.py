@@ -198,10 +198,9 @@ def test_plan_mip_reference_prompt_pad_is_fixed():
     assert raises_infeasible(problem(bucket([50], [10]), limits=Limits(max_pad_ratio=13 / 60)))
 
 
-@pytest.mark.xfail(strict=True, reason="strict mode: bucket_model sets the fixed prompt pad to 0 and arc_pad counts "
-                   "only t - S_c, so the alignment pad align(prompt) - prompt is never counted against "
-                   "max_pad_ratio; plan_mip returns a plan with pad_ratio 28/105 under a 0.1 limit")
 def test_plan_mip_strict_counts_alignment_pad():
+    """Prompt 100 pads to 128 whatever the plan (ratio 28/105): a 0.1 limit cannot be met.  The model's pad
+    rows omit this alignment pad in strict mode (see the residual cases below); plan_mip must still say so."""
     prob = problem(bucket([100], [5]), mode="strict", limits=Limits(max_pad_ratio=0.1))
     assert raises_infeasible(prob)
 
@@ -228,11 +227,9 @@ def test_plan_mip_p95_lets_exactly_the_allowed_members_above():
     assert raises_infeasible(problem(p95_bucket(2), limits=Limits(max_p95_latency_ms=P95_LIMIT)))
 
 
-@pytest.mark.xfail(strict=True, reason="the P95 row counts members above the limit WITHOUT the compile spike "
-                   "(arc_violates uses member_latency), so with one request whose latency is within 1500 ms "
-                   "below the limit the model is feasible although every plan breaks it; plan_mip returns that "
-                   "plan (status optimal) with only a note instead of raising InfeasibleError")
 def test_plan_mip_p95_counts_the_compile_spike():
+    """One request 100 ms under the limit: its compile spike (+1500 ms) breaks it in every plan.  The P95 row
+    counts latencies without spikes, so plan_mip must catch this after the exact evaluation."""
     prob = problem(bucket([64], [10]), limits=Limits(max_p95_latency_ms=lat(64, 10) + 100.0))
     assert raises_infeasible(prob)
 
@@ -302,9 +299,9 @@ RESIDUAL_CASES = {  # feasible, with limits that bind (the unconstrained optimum
 STRICT_UNALIGNED = problem(bucket([50, 100, 130, 190, 250], [10, 10, 30, 20, 40]), k=2, mode="strict",
                            limits=Limits(max_pad_ratio=0.6))
 UNALIGNED_PAD = pytest.mark.xfail(strict=True, reason=(
-    "strict mode never counts the alignment pad align(prompt) - prompt against max_pad_ratio (bucket_model sets "
-    "the fixed prompt pad to 0 in strict mode and arc_pad counts only t - S_c): the optimum has true pad ratio "
-    "0.687 > 0.6"))
+    "the model's pad rows never count the alignment pad align(prompt) - prompt in strict mode (bucket_model sets "
+    "the fixed prompt pad to 0 and arc_pad counts only t - S_c): the model's optimum has true pad ratio 0.687 > 0.6 "
+    "(plan_mip repairs such plans afterwards by tightening and re-solving; the rows still undercount)"))
 ROWS_CASES = [pytest.param(p, id=name) for name, p in RESIDUAL_CASES.items()] + [
     pytest.param(STRICT_UNALIGNED, id="strict, unaligned prompts, pad limit")]  # the rows hold; their meaning not
 MEANING_CASES = ROWS_CASES[:-1] + [pytest.param(STRICT_UNALIGNED, id="strict, unaligned prompts, pad limit",

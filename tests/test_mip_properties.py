@@ -10,7 +10,7 @@ as they hold).  For every case:
   than the constrained optimum, so it bounds nothing); packers that raise InfeasibleError are skipped;
 - whenever the greedy packer finds a feasible plan, plan_mip finds one too and it costs no more (the
   greedy plan is its warm start);
-- every emitted plan meets every limit (split by where known bugs lie).
+- every emitted plan meets every limit (one test per cost model, one with P95 limits).
 
 The problems are seeded (derandomize=True), so a run is repeatable and takes seconds.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -108,8 +107,16 @@ def test_plans_are_valid_and_the_bound_is_below_every_feasible_plan(prob):
         assert out.bound <= cost * (1 + 1e-9), f"bound {out.bound!r} > {name}'s feasible plan {cost!r}"
 
 
+# Each property also runs the minimal counterexample of a bug it once caught (fixed in 94140a9), first.
+
+# strict, K = 2: three prompts of 1 token and one of 193; greedy plans them at shapes 64 and 256 (the optimum),
+# while plan_mip searched 256 alone and dropped greedy's plan as off its grid
+GREEDY_SHAPES = Problem((bucket([1, 1, 1, 193], [1, 1, 1, 6]),), (Limits(),), 2, mode="strict")
+
+
 @SETTINGS
 @given(problems())
+@example(GREEDY_SHAPES)
 def test_whatever_greedy_finds_plan_mip_finds_no_dearer(prob):
     greedy = feasible_packer_costs(prob).get("greedy")
     if greedy is None:
@@ -125,14 +132,12 @@ def test_emitted_plans_meet_every_limit(prob):
     assert not run_mip(prob).broken
 
 
-# Where known bugs lie, the property runs with their minimal counterexample first, so it fails for certain
-# until the bug is fixed (and then XPASS(strict) asks for the marker to go).
+# prompt 100 pads to 128 in strict mode (ratio 28/105), which the model's pad rows do not count
 STRICT_PAD = Problem((bucket([100], [5]),), (Limits(max_pad_ratio=0.1),), 8, mode="strict")
-P95_SPIKE = Problem((bucket([64], [10]),), (Limits(max_p95_latency_ms=2249.27),), 8)  # latency 2149.27 ms
+# latency 2149.27 ms, 3649.27 with the compile spike the P95 row does not count
+P95_SPIKE = Problem((bucket([64], [10]),), (Limits(max_p95_latency_ms=2249.27),), 8)
 
 
-@pytest.mark.xfail(strict=True, reason="strict mode never counts the alignment pad align(prompt) - prompt against "
-                   "max_pad_ratio: prompt 100 pads to 128 (ratio 28/105) under a 0.1 limit")
 @SETTINGS
 @given(problems(modes=("strict",), p95=False))
 @example(STRICT_PAD)
@@ -140,8 +145,6 @@ def test_emitted_plans_meet_every_limit_in_strict_mode(prob):
     assert not run_mip(prob).broken
 
 
-@pytest.mark.xfail(strict=True, reason="the P95 row ignores the compile spike: one request of 2149.27 ms under a "
-                   "2249.27 ms limit is planned (status optimal) although its spike makes it 3649.27 ms")
 @SETTINGS
 @given(problems())
 @example(P95_SPIKE)

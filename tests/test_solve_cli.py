@@ -167,15 +167,8 @@ def test_infeasible_limits_exit_3_and_write_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("limit, said", [
-    pytest.param("max_p95_latency_ms = 2249.27", "p95_latency_ms <= 2249.27", id="P95 only the spike breaks",
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "the P95 row ignores the compile spike, so plan_mip returns a plan that breaks the limit: the "
-                     "CLI prints 'nothing written' and exits 1 (a broken plan) instead of 3 (cannot be met)"))),
-    pytest.param("max_sequential_ms = 1000.0", "3649.27", id="the best sequential time is named",
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "the infeasibility message lists the limits but not what each metric can at best reach "
-                     "(issue 3: 'says which ones conflict and what each metric can at best reach'); the best "
-                     "sequential time here is 3649.27 ms"))),
+    pytest.param("max_p95_latency_ms = 2249.27", "p95_latency_ms <= 2249.27", id="P95 only the spike breaks"),
+    pytest.param("max_sequential_ms = 1000.0", "3649.27", id="the best sequential time is named"),
 ])
 def test_unmeetable_limits_in_process(tmp_path, monkeypatch, capsys, limit, said):
     """The same entry point in this process (faster): exit 3, the message says ``said``, nothing written."""
