@@ -9,6 +9,8 @@ the exact optimum is the one the planner must find.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from helpers import Layout, brute_force, bucket, check_valid, layout_metrics, problem
@@ -138,3 +140,21 @@ def test_plan_mip_reaches_the_optimum(prob, backend):
         return
     assert cost == pytest.approx(best, rel=1e-9, abs=0)
     assert bound is not None and bound <= best * (1 + 1e-12)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "plan_mip's infeasibility diagnosis says 'sequential_ms <= 36537.4 can never be met: at best 41674.5', but the "
+    "brute force's plan below reaches 35,623.71 ms within the pad limit (the MIP's own conservative reserve of one "
+    "spike per shape would give 37,123.71): the 'at best' value is not a bound on what plans reach"))
+def test_a_limit_called_unmeetable_is_unmeetable():
+    """Batches {r0, r2, r3} and {r1, r4} at 320 with the spike on r2: sequential 35,623.71 ms, pad ratio 0.223."""
+    b = bucket([150, 30, 30, 300, 150], [10, 40, 10, 10, 40])
+    prob = problem(b, k=3, limits=Limits(max_sequential_ms=36_537.44, max_pad_ratio=0.3105))
+    reached = layout_metrics(b, Layout(((0, 2, 3), (1, 4)), (320, 320)), prob, {320: 2})
+    assert reached.sequential_ms == pytest.approx(35_623.71) and reached.pad_ratio <= 0.3105
+    assert brute_force(prob).cost == reached.cost
+    try:
+        plan_mip(prob, time_limit=20)
+    except InfeasibleError as exc:
+        claim = re.search(r"sequential_ms <= \S+ can never be met: at best ([\d.e+]+)", str(exc))
+        assert claim is None or float(claim.group(1)) <= reached.sequential_ms * (1 + 1e-9), str(exc)
