@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 
@@ -15,12 +15,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def bench(monkeypatch):
-    """scripts/bench.py as a module (scripts/ is not a package; dataclasses need it in sys.modules)."""
-    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts" / "bench.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    """scripts/bench.py imported fresh from scripts/ (not a package), undone after the test."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    monkeypatch.delitem(sys.modules, "bench", raising=False)
+    return importlib.import_module("bench")
 
 
 def test_synthetic_bucket_is_valid_across_chunks(bench, tmp_path, monkeypatch):
