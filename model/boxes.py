@@ -39,23 +39,27 @@ class BucketModel:
     p95_allowed: int | None
     real_tokens: int
     gen_min: np.ndarray
+    p95_reserve: int = 0  # held back from the allowance for spikes (the bound relaxes it again)
 
 
-def bucket_model(hist: Histogram, gen_min: np.ndarray, limits: Limits, params: CostParams, mode: Mode) -> BucketModel:
-    """Constants of one bucket: fixed cost, remaining pad budget, P95 allowance."""
+def bucket_model(hist: Histogram, gen_min: np.ndarray, limits: Limits, params: CostParams, mode: Mode,
+                 p95_reserve: int = 0) -> BucketModel:
+    """Constants of one bucket: fixed cost, remaining pad budget, P95 allowance.
+
+    ``p95_reserve`` members of the allowance are kept back for compile spikes that
+    expansion cannot place harmlessly (each can push one member over the limit).
+    """
     real = int(hist.prompt_sum.sum() + hist.gen_sum.sum())
-    if mode == "reference":
-        const = float((hist.count * prefill_cost(hist.S, params)).sum())
-        fixed_pad = float((hist.count * hist.S).sum() - hist.prompt_sum.sum())
-    else:
-        const, fixed_pad = 0.0, 0.0
+    # alignment pad sum(S_c - prompt) is the same in every plan; strict mode adds t - S_c per arc
+    fixed_pad = float((hist.count * hist.S).sum() - hist.prompt_sum.sum())
+    const = float((hist.count * prefill_cost(hist.S, params)).sum()) if mode == "reference" else 0.0
     # pad is measured per request against gen_min; the real pad is that minus the slack below
     slack = float((hist.count * gen_min).sum() - hist.gen_sum.sum())  # <= 0 when coarsened
     pad_budget = None
     if limits.max_pad_ratio is not None:
         pad_budget = limits.max_pad_ratio * real - fixed_pad - slack
-    p95 = allowed_above(hist.n_requests) if limits.max_p95_latency_ms is not None else None
-    return BucketModel(hist, limits, mode, params, const, pad_budget, p95, real, gen_min)
+    p95 = allowed_above(hist.n_requests) - p95_reserve if limits.max_p95_latency_ms is not None else None
+    return BucketModel(hist, limits, mode, params, const, pad_budget, p95, real, gen_min, p95_reserve)
 
 
 def box_fixed(bm: BucketModel, t: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -20,7 +20,7 @@ from model.errors import InfeasibleError
 from model.formulation import MipArrays, Restriction
 from model.histogram import Histogram
 from model.pricing import Bound, Duals, duals_from_lp, lagrangian_bound, shape_cap_dual
-from model.search import Space, grow
+from model.search import MIN_CALL_S, Space, grow
 from solvers.backends import get_backend
 from solvers.backends.result import BackendResult, SolveOptions
 
@@ -72,7 +72,8 @@ def generate(space: Space, res: list[Restriction], deadline: float, budget: floa
     last = None
     for rnd in range(MAX_ROUNDS):
         model = space.model(res, relax_limits=True)
-        lp = lp_solver.solve(model, SolveOptions(time_limit=max(1.0, deadline - time.perf_counter()), relax=True))
+        lp = lp_solver.solve(model, SolveOptions(time_limit=max(MIN_CALL_S, deadline - time.perf_counter()),
+                                                 relax=True))
         if lp.row_duals is None or lp.x is None:
             if last is None:
                 raise InfeasibleError(f"the LP relaxation failed (status {lp.status})")
@@ -99,7 +100,7 @@ def generate(space: Space, res: list[Restriction], deadline: float, budget: floa
         history.append(lp.objective)
         stalled = len(history) >= 3 and history[-3] - history[-1] < 1e-6 * abs(lp.objective)
         tight = lp.objective - bound.total < 1e-4 * max(abs(lp.objective), 1.0)
-        if added == 0 or tight or stalled or time.perf_counter() - t0 > budget:
+        if added == 0 or tight or stalled or time.perf_counter() - t0 > budget or time.perf_counter() > deadline:
             return replace(last, converged=added == 0 or tight)
     return last
 

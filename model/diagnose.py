@@ -1,11 +1,8 @@
 """When the limits cannot all be met: say which conflict and what each metric can at best reach.
 
-"At best" numbers come from extreme plans evaluated with the one cost model, each the
-best possible for its metric alone: one batch per bucket for sequential time (fewest
-batches), one batch per identical cell at its own shape for pad and P95 (no padding
-beyond alignment, every member at its own latency), and for cost the every-request-
-alone-at-its-own-box floor.  A limit below its "at best" can never be met; otherwise
-pairs of limits are probed by the planner's own search to name the ones that conflict.
+"At best" numbers are bounds no plan can beat, from the one cost model (see
+``at_best``).  A limit below its "at best" can never be met; otherwise pairs of
+limits are probed by the planner's own search to name the ones that conflict.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ import time
 
 import numpy as np
 
-from model.costs import align, compile_cost, decode_cost, plan_metrics, prefill_cost
+from model.costs import align, allowed_above, compile_cost, decode_cost, member_latency, p95_rank, prefill_cost
 from model.schema import Bucket, Limits, Problem
 
 FIELDS = {"cost": "max_cost", "pad_ratio": "max_pad_ratio", "p95_latency_ms": "max_p95_latency_ms",
@@ -23,17 +20,25 @@ FIELDS = {"cost": "max_cost", "pad_ratio": "max_pad_ratio", "p95_latency_ms": "m
 
 
 def at_best(bucket: Bucket, problem: Problem) -> dict[str, float]:
-    """The best value each limited metric can reach on its own in this bucket."""
-    p, mode = problem.params, problem.mode
+    """A value each limited metric can never beat in this bucket, whatever the plan.
+
+    Every member's latency is at least its latency alone in its own tightest box, so
+    sequential time is at least the largest such latency and the P95 at least their
+    P95 -- and some member carries a compile spike, which counts where it must; padding is at least the alignment pad (plus, strict, nothing more: own shape);
+    cost at least every request alone at its own box with one batch and one shape.
+    """
+    p = problem.params
     S = align(bucket.prompt_len)
-    one = plan_metrics(bucket.prompt_len, bucket.gen_len, np.zeros(len(bucket), np.int64),
-                       np.full(len(bucket), S.max()), p, mode)
-    cell_ids = S * (int(bucket.gen_len.max()) + 1) + bucket.gen_len
-    cells = plan_metrics(bucket.prompt_len, bucket.gen_len, cell_ids, S, p, mode)
+    own = member_latency(S, S, bucket.gen_len, p)
+    k = p95_rank(len(bucket))
+    spiked = float(own.min()) + p.Tshape_compile_ms  # some member carries a compile spike in every plan
+    p95 = float(np.partition(own, k)[k])
+    if allowed_above(len(bucket)) == 0:  # the P95 is the maximum: the spike counts
+        p95 = max(p95, spiked)
+    pad = float((S - bucket.prompt_len).sum()) / float(bucket.prompt_len.sum() + bucket.gen_len.sum())
     floor = float((prefill_cost(S, p) + decode_cost(S, bucket.gen_len, p)).sum()
                   + p.Kbatch_overhead_cost + compile_cost(S.max(), p))
-    return {"cost": floor, "pad_ratio": cells.pad_ratio, "p95_latency_ms": cells.p95_latency_ms,
-            "sequential_ms": one.sequential_ms}
+    return {"cost": floor, "pad_ratio": pad, "p95_latency_ms": p95, "sequential_ms": max(float(own.max()), spiked)}
 
 
 def explain_infeasible(problem: Problem, deadline_s: float = 30.0) -> str:
@@ -43,7 +48,8 @@ def explain_infeasible(problem: Problem, deadline_s: float = 30.0) -> str:
         best = at_best(bucket, problem)
         for metric, limit in limits.items():
             if limit < best[metric]:
-                found.append(f"{bucket.name}: {metric} <= {limit:.6g} can never be met: at best {best[metric]:.6g}")
+                found.append(f"{bucket.name}: {metric} <= {limit:.6g} can never be met: no plan goes below "
+                             f"{best[metric]:.6g}")
     if found:
         return "the limits cannot all be met; " + "; ".join(found)
     pairs = conflicting_pairs(problem, time.perf_counter() + deadline_s)

@@ -26,14 +26,14 @@ import numpy as np
 
 from model.boxes import BucketModel, bucket_model, candidate_grid
 from model.colgen import exact_bound, generate
-from model.costs import compile_cost, plan_metrics
+from model.costs import compile_cost, member_latency, plan_metrics
 from model.diagnose import explain_infeasible
 from model.errors import InfeasibleError
 from model.expand import assemble, batching_from_assignment
 from model.histogram import Histogram, build_histogram
 from model.schema import Batching, Limits, Planned, Problem, SolveReport
-from model.search import (Space, assignment_from_batching, merge, prune, seed_restriction, solve_restricted,
-                          support)
+from model.search import (FULL_ARCS, Space, assignment_from_batching, full_restriction, full_size, merge, prune,
+                          seed_restriction, solve_restricted, support)
 from model.shapes import choose_shapes
 from model.validate import limit_checks, plan_rows
 from solvers.backends import get_backend
@@ -42,8 +42,10 @@ log = logging.getLogger("shapeplan")
 
 MAX_GEN_VALUES = 1024  # gen values per bucket before the histogram is coarsened
 PRICING_BUDGET = 2.5e7  # (box t values) x (gen values) x (cells) per pricing pass before coarsening
-TARGET_GAP = 1e-3  # stop improving once the incumbent is this close to the bound
+TARGET_GAP = 1e-3  # once the incumbent is this close to the bound, only polish it
+POLISH_S = 3.0  # seconds the full MIP gets to polish an incumbent already within TARGET_GAP
 MAX_REPAIRS = 2
+ALL_SHAPES_MAX = 24  # strict mode searches every candidate shape up to this many
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,10 +81,26 @@ def gen_min_of(bucket_gen: np.ndarray, hist: Histogram) -> np.ndarray:
     return out
 
 
-def bucket_models(problem: Problem, hists: list[Histogram]) -> list[BucketModel]:
+def bucket_models(problem: Problem, hists: list[Histogram], reserves: tuple[int, ...] | None = None
+                  ) -> list[BucketModel]:
     """Bucket constants for each histogram under the problem's limits and cost model."""
-    return [bucket_model(h, gen_min_of(b.gen_len, h), lim, problem.params, problem.mode)
-            for h, b, lim in zip(hists, problem.buckets, problem.limits)]
+    reserves = reserves or (0,) * len(hists)
+    return [bucket_model(h, gen_min_of(b.gen_len, h), lim, problem.params, problem.mode, r)
+            for h, b, lim, r in zip(hists, problem.buckets, problem.limits, reserves)]
+
+
+def spike_reserves(problem: Problem, fine: list[Histogram]) -> tuple[int, ...]:
+    """One P95 member per bucket held back when even its fastest request cannot absorb a spike.
+
+    If every member's own latency plus the 1500 ms compile spike exceeds the limit, the
+    spike surely pushes one member over (unless it lands on one already over).
+    """
+    out = []
+    for h, lim in zip(fine, problem.limits):
+        limit = lim.max_p95_latency_ms
+        fastest = float(member_latency(h.S, h.S, h.G, problem.params).min())
+        out.append(int(limit is not None and fastest + problem.params.Tshape_compile_ms > limit))
+    return tuple(out)
 
 
 def reference_shapes(bms: list[BucketModel], max_shapes: int) -> list[int]:
@@ -129,7 +147,9 @@ def shape_setup(problem: Problem, fine: list[Histogram]) -> ShapeSetup:
         all_shapes = all_shapes[all_shapes <= problem.max_seq_len]
     choice = choose_shapes(bms, all_shapes, problem.max_shapes)
     log.info("strict mode: shape relaxation bound %.6e at shapes %s", choice.bound, list(choice.shapes))
-    shapes = np.asarray(choice.shapes, dtype=np.int64)
+    # few candidates: search them all (exact); many: at the relaxation's shapes, since a large
+    # shape layer left fractional by the LP stalls column generation
+    shapes = all_shapes if len(all_shapes) <= ALL_SHAPES_MAX else np.asarray(choice.shapes, dtype=np.int64)
     note = ("strict mode: shapes chosen by the shape relaxation; the bound is that relaxation (every request at "
             "its own gen_len under the best K shapes) or the Lagrangian, whichever is higher")
     return ShapeSetup(shapes, None, [0.0] * len(fine), choice.bound, len(shapes) == len(all_shapes), (note,))
@@ -153,13 +173,14 @@ def greedy_plan(problem: Problem) -> tuple[Batching, ...] | None:
         return None
 
 
-def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, solver, deadline: float) -> Outcome:
+def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, solver, deadline: float,
+           reserves: tuple[int, ...] | None = None) -> Outcome:
     """Column generation then MIP over one problem (steps 3-4); never raises for infeasibility."""
     t_start = time.perf_counter()
     n_t = len(setup.shapes) if setup.shapes is not None else len(np.unique(np.concatenate([h.S for h in fine])))
     hists = [build_histogram(b, gen_budget(h, n_t)) if gen_budget(h, n_t) < len(np.unique(h.G)) else h
              for b, h in zip(problem.buckets, fine)]
-    bms = [replace(bm, const_cost=bm.const_cost + f) for bm, f in zip(bucket_models(problem, hists),
+    bms = [replace(bm, const_cost=bm.const_cost + f) for bm, f in zip(bucket_models(problem, hists, reserves),
                                                                       setup.compile_fixed)]
     grids = [candidate_grid(bm, setup.shapes) for bm in bms]
     space = Space(problem, bms, grids, setup.shapes, [1] * len(bms))
@@ -168,9 +189,12 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
         warm = [assignment_from_batching(bm, g, bt) for bm, g, bt in zip(bms, grids, greedy)]
         warm = None if any(w is None for w in warm) else warm
     empty = np.zeros(0, np.int64)
-    res = [seed_restriction(bm, g, w.arc_cell if w else empty, w.arc_box if w else empty)
-           for bm, g, w in zip(bms, grids, warm or [None] * len(bms))]
-    cg = generate(space, res, deadline, budget=0.45 * max(1.0, deadline - t_start))
+    if sum(full_size(bm, g) for bm, g in zip(bms, grids)) <= FULL_ARCS:
+        res = [full_restriction(bm, g) for bm, g in zip(bms, grids)]
+    else:
+        res = [seed_restriction(bm, g, w.arc_cell if w else empty, w.arc_box if w else empty)
+               for bm, g, w in zip(bms, grids, warm or [None] * len(bms))]
+    cg = generate(space, res, deadline, budget=0.45 * max(0.0, deadline - t_start))
     notes = list(setup.notes)
     bound, bucket_bounds = setup.bound, None
     if setup.covers_all:
@@ -182,14 +206,17 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
             bound, bucket_bounds = lag.total, lag.per_bucket
     sup = [support(bm, g, r, cg.lp_model, cg.lp.x, b) for b, (bm, g, r) in enumerate(zip(bms, grids, cg.lp_res))]
     best = solve_restricted(space, solver, sup, warm, min(deadline, time.perf_counter()
-                                                          + 0.25 * max(1.0, deadline - time.perf_counter())))
-    if best is None or best.objective - cg.bound.total > TARGET_GAP * best.objective:
+                                                          + 0.25 * max(0.0, deadline - time.perf_counter())))
+    close = best is not None and best.objective - cg.bound.total <= TARGET_GAP * best.objective
+    if time.perf_counter() < deadline and (best is None or best.objective > cg.bound.total):
         grown = cg.res
         if best is not None and problem.mode == "reference":
             gap = best.objective - cg.bound.total
             grown = [merge(bm, g, prune(bm, g, r, d, gap), inc)
                      for bm, g, r, d, inc in zip(bms, grids, cg.res, cg.duals, best.res)]
-        full = solve_restricted(space, solver, grown, best.assignment if best else warm, deadline)
+        # already within TARGET_GAP: a short polish (small models finish it, large ones stop early)
+        until = min(deadline, time.perf_counter() + POLISH_S) if close else deadline
+        full = solve_restricted(space, solver, grown, best.assignment if best else warm, until)
         if full is not None and (best is None or full.objective < best.objective):
             best = full
     if best is None:
@@ -226,18 +253,22 @@ def judge(problem: Problem, name: str, batchings: tuple[Batching, ...]) -> Judge
     return Judged(name, total, tuple(broken))
 
 
-def tightened(problem: Problem, broken: tuple[tuple[int, str, float, float], ...]) -> Problem:
-    """The problem with each broken limit lowered by its excess (and a spike's worth for latencies)."""
-    limits = list(problem.limits)
-    field = {"cost": "max_cost", "pad_ratio": "max_pad_ratio", "p95_latency_ms": "max_p95_latency_ms",
-             "sequential_ms": "max_sequential_ms"}
+def tightened(problem: Problem, reserves: tuple[int, ...], broken: tuple[tuple[int, str, float, float], ...]
+              ) -> tuple[Problem, tuple[int, ...]]:
+    """Tighten what the exact evaluation found broken: one more P95 member held back for a spike,
+    or the limit lowered by its excess (a spike's worth at least for sequential time)."""
+    limits, reserves = list(problem.limits), list(reserves)
+    field = {"cost": "max_cost", "pad_ratio": "max_pad_ratio", "sequential_ms": "max_sequential_ms"}
     for b, metric, value, limit in broken:
+        if metric == "p95_latency_ms":
+            reserves[b] += 1
+            continue
         excess = value - limit
-        if metric in ("p95_latency_ms", "sequential_ms"):
+        if metric == "sequential_ms":
             excess = max(excess, problem.params.Tshape_compile_ms)
         current = getattr(limits[b], field[metric])
         limits[b] = replace(limits[b], **{field[metric]: current - 1.01 * excess})
-    return replace(problem, limits=tuple(limits))
+    return replace(problem, limits=tuple(limits)), tuple(reserves)
 
 
 def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0) -> Planned:
@@ -249,8 +280,9 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0)
     setup = shape_setup(problem, fine)
     greedy = greedy_plan(problem)
     first, mip_ok, attempt_problem = None, None, problem
+    reserves = spike_reserves(problem, fine)
     for attempt in range(MAX_REPAIRS + 1):
-        outcome = search(attempt_problem, fine, setup, greedy, solver, deadline)
+        outcome = search(attempt_problem, fine, setup, greedy, solver, deadline, reserves)
         first = first or outcome  # its bound is for the original limits: the only one certified
         if outcome.batchings is None:
             break
@@ -262,7 +294,7 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0)
             break
         log.info("exact re-evaluation: the MIP plan breaks %s; tightening and solving again",
                  ", ".join(f"{problem.buckets[b].name} {m}" for b, m, _, _ in judged.broken))
-        attempt_problem = tightened(attempt_problem, judged.broken)
+        attempt_problem, reserves = tightened(attempt_problem, reserves, judged.broken)
     options = [mip_ok] if mip_ok else []
     if greedy is not None:
         judged_greedy = judge(problem, "greedy", greedy)

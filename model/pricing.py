@@ -143,8 +143,8 @@ def bucket_constant(bm: BucketModel, duals: Duals, compile_fixed: float) -> floa
         value -= duals.mu * lim.max_sequential_ms
     if bm.pad_budget is not None:
         value -= duals.rho * bm.pad_budget
-    if bm.p95_allowed is not None:
-        value -= duals.lam * bm.p95_allowed
+    if bm.p95_allowed is not None:  # the allowance before any spike reserve: a relaxation
+        value -= duals.lam * (bm.p95_allowed + bm.p95_reserve)
     if lim.max_cost is not None:
         value -= duals.gam * lim.max_cost
     return value

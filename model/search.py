@@ -22,6 +22,8 @@ from solvers.backends.result import BackendResult, SolveOptions
 log = logging.getLogger("shapeplan")
 
 ARCS_PER_BOX = 96  # most valuable arcs a box gets per pricing round
+FULL_ARCS = 20_000  # a model this small is built whole: no column generation, the MIP is exact
+MIN_CALL_S = 0.05  # the least time a solver call is granted: the deadline is honoured, not padded
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,6 +60,22 @@ def seed_restriction(bm: BucketModel, grid: Grid, extra_cell: np.ndarray, extra_
     own = grid.index(t_own, hist.G)
     return _from_arcs(grid, len(hist), np.concatenate([np.arange(len(hist)), extra_cell]),
                       np.concatenate([own, extra_box]))
+
+
+def full_restriction(bm: BucketModel, grid: Grid) -> Restriction:
+    """Every box of the grid with every cell that fits it: the whole model (for small buckets)."""
+    hist = bm.hist
+    t, g = grid.box(np.arange(len(grid)))
+    fits = (hist.S[None, :] <= t[:, None]) & (hist.G[None, :] <= g[:, None])
+    box, cell = np.nonzero(fits)
+    return _from_arcs(grid, len(hist), cell, box)
+
+
+def full_size(bm: BucketModel, grid: Grid) -> int:
+    """How many arcs the whole model of a bucket has."""
+    t, g = grid.box(np.arange(len(grid)))
+    return int(((bm.hist.S[None, :] <= t[:, None]) & (bm.hist.G[None, :] <= g[:, None])).sum()) \
+        if len(grid) * len(bm.hist) <= 4 * FULL_ARCS else 4 * FULL_ARCS
 
 
 def _from_arcs(grid: Grid, n_cells: int, cell: np.ndarray, box: np.ndarray) -> Restriction:
@@ -152,7 +170,9 @@ def vector_of(space: Space, model: MipArrays, res: list[Restriction], sol: list[
         apos = _positions(box * n + cell, a.arc_box * n + a.arc_cell)
         if pos is None or apos is None:
             return None
-        x[model.block("col", "m", b).start + pos] = a.batches
+        mblk = model.block("col", "m", b)
+        # packer batches sharing a box become one batch of it (merging them is free)
+        x[mblk.start + pos] = np.minimum(a.batches, model.ub[mblk.start + pos])
         x[model.block("col", "x", b).start + apos] = a.count
         if space.shapes is not None:
             used = np.unique(np.searchsorted(space.shapes, space.grids[b].box(a.box)[0]))
@@ -190,7 +210,7 @@ def solve_restricted(space: Space, solver, res: list[Restriction], start: list[A
     model = space.model(res, relax_limits=False)
     warm = vector_of(space, model, res, start) if start is not None else None
     progress = lambda inc, bnd: log.info("  MIP incumbent %.6e", inc)  # noqa: E731
-    out = solver.solve(model, SolveOptions(time_limit=max(1.0, until - time.perf_counter()), warm_start=warm,
+    out = solver.solve(model, SolveOptions(time_limit=max(MIN_CALL_S, until - time.perf_counter()), warm_start=warm,
                                            on_progress=progress))
     log.info("MIP over %d boxes / %d arcs: %s, objective %s (%s %.1f s)", sum(len(r.boxes) for r in res),
              sum(len(r.arc_cell) for r in res), out.status, out.objective, out.backend, out.time_s)

@@ -298,14 +298,9 @@ RESIDUAL_CASES = {  # feasible, with limits that bind (the unconstrained optimum
 }
 STRICT_UNALIGNED = problem(bucket([50, 100, 130, 190, 250], [10, 10, 30, 20, 40]), k=2, mode="strict",
                            limits=Limits(max_pad_ratio=0.6))
-UNALIGNED_PAD = pytest.mark.xfail(strict=True, reason=(
-    "the model's pad rows never count the alignment pad align(prompt) - prompt in strict mode (bucket_model sets "
-    "the fixed prompt pad to 0 and arc_pad counts only t - S_c): the model's optimum has true pad ratio 0.687 > 0.6 "
-    "(plan_mip repairs such plans afterwards by tightening and re-solving; the rows still undercount)"))
 ROWS_CASES = [pytest.param(p, id=name) for name, p in RESIDUAL_CASES.items()] + [
-    pytest.param(STRICT_UNALIGNED, id="strict, unaligned prompts, pad limit")]  # the rows hold; their meaning not
-MEANING_CASES = ROWS_CASES[:-1] + [pytest.param(STRICT_UNALIGNED, id="strict, unaligned prompts, pad limit",
-                                                marks=UNALIGNED_PAD)]
+    pytest.param(STRICT_UNALIGNED, id="strict, unaligned prompts, pad limit")]
+MEANING_CASES = ROWS_CASES
 
 
 @pytest.fixture(scope="module")

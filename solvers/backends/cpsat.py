@@ -1,9 +1,10 @@
 """OR-Tools CP-SAT: strong incumbents on large instances; needs integer coefficients.
 
-Rows are scaled to integers conservatively (every "<=" coefficient rounded up and its
-right-hand side down), so a CP-SAT solution is feasible for the original rows; the
-objective is scaled by a power-of-ten quantum chosen so that coefficient sums stay far
-below 2**31.  No LP relaxation and no duals: column generation always runs on HiGHS.
+Fractional rows are scaled so that their coefficient sums stay far below 2**31 and
+rounded to the nearest integer (rounding every coefficient up instead rejected plans
+lying exactly on a limit); the rare plan a rounding lets past a limit by a hair is
+caught by the planner's exact re-evaluation and repaired.  The objective is the raw
+integer cost divided by a power-of-ten quantum chosen the same way.  No LP relaxation and no duals: column generation always runs on HiGHS.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _quantum(coefs: np.ndarray, ub_sum: float) -> float:
 
 
 def integer_rows(model: MipArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Row coefficients and bounds as integers: exact where already integral, else scaled conservatively."""
+    """Row coefficients and bounds as integers: exact where already integral, else scaled and rounded."""
     vals = model.vals.copy()
     lo = model.row_lo.copy()
     hi = model.row_hi.copy()
@@ -45,8 +46,8 @@ def integer_rows(model: MipArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     ub = np.where(np.isfinite(model.ub), model.ub, 1e6)
     for r in bad_rows:
         sel = model.rows == r
-        scale = 1e3 / _quantum(vals[sel] * 1e3, float(ub[model.cols[sel]].sum()))
-        vals[sel] = np.ceil(vals[sel] * scale - 1e-9)
+        scale = 1e6 / _quantum(vals[sel] * 1e6, float(ub[model.cols[sel]].sum()))
+        vals[sel] = np.round(vals[sel] * scale)
         if np.isfinite(hi[r]):
             hi[r] = np.floor(hi[r] * scale + 1e-9)
         if np.isfinite(lo[r]):
@@ -55,7 +56,7 @@ def integer_rows(model: MipArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     for r in np.unique(model.rows[big]):  # raw-cost rows (the cost limit): divide down, stay conservative
         sel = model.rows == r
         q = _quantum(vals[sel], float(ub[model.cols[sel]].sum()))
-        vals[sel] = np.ceil(vals[sel] / q - 1e-9)
+        vals[sel] = np.round(vals[sel] / q)
         if np.isfinite(hi[r]):
             hi[r] = np.floor(hi[r] / q + 1e-9)
     return np.round(vals).astype(np.int64), lo, hi, bad_rows
@@ -83,8 +84,9 @@ def solve(model: MipArrays, options: SolveOptions) -> BackendResult:
             cp.Add(expr <= int(np.floor(hi[r])))
         if np.isfinite(lo[r]):
             cp.Add(expr >= int(np.ceil(lo[r])))
-    q = _quantum(model.c, float(ub.sum()))
-    obj = np.round(model.c / q).astype(np.int64)
+    raw = model.c * model.scale  # integer-valued costs (the arrays hold them divided by scale)
+    q = _quantum(raw, float(ub.sum()))
+    obj = np.round(raw / q).astype(np.int64)
     cp.Minimize(sum(int(o) * xs[i] for i, o in enumerate(obj) if o))
     if options.warm_start is not None:
         for i, v in enumerate(np.rint(options.warm_start).astype(np.int64)):
@@ -94,7 +96,7 @@ def solve(model: MipArrays, options: SolveOptions) -> BackendResult:
     solver.parameters.num_workers = int(options.threads)
     solver.parameters.random_seed = int(options.seed)
     solver.parameters.relative_gap_limit = float(options.mip_gap)
-    callback = _Progress(xs, q * model.scale, model.offset * model.scale, options.on_progress) \
+    callback = _Progress(xs, q, model.offset * model.scale, options.on_progress) \
         if options.on_progress else None
     status = solver.Solve(cp, callback) if callback else solver.Solve(cp)
     label = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "time_limit", cp_model.INFEASIBLE: "infeasible"}.get(
@@ -102,7 +104,7 @@ def solve(model: MipArrays, options: SolveOptions) -> BackendResult:
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         x = np.array([solver.Value(v) for v in xs], dtype=np.float64)
         objective = float(model.c @ x + model.offset) * model.scale  # exact objective of the returned point
-        bound = float(solver.BestObjectiveBound()) * q * model.scale + model.offset * model.scale
+        bound = float(solver.BestObjectiveBound()) * q + model.offset * model.scale
         bound = min(bound, objective)
     else:
         x, objective, bound = None, None, None
