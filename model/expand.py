@@ -60,7 +60,7 @@ def assemble(bucket: Bucket, batching: Batching, params: CostParams = CostParams
     member_rank[order] = np.arange(len(codes))
     rec = np.lexsort((member_rank, pos[codes]))
     return Plan(request_ids=bucket.request_ids[rec], batch_ids=ids[codes[rec]],
-                seq_align=shape_of[codes[rec]], source=f"<plan {bucket.name}>")
+                seq_align=shape_of[codes[rec]], source=f"<plan {bucket.name}>", rows=rec)
 
 
 

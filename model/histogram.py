@@ -69,10 +69,26 @@ def build_histogram(bucket: Bucket, max_gen_values: int | None = None) -> Histog
         coarsened = True
         log.info("bucket %s: %d distinct gen values coarsened to %d upper edges (conservative)",
                  bucket.name, len(np.unique(bucket.gen_len)), len(edges))
-    key = S * (int(G.max()) + 1) + G
-    uniq, cell_of = np.unique(key, return_inverse=True)
+    width = int(G.max()) + 1
+    key = (S // 64) * width + G
+    uniq, cell_of = _dense_unique(key)
     count = np.bincount(cell_of)
     prompt_sum = np.bincount(cell_of, weights=bucket.prompt_len).astype(np.int64)
     gen_sum = np.bincount(cell_of, weights=bucket.gen_len).astype(np.int64)
-    return Histogram(bucket.name, uniq // (int(G.max()) + 1), uniq % (int(G.max()) + 1), count,
+    return Histogram(bucket.name, (uniq // width) * 64, uniq % width, count,
                      prompt_sum, gen_sum, cell_of.astype(np.int64), coarsened)
+
+
+def _dense_unique(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(key, return_inverse=True) in linear time when the key space is small.
+
+    Keys are cell numbers (aligned prompt / 64, gen); a bincount over them replaces the
+    sort of np.unique, which dominated aggregation at 10^7 requests.
+    """
+    span = int(key.max()) + 1
+    if span > 8 * len(key) + (1 << 22):
+        return np.unique(key, return_inverse=True)
+    present = np.bincount(key, minlength=span) > 0
+    uniq = np.flatnonzero(present)
+    index = np.cumsum(present) - 1
+    return uniq, index[key]

@@ -45,6 +45,7 @@ PRICING_BUDGET = 2.5e7  # (box t values) x (gen values) x (cells) per pricing pa
 TARGET_GAP = 1e-3  # once the incumbent is this close to the bound, only polish it
 POLISH_S = 3.0  # seconds the full MIP gets to polish an incumbent already within TARGET_GAP
 MAX_REPAIRS = 2
+GREEDY_MAX_REQUESTS = 1_000_000  # above this the greedy warm start is skipped
 ALL_SHAPES_MAX = 24  # strict mode searches every candidate shape up to this many
 
 
@@ -161,11 +162,15 @@ def gen_budget(hist: Histogram, n_t: int) -> int:
 
 
 def greedy_plan(problem: Problem) -> tuple[Batching, ...] | None:
-    """The greedy packer's plan (a warm start and a fallback), or None if it finds none."""
+    """The greedy packer's plan (a warm start and a fallback), or None if it finds none.
+
+    Skipped above GREEDY_MAX_REQUESTS: its merges work per request, not per cell, and
+    would spend the whole time limit before the optimiser starts.
+    """
     from solvers.packers import PACKERS
 
     packer = PACKERS.get("greedy")
-    if packer is None:
+    if packer is None or sum(len(b) for b in problem.buckets) > GREEDY_MAX_REQUESTS:
         return None
     try:
         return packer(problem)

@@ -88,6 +88,7 @@ class Plan:
     seq_align: np.ndarray
     source: str = "<plan>"
     lines: np.ndarray | None = None
+    rows: np.ndarray | None = None  # bucket row of each record, when the plan was built in memory
 
     def __len__(self) -> int:
         return int(self.seq_align.shape[0])

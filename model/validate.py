@@ -59,6 +59,8 @@ def plan_rows(bucket: Bucket, plan: Plan) -> tuple[np.ndarray | None, list[Viola
 
     Each request must appear exactly once: no unknown ids, no repeats, none missing.
     """
+    if plan.rows is not None and _rows_hold(bucket, plan):
+        return plan.rows, []
     problems: list[Violation] = []
     ids = pd.Index(bucket.request_ids.astype(str))
     plan_ids = pd.Series(plan.request_ids.astype(str))
@@ -83,6 +85,20 @@ def plan_rows(bucket: Bucket, plan: Plan) -> tuple[np.ndarray | None, list[Viola
                                   f"request {bucket.request_ids[k]!r} ({bucket.source}:{int(bucket.lines[k])}) "
                                   f"is missing from the plan ({int((~seen).sum())} missing)"))
     return (None if problems else rows), problems
+
+
+def _rows_hold(bucket: Bucket, plan: Plan) -> bool:
+    """An in-memory plan's row numbers: a permutation of the bucket whose ids match the records.
+
+    Checking that costs two linear passes, where matching ids as text costs a hash join
+    (81 s at 10^7 requests); when it fails, the full id matching finds what is wrong.
+    """
+    rows = plan.rows
+    if len(rows) != len(bucket) or rows.min(initial=0) < 0 or rows.max(initial=-1) >= len(bucket):
+        return False
+    if not (np.bincount(rows, minlength=len(bucket)) == 1).all():
+        return False
+    return bool((bucket.request_ids[rows] == plan.request_ids).all())
 
 
 def _line(plan: Plan, k: int) -> int:

@@ -6,6 +6,8 @@ single random seed, so runs repeat.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 import highspy
@@ -18,8 +20,25 @@ NAME = "highs"
 FEATURES = frozenset({"lp", "mip", "duals", "bound", "warm_start", "time_limit", "progress"})
 
 
+def new_highs() -> "highspy.Highs":
+    """A Highs instance without the banner it prints to stdout on creation (before any option applies).
+
+    The banner would land in the middle of our tables and progress bars; stdout is
+    pointed at /dev/null for the constructor only.
+    """
+    sys.stdout.flush()
+    saved, sink = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(sink, 1)
+        return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(sink)
+
+
 def version() -> str:
-    h = highspy.Highs()
+    h = new_highs()
     return f"{h.version()}" if hasattr(h, "version") else highspy.__version__
 
 
@@ -55,7 +74,7 @@ def _lp(model: MipArrays, relax: bool) -> "highspy.HighsLp":
 def solve(model: MipArrays, options: SolveOptions) -> BackendResult:
     """Solve the model (or its LP relaxation) and report what HiGHS says through its API."""
     t0 = time.perf_counter()
-    h = highspy.Highs()
+    h = new_highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(options.time_limit))
     h.setOptionValue("threads", int(options.threads))
