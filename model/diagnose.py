@@ -24,7 +24,8 @@ def at_best(bucket: Bucket, problem: Problem) -> dict[str, float]:
 
     Every member's latency is at least its latency alone in its own tightest box, so
     sequential time is at least the largest such latency and the P95 at least their
-    P95 -- and some member carries a compile spike, which counts where it must; padding is at least the alignment pad (plus, strict, nothing more: own shape);
+    P95 -- and some member carries a compile spike, which counts where it must;
+    padding is at least the alignment pad (in strict mode too: each at its own shape);
     cost at least every request alone at its own box with one batch and one shape.
     """
     p = problem.params

@@ -31,7 +31,7 @@ from model.diagnose import explain_infeasible
 from model.errors import InfeasibleError
 from model.expand import assemble, batching_from_assignment
 from model.histogram import Histogram, build_histogram
-from model.schema import Batching, Limits, Planned, Problem, SolveReport
+from model.schema import Batching, Planned, Problem, SolveReport
 from model.search import (FULL_ARCS, Space, assignment_from_batching, full_restriction, full_size, merge, prune,
                           seed_restriction, solve_restricted, support)
 from model.shapes import choose_shapes

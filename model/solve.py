@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", action="store_true", help="also run every heuristic packer and compare")
     parser.add_argument("--quiet", action="store_true", help="no progress log")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="[%(relativeCreated)6.0f ms] %(message)s")
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="[%(relativeCreated)6.0f ms] %(message)s")
     if args.max_batch_size is not None and args.max_batch_size < 1:
         raise InputError("--max-batch-size", None, None, f"must be a positive integer, got {args.max_batch_size}")
     problem, scenario = build_problem(args, args.requests, DEFAULT_SCENARIO, cli_limits(args))

@@ -1,6 +1,5 @@
 """The worked example of shared/cost_model.md, to the last printed digit."""
 
-import numpy as np
 import pytest
 
 from model.costs import member_latencies, plan_metrics

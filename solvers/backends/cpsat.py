@@ -4,7 +4,8 @@ Fractional rows are scaled so that their coefficient sums stay far below 2**31 a
 rounded to the nearest integer (rounding every coefficient up instead rejected plans
 lying exactly on a limit); the rare plan a rounding lets past a limit by a hair is
 caught by the planner's exact re-evaluation and repaired.  The objective is the raw
-integer cost divided by a power-of-ten quantum chosen the same way.  No LP relaxation and no duals: column generation always runs on HiGHS.
+integer cost divided by a power-of-ten quantum chosen the same way.  No LP relaxation
+and no duals: column generation always runs on HiGHS.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def solve(model: MipArrays, options: SolveOptions) -> BackendResult:
         return BackendResult("error", None, None, None, None, 0.0, NAME, version())
     cp = cp_model.CpModel()
     ub = np.where(np.isfinite(model.ub), model.ub, 2 ** 31 - 1).astype(np.int64)
-    xs = [cp.NewIntVar(int(l), int(u), f"v{i}") for i, (l, u) in enumerate(zip(model.lb.astype(np.int64), ub))]
+    xs = [cp.NewIntVar(int(lo_), int(up), f"v{i}") for i, (lo_, up) in enumerate(zip(model.lb.astype(np.int64), ub))]
     vals, lo, hi, _ = integer_rows(model)
     order = np.argsort(model.rows, kind="stable")
     rows, cols, vals = model.rows[order], model.cols[order], vals[order]
