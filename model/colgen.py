@@ -18,7 +18,7 @@ import numpy as np
 from model.boxes import BucketModel, Grid, box_unit_cost, bucket_model, candidate_grid
 from model.errors import InfeasibleError
 from model.formulation import MipArrays, Restriction
-from model.histogram import Histogram
+from model.histogram import Histogram, gen_min_of
 from model.pricing import Bound, Duals, duals_from_lp, lagrangian_bound, shape_cap_dual
 from model.search import MIN_CALL_S, Space, grow
 from solvers.backends import get_backend
@@ -105,8 +105,7 @@ def generate(space: Space, res: list[Restriction], deadline: float, budget: floa
     return last
 
 
-def exact_bound(space: Space, fine: list[Histogram], cg: ColumnGeneration, compile_fixed: list[float],
-                gen_min_of) -> Bound:
+def exact_bound(space: Space, fine: list[Histogram], cg: ColumnGeneration, compile_fixed: list[float]) -> Bound:
     """The Lagrangian on the EXACT histograms, each fine cell priced at its coarse cell's dual.
 
     A coarsened model over-states costs, so its own bound could exceed the true

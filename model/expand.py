@@ -63,16 +63,12 @@ def assemble(bucket: Bucket, batching: Batching, params: CostParams = CostParams
                 seq_align=shape_of[codes[rec]], source=f"<plan {bucket.name}>", rows=rec)
 
 
-
-def batching_from_assignment(cell_of: np.ndarray, arc_box: np.ndarray, arc_cell: np.ndarray, count: np.ndarray,
-                             declared, max_batch: int | None) -> Batching:
-    """Concrete batches from a solution given as request counts per (cell, box).
+def box_of_requests(cell_of: np.ndarray, arc_box: np.ndarray, arc_cell: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """The box each request rides in, from a solution given as request counts per (cell, box).
 
     Requests sorted by cell (file order within) are dealt to the arcs sorted by (cell,
     box): the cumulative arc counts line up with the cell boundaries, so one
-    searchsorted places every request.  A box becomes one batch, or ceil(n/B) batches
-    of consecutive members under a batch-size cap.  ``declared(boxes)`` gives each
-    box's seq_align.
+    searchsorted places every request.
     """
     n_cells = int(cell_of.max()) + 1
     if (np.bincount(arc_cell, weights=count, minlength=n_cells) != np.bincount(cell_of, minlength=n_cells)).any():
@@ -82,13 +78,4 @@ def batching_from_assignment(cell_of: np.ndarray, arc_box: np.ndarray, arc_cell:
     cum = np.cumsum(count[arcs])
     box_of = np.empty(len(cell_of), np.int64)
     box_of[order] = arc_box[arcs][np.searchsorted(cum, np.arange(len(cell_of)), side="right")]
-    boxes, batch_of = np.unique(box_of, return_inverse=True)
-    if max_batch is not None:
-        srt = np.argsort(batch_of, kind="stable")
-        starts = np.searchsorted(batch_of[srt], np.arange(len(boxes)))
-        pos = np.empty_like(batch_of)
-        pos[srt] = np.arange(len(batch_of)) - starts[batch_of[srt]]
-        key = batch_of * (len(batch_of) + 1) + pos // max_batch
-        uniq, batch_of = np.unique(key, return_inverse=True)
-        boxes = boxes[uniq // (len(cell_of) + 1)]
-    return Batching(batch_of.astype(np.int64), np.asarray(declared(boxes), dtype=np.int64))
+    return box_of

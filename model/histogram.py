@@ -79,6 +79,13 @@ def build_histogram(bucket: Bucket, max_gen_values: int | None = None) -> Histog
                      prompt_sum, gen_sum, cell_of.astype(np.int64), coarsened)
 
 
+def gen_min_of(bucket_gen: np.ndarray, hist: Histogram) -> np.ndarray:
+    """Smallest real gen_len in each cell (padding is counted against it, so coarse cells never understate it)."""
+    out = np.full(len(hist), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(out, hist.cell_of, bucket_gen)
+    return out
+
+
 def _dense_unique(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """np.unique(key, return_inverse=True) in linear time when the key space is small.
 

@@ -29,14 +29,15 @@ from model.colgen import exact_bound, generate
 from model.costs import compile_cost, member_latency, plan_metrics
 from model.diagnose import explain_infeasible
 from model.errors import InfeasibleError
-from model.expand import assemble, batching_from_assignment
-from model.histogram import Histogram, build_histogram
+from model.expand import assemble, box_of_requests
+from model.histogram import Histogram, build_histogram, gen_min_of
 from model.schema import Batching, Planned, Problem, SolveReport
 from model.search import (FULL_ARCS, Space, assignment_from_batching, full_restriction, full_size, merge, prune,
                           seed_restriction, solve_restricted, support)
 from model.shapes import choose_shapes
 from model.validate import limit_checks, plan_rows
 from solvers.backends import get_backend
+from solvers.packers.grouping import group_batching
 
 log = logging.getLogger("shapeplan")
 
@@ -73,13 +74,6 @@ class Outcome:
     backend: str
     version: str
     notes: tuple[str, ...]
-
-
-def gen_min_of(bucket_gen: np.ndarray, hist: Histogram) -> np.ndarray:
-    """Smallest real gen_len in each cell (pad is counted against it)."""
-    out = np.full(len(hist), np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(out, hist.cell_of, bucket_gen)
-    return out
 
 
 def bucket_models(problem: Problem, hists: list[Histogram], reserves: tuple[int, ...] | None = None
@@ -183,8 +177,9 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
     """Column generation then MIP over one problem (steps 3-4); never raises for infeasibility."""
     t_start = time.perf_counter()
     n_t = len(setup.shapes) if setup.shapes is not None else len(np.unique(np.concatenate([h.S for h in fine])))
-    hists = [build_histogram(b, gen_budget(h, n_t)) if gen_budget(h, n_t) < len(np.unique(h.G)) else h
-             for b, h in zip(problem.buckets, fine)]
+    budgets = [gen_budget(h, n_t) for h in fine]
+    hists = [build_histogram(b, k) if k < len(np.unique(h.G)) else h
+             for b, h, k in zip(problem.buckets, fine, budgets)]
     bms = [replace(bm, const_cost=bm.const_cost + f) for bm, f in zip(bucket_models(problem, hists, reserves),
                                                                       setup.compile_fixed)]
     grids = [candidate_grid(bm, setup.shapes) for bm in bms]
@@ -203,7 +198,7 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
     notes = list(setup.notes)
     bound, bucket_bounds = setup.bound, None
     if setup.covers_all:
-        lag = exact_bound(space, fine, cg, setup.compile_fixed, gen_min_of) if any(h.coarsened for h in hists) \
+        lag = exact_bound(space, fine, cg, setup.compile_fixed) if any(h.coarsened for h in hists) \
             else cg.bound
         if any(h.coarsened for h in hists):
             notes.append("gen values were coarsened for the search; the bound is certified on the exact histogram")
@@ -228,10 +223,10 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
         return Outcome(None, None, bound, bucket_bounds, "infeasible", solver.NAME, solver.version(), tuple(notes))
     batchings = []
     for b, (bm, g, a) in enumerate(zip(bms, grids, best.assignment)):
-        declared = (lambda boxes: np.full(len(boxes), setup.ref_shape[b])) if setup.ref_shape is not None \
-            else (lambda boxes, g=g: g.box(boxes)[0])
-        batchings.append(batching_from_assignment(bm.hist.cell_of, a.arc_box, a.arc_cell, a.count, declared,
-                                                  problem.max_batch_size))
+        box_of = box_of_requests(bm.hist.cell_of, a.arc_box, a.arc_cell, a.count)
+        declared = np.full(len(box_of), setup.ref_shape[b]) if setup.ref_shape is not None else g.box(box_of)[0]
+        # one batch per box, split under a batch-size cap by the packers' own splitter
+        batchings.append(group_batching(problem.buckets[b], declared, (box_of,), problem.max_batch_size))
     return Outcome(tuple(batchings), best.objective, bound, bucket_bounds, best.result.status, best.result.backend,
                    best.result.version, tuple(notes))
 

@@ -78,17 +78,22 @@ def _t_chunks(bm: BucketModel, grid: Grid):
             yield i, int(t), cells, lo, min(len(grid.gs), lo + step)
 
 
+def _box_value(bm: BucketModel, duals: Duals, t: int, gs: np.ndarray, cells: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """v = F + sum_c n_c min(0, e_c) for boxes (t, g in gs), with F and e for callers that need them."""
+    e = _cell_values(bm, duals, t, gs, cells)
+    fixed, lat = box_fixed(bm, np.full(len(gs), t), gs)
+    F = (1 + duals.gam) * fixed + duals.mu * lat
+    return F + (bm.hist.count[cells][None, :] * np.minimum(0.0, e)).sum(axis=1), F, e
+
+
 def box_values(bm: BucketModel, grid: Grid, duals: Duals, boxes: np.ndarray) -> np.ndarray:
     """Unclipped v_k = F_k + sum_c n_c min(0, e_ck) of given boxes (h_k = min(0, v_k))."""
     t_all, g_all = grid.box(boxes)
     out = np.zeros(len(boxes))
     for t in np.unique(t_all):
         sel = np.flatnonzero(t_all == t)
-        cells = np.flatnonzero(bm.hist.S <= t)
-        e = _cell_values(bm, duals, int(t), g_all[sel], cells)
-        fixed, lat = box_fixed(bm, t_all[sel], g_all[sel])
-        out[sel] = (1 + duals.gam) * fixed + duals.mu * lat + (bm.hist.count[cells][None, :]
-                                                                * np.minimum(0.0, e)).sum(axis=1)
+        out[sel] = _box_value(bm, duals, int(t), g_all[sel], np.flatnonzero(bm.hist.S <= t))[0]
     return out
 
 
@@ -96,13 +101,9 @@ def price_boxes(bm: BucketModel, grid: Grid, duals: Duals, max_batch: int | None
     """h_k <= 0 for every box of the grid (flat, t-major): the value of opening it at these prices."""
     h = np.zeros(len(grid))
     for i, t, cells, lo, hi in _t_chunks(bm, grid):
-        gs = grid.gs[lo:hi]
-        e = _cell_values(bm, duals, t, gs, cells)
-        n = bm.hist.count[cells][None, :]
-        fixed, lat = box_fixed(bm, np.full(len(gs), t), gs)
-        F = (1 + duals.gam) * fixed + duals.mu * lat
-        value = F + (n * np.minimum(0.0, e)).sum(axis=1)
+        value, F, e = _box_value(bm, duals, t, grid.gs[lo:hi], cells)
         if max_batch is not None:  # each member also carries at least 1/B of a batch
+            n = bm.hist.count[cells][None, :]
             value = np.maximum(value, (n * np.minimum(0.0, e + (F / max_batch)[:, None])).sum(axis=1))
         h[i * len(grid.gs) + lo:i * len(grid.gs) + hi] = np.minimum(0.0, value)
     return h
