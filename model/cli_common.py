@@ -7,10 +7,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from model.costs import MODES, CostParams
+from model.cost.analytic import CostParams
+from model.cost.common import MODES
 from model.errors import InfeasibleError, InputError
-from model.load import Columns, load_requests
-from model.scenario import load_scenario
+from model.load.requests import Columns, load_requests
+from model.load.scenario import load_scenario
 from model.schema import Bucket, Limits, Problem, Scenario
 
 

@@ -12,11 +12,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from model.cli_common import add_input_args, add_limit_args, build_problem, cli_limits, run_main
+from model.cli_common import (
+    add_input_args,
+    add_limit_args,
+    build_problem,
+    cli_limits,
+    run_main,
+)
 from model.errors import InputError
-from model.plan_io import read_plan
-from model.report import bucket_table, verdict
-from model.validate import evaluate_plans
+from model.evaluation.validate import evaluate_plans
+from model.load.plans import read_plan
+from model.report.tables import bucket_table, verdict
 
 
 def plan_path(plans_dir: Path, bucket_name: str) -> Path:

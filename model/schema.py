@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from model.costs import CostParams, Mode
+from model.cost.analytic import CostParams
+from model.cost.common import Mode
 
 
 @dataclass(frozen=True, eq=False)

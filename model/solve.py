@@ -16,14 +16,20 @@ import logging
 import time
 from pathlib import Path
 
-from model.cli_common import add_input_args, add_limit_args, build_problem, cli_limits, run_main
+from model.cli_common import (
+    add_input_args,
+    add_limit_args,
+    build_problem,
+    cli_limits,
+    run_main,
+)
 from model.errors import InputError
 from model.evaluate import plan_path
-from model.expand import assemble
-from model.plan_io import write_plans
-from model.report import bucket_table, fmt, verdict
-from model.schema import Planned, Plan, Problem, SolveReport
-from model.validate import evaluate_plans
+from model.evaluation.validate import evaluate_plans
+from model.expand.assemble import assemble
+from model.load.plans import write_plans
+from model.report.tables import bucket_table, fmt, verdict
+from model.schema import Plan, Planned, Problem, SolveReport
 from solvers.packers import PACKERS
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "data" / "default" / "scenario.toml"
@@ -37,7 +43,7 @@ def solver_names() -> list[str]:
 def run_solver(problem: Problem, name: str, backend: str = "highs", time_limit: float = 60.0) -> Planned:
     """Run one planner by name and return its batchings with a typed report."""
     if name == "mip":
-        from model.planner import plan_mip
+        from model.planning.mip import plan_mip
 
         return plan_mip(problem, backend=backend, time_limit=time_limit)
     if name not in PACKERS:
@@ -108,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_comparison(problem: Problem, results, args) -> None:
     """Every heuristic packer on the same input, beside the chosen planner."""
-    from model.compare import compare_table
+    from model.report.compare import compare_table
 
     print(compare_table(problem, results, args.solver))
 

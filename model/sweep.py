@@ -21,12 +21,27 @@ from tqdm import tqdm
 
 from model.cli_common import add_input_args, add_limit_args, build_problem, run_main
 from model.errors import InputError
-from model.histogram import build_histogram
-from model.report_doc import k_table, recommendation_paragraphs, to_text, write_report
-from model.scenario import LIMIT_KEYS
+from model.histogram.cells import build_histogram
+from model.load.scenario import LIMIT_KEYS
+from model.report.document import (
+    k_table,
+    recommendation_paragraphs,
+    to_text,
+    write_report,
+)
 from model.solve import DEFAULT_SCENARIO, solver_names
-from model.sweep_core import (SweepSettings, base_factor, check_sweep_limit, parse_factors, parse_ks, planner_totals,
-                              recommend, run_sweep, sweep_points, write_csv)
+from model.sweeping.engine import (
+    SweepSettings,
+    base_factor,
+    check_sweep_limit,
+    parse_factors,
+    parse_ks,
+    planner_totals,
+    recommend,
+    run_sweep,
+    sweep_points,
+    write_csv,
+)
 
 log = logging.getLogger("shapeplan")
 

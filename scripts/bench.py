@@ -38,15 +38,15 @@ from typing import TypeVar
 
 import numpy as np
 
-from model.histogram import build_histogram
-from model.load import Columns, load_requests
-from model.plan_io import write_plans
-from model.scenario import load_scenario
+from model.evaluation.validate import evaluate_plans
+from model.histogram.cells import build_histogram
+from model.load.plans import write_plans
+from model.load.requests import Columns, load_requests
+from model.load.scenario import load_scenario
+from model.load.synth import CHAT, draw, requests_jsonl
 from model.schema import Limits, Problem
 from model.solve import plans_of, run_solver, solver_names
-from model.sweep_core import PlannerTotal, SweepPoint, planner_totals, solve_point
-from model.synth import CHAT, draw, requests_jsonl
-from model.validate import evaluate_plans
+from model.sweeping.engine import PlannerTotal, SweepPoint, planner_totals, solve_point
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"  # beside the repository, as the workloads README says

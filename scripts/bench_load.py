@@ -24,12 +24,12 @@ from typing import Callable, TypeVar
 import numpy as np
 import pandas as pd
 
-from model.costs import align
-from model.expand import assemble
-from model.load import load_requests
+from model.cost.common import align
+from model.evaluation.validate import evaluate_plans
+from model.expand.assemble import assemble
+from model.load.requests import load_requests
+from model.load.synth import CHAT, bucket_arrays, requests_jsonl
 from model.schema import Batching, Bucket, Limits, Problem
-from model.synth import CHAT, bucket_arrays, requests_jsonl
-from model.validate import evaluate_plans
 
 T = TypeVar("T")
 

@@ -31,8 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from model.costs import Metrics, align, plan_metrics
-from model.synth import CHAT, SHORT, Traffic, bucket_arrays, requests_jsonl
+from model.cost.common import align
+from model.cost.metrics import Metrics, plan_metrics
+from model.load.synth import CHAT, SHORT, Traffic, bucket_arrays, requests_jsonl
 
 SEED = 20240807  # any fixed seed: the committed files are what this seed draws
 N_REQUESTS = 800
@@ -123,9 +124,9 @@ def generate(out: Path, seed: int = SEED) -> list[tuple[str, str, dict[str, floa
 
 def greedy_meets_limits(scenario: Path) -> bool:
     """Whether the greedy packer's plan meets every limit (the twins' feasibility witness)."""
-    from model.scenario import load_scenario
+    from model.evaluation.validate import evaluate_plans
+    from model.load.scenario import load_scenario
     from model.solve import plans_of, run_solver
-    from model.validate import evaluate_plans
 
     problem = load_scenario(scenario).problem()
     results, global_problems = evaluate_plans(problem, plans_of(problem, run_solver(problem, "greedy")))

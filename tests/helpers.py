@@ -12,13 +12,15 @@ from pathlib import Path
 
 import numpy as np
 
-from model.boxes import BucketModel, bucket_model, candidate_grid
-from model.costs import Metrics, align, compile_cost, plan_metrics
-from model.formulation import MipArrays, Restriction, build_model, restriction
-from model.histogram import build_histogram
+from model.cost.analytic import compile_cost
+from model.cost.common import align
+from model.cost.metrics import Metrics, plan_metrics
+from model.evaluation.validate import BucketResult, evaluate_plans, limit_checks
+from model.formulation.arrays import MipArrays, Restriction, build_model, restriction
+from model.formulation.boxes import BucketModel, bucket_model, candidate_grid
+from model.histogram.cells import build_histogram
 from model.schema import Batching, Bucket, Limits, Planned, Problem, SolveReport
 from model.solve import plans_of
-from model.validate import BucketResult, evaluate_plans, limit_checks
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "workloads"

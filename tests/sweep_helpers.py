@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from model.schema import Bucket, Limits, Problem
-from model.sweep_core import SweepRow
+from model.sweeping.engine import SweepRow
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -19,7 +19,7 @@ import pytest
 from model import evaluate, solve
 from model.cli_common import run_main
 from model.errors import InputError
-from model.load import load_requests
+from model.load.requests import load_requests
 
 GOOD = ('{"request_id": "a", "prompt_len": 10, "gen_len": 5}\n'
         '{"request_id": "b", "prompt_len": 100, "gen_len": 7}\n')

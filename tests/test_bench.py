@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from model.load import load_requests
+from model.load.requests import load_requests
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -12,7 +12,7 @@ import pytest
 
 from model.cli_common import build_problem
 from model.errors import InputError
-from model.scenario import load_scenario
+from model.load.scenario import load_scenario
 from model.solve import DEFAULT_SCENARIO
 
 REPO = Path(__file__).resolve().parent.parent

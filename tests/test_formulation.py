@@ -17,12 +17,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
-
 from helpers import FullModel, bucket, check_valid, full_model, problem
-from model.costs import allowed_above, compile_cost, decode_cost, member_latency, prefill_cost
+
+from model.cost.analytic import compile_cost, decode_cost, member_latency, prefill_cost
+from model.cost.common import allowed_above
 from model.errors import InfeasibleError
-from model.formulation import MipArrays
-from model.planner import plan_mip
+from model.formulation.arrays import MipArrays
+from model.planning.mip import plan_mip
 from model.schema import Batching, Limits, Problem
 from solvers.backends import highs
 from solvers.backends.result import BackendResult, SolveOptions

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from model.errors import InputError
-from model.load import MAX_LEN, Columns, line_numbers, load_requests
-from model.synth import CHAT, SHORT, bucket_arrays, requests_jsonl
+from model.load.requests import MAX_LEN, Columns, line_numbers, load_requests
+from model.load.synth import CHAT, SHORT, bucket_arrays, requests_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 TRACES = REPO.parent / "shared" / "traces"  # ../shared/traces from the project root, where it exists

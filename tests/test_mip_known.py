@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from helpers import Layout, brute_force, bucket, check_valid, layout_metrics, problem
+
 from model.errors import InfeasibleError
-from model.planner import plan_mip
+from model.planning.mip import plan_mip
 from model.schema import Limits, Problem
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*PuLP 4.0:DeprecationWarning")  # pulp 3.3's own notices

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from helpers import broken_limits, bucket, check_valid, evaluated
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from helpers import broken_limits, bucket, check_valid, evaluated
 from model.errors import InfeasibleError
-from model.planner import plan_mip
+from model.planning.mip import plan_mip
 from model.schema import Limits, Problem
 from model.solve import run_solver
 from solvers.packers import PACKERS

@@ -8,17 +8,18 @@ from functools import lru_cache
 
 import numpy as np
 import pytest
+from helpers import REPO, WORKLOADS, bucket, check_valid, planned, problem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import REPO, WORKLOADS, bucket, check_valid, planned, problem
-from model.compare import compare_table
-from model.costs import align, member_latency
+from model.cost.analytic import member_latency
+from model.cost.common import align
 from model.errors import InfeasibleError
-from model.scenario import load_scenario
+from model.evaluation.validate import evaluate_plans
+from model.load.scenario import load_scenario
+from model.report.compare import compare_table
 from model.schema import Limits, Problem
 from model.solve import plans_of, run_solver
-from model.validate import evaluate_plans
 from solvers.packers import PACKERS
 from solvers.packers.exp import ladder
 from solvers.packers.grouping import pow2_ceil

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from model import plan_io
 from model.errors import InputError
-from model.plan_io import plan_text, read_plan, write_plans
+from model.load import plans as plan_io
+from model.load.plans import plan_text, read_plan, write_plans
 from model.schema import Plan
 
 

@@ -8,11 +8,20 @@ import pytest
 from matplotlib.collections import PolyCollection, QuadMesh
 from sweep_helpers import PNG_SIGNATURE, grid_rows, tiny_problem
 
-from model.expand import batch_extents
-from model.histogram import build_histogram
-from model.plots import (BAND_GID, BROKEN_GID, GEN_GID, LIMIT_GID, SHAPE_GID, plot_breakdown, plot_cost_vs_k,
-                         plot_heatmap, plot_tradeoff)
-from model.sweep_core import SweepPoint, planner_totals
+from model.expand.assemble import batch_extents
+from model.histogram.cells import build_histogram
+from model.report.plots import (
+    BAND_GID,
+    BROKEN_GID,
+    GEN_GID,
+    LIMIT_GID,
+    SHAPE_GID,
+    plot_breakdown,
+    plot_cost_vs_k,
+    plot_heatmap,
+    plot_tradeoff,
+)
+from model.sweeping.engine import SweepPoint, planner_totals
 from solvers.packers import PACKERS
 
 COSTS = {"mip": [110.0, 100.0, 100.0], "baseline": [900.0, 800.0, 700.0], "pow2": [130.0, 120.0, 115.0],

@@ -8,10 +8,15 @@ import re
 import pytest
 from sweep_helpers import PNG_SIGNATURE, grid_rows, row, tiny_problem, write_scenario
 
-from model.histogram import build_histogram
-from model.report_doc import binding_paragraph, input_summary, recommendation_paragraphs, write_report
+from model.histogram.cells import build_histogram
+from model.report.document import (
+    binding_paragraph,
+    input_summary,
+    recommendation_paragraphs,
+    write_report,
+)
 from model.sweep import main
-from model.sweep_core import SweepResult, SweepSettings, recommend
+from model.sweeping.engine import SweepResult, SweepSettings, recommend
 
 COSTS = {"mip": [110.0, 100.0, 100.0], "greedy": [120.0, 125.0, 125.0], "pow2": [300.0, 200.0, 150.0]}
 

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from helpers import evaluated, problem
+
 from model import evaluate, solve
 from model.cli_common import run_main
-from model.planner import plan_mip
+from model.load.synth import CHAT, SHORT, bucket_arrays, requests_jsonl
+from model.planning.mip import plan_mip
 from model.schema import Bucket, Limits, Problem
 from model.solve import DEFAULT_SCENARIO, run_solver
-from model.synth import CHAT, SHORT, bucket_arrays, requests_jsonl
 from solvers.backends import highs
 from solvers.packers import PACKERS
 

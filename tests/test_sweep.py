@@ -12,8 +12,19 @@ from sweep_helpers import grid_rows, tiny_problem, write_scenario
 from model.errors import InputError
 from model.schema import Limits
 from model.sweep import main, parse_solvers
-from model.sweep_core import (SweepPoint, SweepRow, check_sweep_limit, parse_factors, parse_ks, point_problem,
-                              read_csv, recommend, run_sweep, sweep_points, write_csv)
+from model.sweeping.engine import (
+    SweepPoint,
+    SweepRow,
+    check_sweep_limit,
+    parse_factors,
+    parse_ks,
+    point_problem,
+    read_csv,
+    recommend,
+    run_sweep,
+    sweep_points,
+    write_csv,
+)
 
 SOLVERS = "mip,baseline,greedy"
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from model.costs import member_latencies, plan_metrics
+from model.cost.metrics import member_latencies, plan_metrics
 
 PROMPT = [51, 100, 64, 130, 700]
 GEN = [19, 53, 16, 20, 300]

@@ -15,7 +15,7 @@ import time
 import numpy as np
 from ortools.sat.python import cp_model
 
-from model.formulation import MipArrays
+from model.formulation.arrays import MipArrays
 from solvers.backends.result import BackendResult, SolveOptions
 
 NAME = "cpsat"

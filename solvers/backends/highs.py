@@ -13,7 +13,7 @@ import time
 import highspy
 import numpy as np
 
-from model.formulation import MipArrays
+from model.formulation.arrays import MipArrays
 from solvers.backends.result import BackendResult, SolveOptions
 
 NAME = "highs"

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pulp
 
-from model.formulation import MipArrays
+from model.formulation.arrays import MipArrays
 from solvers.backends.result import BackendResult, SolveOptions
 
 NAME = "pulp"

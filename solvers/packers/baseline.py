@@ -11,7 +11,7 @@ latency.  It is here to show what ignoring gen_len costs.
 
 from __future__ import annotations
 
-from model.costs import align
+from model.cost.common import align
 from model.schema import Batching, Problem
 from solvers.packers.grouping import group_batching
 from solvers.packers.shapecap import cap_shapes

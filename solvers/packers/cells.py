@@ -10,7 +10,7 @@ It is also the starting point of ``greedy``.
 
 from __future__ import annotations
 
-from model.costs import align
+from model.cost.common import align
 from model.schema import Batching, Problem
 from solvers.packers.grouping import group_batching
 from solvers.packers.shapecap import cap_shapes

@@ -44,9 +44,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.costs import CostParams, allowed_above, decode_cost, member_latency
+from model.cost.analytic import CostParams, decode_cost, member_latency
+from model.cost.common import allowed_above
 from model.errors import InfeasibleError
-from model.expand import batch_extents
+from model.expand.assemble import batch_extents
 from model.schema import Batching, Bucket, Limits, Problem
 from solvers.packers.cells import pack as pack_cells
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from model.costs import align
+from model.cost.common import align
 from model.schema import Batching, Bucket
 
 

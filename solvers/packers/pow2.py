@@ -12,7 +12,7 @@ representatives by rounding up (``shapecap``), and the cut uses the capped shape
 
 from __future__ import annotations
 
-from model.costs import align
+from model.cost.common import align
 from model.schema import Batching, Problem
 from solvers.packers.grouping import gen_bucket, group_batching, pow2_ceil
 from solvers.packers.shapecap import cap_shapes

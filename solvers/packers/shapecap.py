@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from model.costs import align
+from model.cost.common import align
 from model.errors import InfeasibleError
 from model.schema import Problem
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.costs import align
+from model.cost.common import align
 from model.schema import Batching, Problem
 from solvers.packers.grouping import group_batching
 from solvers.packers.shapecap import cap_shapes

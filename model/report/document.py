@@ -17,13 +17,28 @@ from pathlib import Path
 
 import numpy as np
 
-from model.histogram import Histogram
-from model.plots import plot_breakdown, plot_cost_vs_k, plot_heatmap, plot_tradeoff
-from model.report import fmt
+from model.evaluation.validate import LimitCheck
+from model.histogram.cells import Histogram
+from model.report.plots import (
+    plot_breakdown,
+    plot_cost_vs_k,
+    plot_heatmap,
+    plot_tradeoff,
+)
+from model.report.tables import fmt
 from model.schema import Limits, Problem
-from model.sweep_core import (MIP, PlannerTotal, Recommendation, SweepPoint, SweepResult, SweepRow, SweepSettings,
-                              base_factor, planner_totals, recommend)
-from model.validate import LimitCheck
+from model.sweeping.engine import (
+    MIP,
+    PlannerTotal,
+    Recommendation,
+    SweepPoint,
+    SweepResult,
+    SweepRow,
+    SweepSettings,
+    base_factor,
+    planner_totals,
+    recommend,
+)
 
 QUANTILES = (("min", 0.0), ("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
 

@@ -15,12 +15,24 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from model.boxes import BucketModel, Grid, box_unit_cost, bucket_model, candidate_grid
 from model.errors import InfeasibleError
-from model.formulation import MipArrays, Restriction
-from model.histogram import Histogram, gen_min_of
-from model.pricing import Bound, Duals, duals_from_lp, lagrangian_bound, shape_cap_dual
-from model.search import MIN_CALL_S, Space, grow
+from model.formulation.arrays import MipArrays, Restriction
+from model.formulation.boxes import (
+    BucketModel,
+    Grid,
+    box_unit_cost,
+    bucket_model,
+    candidate_grid,
+)
+from model.formulation.pricing import (
+    Bound,
+    Duals,
+    duals_from_lp,
+    lagrangian_bound,
+    shape_cap_dual,
+)
+from model.histogram.cells import Histogram, gen_min_of
+from model.planning.search import MIN_CALL_S, Space, grow
 from solvers.backends import get_backend
 from solvers.backends.result import BackendResult, SolveOptions
 

@@ -22,8 +22,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.boxes import BucketModel, Grid, arc_pad, arc_violates, box_fixed, box_unit_cost, shape_compile
-from model.formulation import MipArrays
+from model.formulation.arrays import MipArrays
+from model.formulation.boxes import (
+    BucketModel,
+    Grid,
+    arc_pad,
+    arc_violates,
+    box_fixed,
+    box_unit_cost,
+    shape_compile,
+)
 
 CHUNK = 4_000_000  # matrix entries per pricing chunk (memory: a few arrays of this many floats)
 

@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from model.boxes import (BucketModel, Grid, arc_pad, arc_violates, box_fixed, box_unit_cost, shape_compile)
+from model.formulation.boxes import (
+    BucketModel,
+    Grid,
+    arc_pad,
+    arc_violates,
+    box_fixed,
+    box_unit_cost,
+    shape_compile,
+)
 
 # Cost per unit of violation of each limit while columns are generated: far above what
 # any decision saves per unit (a pad token costs ~1e7 of decode at most, a ms of

@@ -12,7 +12,8 @@ import time
 
 import numpy as np
 
-from model.costs import align, allowed_above, compile_cost, decode_cost, member_latency, p95_rank, prefill_cost
+from model.cost.analytic import compile_cost, decode_cost, member_latency, prefill_cost
+from model.cost.common import align, allowed_above, p95_rank
 from model.schema import Bucket, Limits, Problem
 
 FIELDS = {"cost": "max_cost", "pad_ratio": "max_pad_ratio", "p95_latency_ms": "max_p95_latency_ms",
@@ -65,8 +66,8 @@ def explain_infeasible(problem: Problem, deadline_s: float = 30.0) -> str:
 
 def conflicting_pairs(problem: Problem, deadline: float) -> list[str]:
     """Pairs of one bucket's limits for which the planner's search finds no plan."""
-    from model.histogram import build_histogram
-    from model.planner import greedy_plan, search, shape_setup
+    from model.histogram.cells import build_histogram
+    from model.planning.mip import greedy_plan, search, shape_setup
     from solvers.backends import get_backend
 
     solver = get_backend("highs")

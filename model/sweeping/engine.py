@@ -28,12 +28,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from model.compare import failures
 from model.errors import InfeasibleError, InputError
-from model.scenario import LIMIT_KEYS
+from model.evaluation.validate import BucketResult, Violation, evaluate_plans
+from model.load.scenario import LIMIT_KEYS
+from model.report.compare import failures
 from model.schema import Batching, Limits, Planned, Problem, SolveReport
 from model.solve import plans_of, run_solver
-from model.validate import BucketResult, Violation, evaluate_plans
 
 MIP = "mip"
 

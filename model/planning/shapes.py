@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.boxes import BucketModel, box_unit_cost, shape_compile
+from model.formulation.boxes import BucketModel, box_unit_cost, shape_compile
 
 
 @dataclass(frozen=True)

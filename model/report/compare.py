@@ -9,10 +9,10 @@ directly comparable, and a packer that cannot plan says why instead of a row.
 from __future__ import annotations
 
 from model.errors import InfeasibleError
-from model.report import fmt
+from model.evaluation.validate import BucketResult, Violation, evaluate_plans
+from model.report.tables import fmt
 from model.schema import Problem
 from model.solve import plans_of, run_solver
-from model.validate import BucketResult, Violation, evaluate_plans
 from solvers.packers import PACKERS
 
 HEADER = f"  {'planner':<18}{'cost':>12}{'ratio':>8}{'pad':>8}{'p95 ms':>12}{'seq ms':>12}  limits met"

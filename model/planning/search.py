@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.boxes import BucketModel, Grid
-from model.formulation import MipArrays, Restriction, build_model, restriction
-from model.pricing import Duals, box_arcs, box_values
+from model.formulation.arrays import MipArrays, Restriction, build_model, restriction
+from model.formulation.boxes import BucketModel, Grid
+from model.formulation.pricing import Duals, box_arcs, box_values
 from model.schema import Batching, Problem
 from solvers.backends.result import BackendResult, SolveOptions
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.costs import CostParams, Mode, align, decode_latency, prefill_latency
+from model.cost.analytic import CostParams, decode_latency, prefill_latency
+from model.cost.common import Mode, align
 from model.schema import Batching, Bucket, Limits, Plan
 
 

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from model.costs import GRANULARITY, HEADS, HIDDEN
+from model.cost.common import GRANULARITY, HEADS, HIDDEN
 from model.errors import InputError
-from model.load import line_numbers
+from model.load.requests import line_numbers
 from model.schema import Plan
 
 SHAPE_KEYS = ("seq_align", "heads_align", "hidden_align")

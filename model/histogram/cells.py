@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.costs import align
+from model.cost.common import align
 from model.schema import Bucket
 
 log = logging.getLogger("shapeplan")

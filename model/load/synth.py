@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.plan_io import concat_strings, int_strings, joined_text, json_strings
+from model.load.plans import concat_strings, int_strings, joined_text, json_strings
 
 
 @dataclass(frozen=True)

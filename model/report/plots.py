@@ -15,10 +15,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
-from model.expand import batch_extents
-from model.histogram import Histogram
+from model.expand.assemble import batch_extents
+from model.histogram.cells import Histogram
 from model.schema import Batching, Problem
-from model.sweep_core import MIP, PlannerTotal, SweepPoint, SweepRow, base_factor
+from model.sweeping.engine import MIP, PlannerTotal, SweepPoint, SweepRow, base_factor
 
 DPI = 100
 BAND_GID = "mip-bound-band"

@@ -15,9 +15,10 @@ import re
 import tomllib
 from pathlib import Path
 
-from model.costs import MODES, CostParams
+from model.cost.analytic import CostParams
+from model.cost.common import MODES
 from model.errors import InputError
-from model.load import PRESETS, Columns, load_requests
+from model.load.requests import PRESETS, Columns, load_requests
 from model.schema import Limits, Scenario
 
 TOP_KEYS = {"max_shapes", "mode", "max_seq_len", "max_batch_size", "cost_model", "bucket", "name", "description"}

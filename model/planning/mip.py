@@ -24,18 +24,29 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from model.boxes import BucketModel, bucket_model, candidate_grid
-from model.colgen import exact_bound, generate
-from model.costs import compile_cost, member_latency, plan_metrics
-from model.diagnose import explain_infeasible
+from model.cost.analytic import compile_cost, member_latency
+from model.cost.metrics import plan_metrics
 from model.errors import InfeasibleError
-from model.expand import assemble, box_of_requests
-from model.histogram import Histogram, build_histogram, gen_min_of
+from model.evaluation.validate import limit_checks, plan_rows
+from model.expand.assemble import assemble, box_of_requests
+from model.formulation.boxes import BucketModel, bucket_model, candidate_grid
+from model.histogram.cells import Histogram, build_histogram, gen_min_of
+from model.planning.colgen import exact_bound, generate
+from model.planning.diagnose import explain_infeasible
+from model.planning.search import (
+    FULL_ARCS,
+    Space,
+    assignment_from_batching,
+    full_restriction,
+    full_size,
+    merge,
+    prune,
+    seed_restriction,
+    solve_restricted,
+    support,
+)
+from model.planning.shapes import choose_shapes
 from model.schema import Batching, Planned, Problem, SolveReport
-from model.search import (FULL_ARCS, Space, assignment_from_batching, full_restriction, full_size, merge, prune,
-                          seed_restriction, solve_restricted, support)
-from model.shapes import choose_shapes
-from model.validate import limit_checks, plan_rows
 from solvers.backends import get_backend
 from solvers.packers.grouping import group_batching
 

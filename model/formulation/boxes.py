@@ -12,9 +12,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.costs import (CostParams, Mode, allowed_above, compile_cost, decode_cost, member_latency,
-                         prefill_cost)
-from model.histogram import Histogram
+from model.cost.analytic import (
+    CostParams,
+    compile_cost,
+    decode_cost,
+    member_latency,
+    prefill_cost,
+)
+from model.cost.common import Mode, allowed_above
+from model.histogram.cells import Histogram
 from model.schema import Limits
 
 

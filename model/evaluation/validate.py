@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from model.costs import Metrics, align, batch_index, plan_metrics
+from model.cost.common import align
+from model.cost.metrics import Metrics, batch_index, plan_metrics
 from model.schema import Bucket, Limits, Plan, Problem
 
 
