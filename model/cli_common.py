@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from model.cost.analytic import CostParams
-from model.cost.common import MODES
+from model.cost.common import GRANULARITY, MODES
 from model.errors import InfeasibleError, InputError
-from model.load.requests import Columns, load_requests
-from model.load.scenario import load_scenario
-from model.schema import Bucket, Limits, Problem, Scenario
+from model.pipeline import InputSpec, load_problem
+from model.schema import LIMIT_KEYS, Limits, Problem, Scenario
 
 
 def add_input_args(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +36,7 @@ def add_limit_args(parser: argparse.ArgumentParser) -> None:
 def cli_limits(args: argparse.Namespace) -> Limits:
     """Limits from flags; a negative one is an input error."""
     values = {}
-    for key in ("max_cost", "max_pad_ratio", "max_p95_latency_ms", "max_sequential_ms"):
+    for key in LIMIT_KEYS:
         v = getattr(args, key, None)
         if v is not None:
             if not v >= 0:
@@ -49,65 +47,22 @@ def cli_limits(args: argparse.Namespace) -> Limits:
 
 def build_problem(args: argparse.Namespace, files: list[Path], default_scenario: Path | None = None,
                   limits: Limits | None = None) -> tuple[Problem, Scenario | None]:
-    """The Problem described by --scenario, by request files, or by the embedded default.
+    """The Problem the parsed arguments describe (see ``pipeline.load_problem``).
 
     Limit flags (``limits``, by default read from ``args``) apply to every bucket; with
-    a scenario they override its limits one by one, so ``--max-cost`` tightens a
-    scenario without silently being ignored.
+    a scenario they override its limits one by one.
     """
     params = CostParams.from_toml(args.cost_params) if args.cost_params else None
     if args.limit_shapes is not None and args.limit_shapes < 1:
         raise InputError("--limit-shapes", None, None, f"must be a positive integer, got {args.limit_shapes}")
-    if args.max_seq_len is not None and (args.max_seq_len < 64 or args.max_seq_len % 64):
-        raise InputError("--max-seq-len", None, None, f"must be a positive multiple of 64, got {args.max_seq_len}")
-    limits = limits if limits is not None else cli_limits(args)
-    scenario = None
-    if args.scenario is not None or (not files and default_scenario is not None):
-        scenario = load_scenario(args.scenario or default_scenario)
-        problem = scenario.problem(max_shapes=args.limit_shapes, params=params, mode=args.cost_model,
-                                   max_batch_size=getattr(args, "max_batch_size", None),
-                                   max_seq_len=args.max_seq_len,
-                                   limits=tuple(overridden(lim, limits) for lim in scenario.limits))
-    else:
-        if not files:
-            raise InputError("<command line>", None, None, "no input: give request files or --scenario")
-        columns = Columns.parse(args.columns) if args.columns else None
-        buckets = tuple(load_requests(f, None, columns, args.format) for f in files)
-        check_unique_names(buckets)
-        problem = Problem(buckets=buckets, limits=tuple(limits for _ in buckets),
-                          max_shapes=args.limit_shapes or 8, params=params or CostParams(),
-                          mode=args.cost_model or "reference",
-                          max_batch_size=getattr(args, "max_batch_size", None), max_seq_len=args.max_seq_len)
-    check_seq_len(problem)
-    return problem, scenario
-
-
-def overridden(base: Limits, flags: Limits) -> Limits:
-    """base with every limit that flags sets replaced by the flag's value."""
-    return replace(base, **{k: v for k, v in vars(flags).items() if v is not None})
-
-
-def check_unique_names(buckets: tuple[Bucket, ...]) -> None:
-    """Bucket names come from file names and name the plan files, so two must not collide."""
-    seen: dict[str, str] = {}
-    for b in buckets:
-        if b.name in seen:
-            raise InputError(b.source, None, None,
-                             f"bucket name {b.name!r} is also the name of {seen[b.name]}; "
-                             "bucket names come from file names and must differ")
-        seen[b.name] = b.source
-
-
-def check_seq_len(problem: Problem) -> None:
-    """A prompt longer than the largest allowed shape can never be planned: name it."""
-    if problem.max_seq_len is None:
-        return
-    for b in problem.buckets:
-        over = b.prompt_len > problem.max_seq_len
-        if over.any():
-            k = int(over.argmax())
-            raise InputError(b.source, int(b.lines[k]), "prompt_len",
-                             f"{int(b.prompt_len[k])} is longer than the largest allowed shape {problem.max_seq_len}")
+    if args.max_seq_len is not None and (args.max_seq_len < GRANULARITY or args.max_seq_len % GRANULARITY):
+        raise InputError("--max-seq-len", None, None,
+                         f"must be a positive multiple of {GRANULARITY}, got {args.max_seq_len}")
+    spec = InputSpec(files=tuple(files), scenario=args.scenario, columns=args.columns, fmt=args.format,
+                     limits=limits if limits is not None else cli_limits(args), max_shapes=args.limit_shapes,
+                     params=params, mode=args.cost_model, max_batch_size=getattr(args, "max_batch_size", None),
+                     max_seq_len=args.max_seq_len)
+    return load_problem(spec, default_scenario)
 
 
 def run_main(main) -> None:

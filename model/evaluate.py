@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from model import pipeline
 from model.cli_common import (
     add_input_args,
     add_limit_args,
@@ -23,11 +24,6 @@ from model.errors import InputError
 from model.evaluation.validate import evaluate_plans
 from model.load.plans import read_plan
 from model.report.tables import bucket_table, verdict
-
-
-def plan_path(plans_dir: Path, bucket_name: str) -> Path:
-    """Where a scenario's plan for a bucket lives."""
-    return plans_dir / f"plan_{bucket_name}.jsonl"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.plans is None:
             raise InputError("<command line>", None, None, "--scenario needs --plans DIR")
         problem, _ = build_problem(args, [])
-        plan_files = [plan_path(args.plans, b.name) for b in problem.buckets]
+        plan_files = [pipeline.plan_path(args.plans, b.name) for b in problem.buckets]
     else:
         if not args.pairs or len(args.pairs) % 2:
             raise InputError("<command line>", None, None, "expected REQUESTS PLAN pairs (an even number of paths)")
@@ -52,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     plans = tuple(read_plan(f) for f in plan_files)
     results, global_problems = evaluate_plans(problem, plans)
     print(f"cost model: {problem.mode}; shape cap K = {problem.max_shapes} per bucket and across all buckets")
-    for result, f in zip(results, plan_files):
+    for result, f in zip(results, plan_files, strict=True):
         print(bucket_table(result, {"plan": str(f)}))
     print(verdict(results, global_problems))
     return 0 if all(r.ok for r in results) and not global_problems else 1

@@ -1,14 +1,15 @@
-"""Frozen records that flow through the pipeline: load -> histogram -> model -> solve -> expand -> evaluate -> report."""
+"""Frozen records that flow through the pipeline: load -> histogram -> model -> solve -> expand -> evaluate."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from model.cost.analytic import CostParams
 from model.cost.common import Mode
+from model.cost.metrics import Metrics
 
 
 @dataclass(frozen=True, eq=False)
@@ -30,24 +31,59 @@ class Bucket:
         return int(self.prompt_len.shape[0])
 
 
+# The one map between a limited metric and its limit's field name (scenario keys, flags, tables).
+LIMIT_FIELDS: dict[str, str] = {
+    "cost": "max_cost",
+    "pad_ratio": "max_pad_ratio",
+    "p95_latency_ms": "max_p95_latency_ms",
+    "sequential_ms": "max_sequential_ms",
+}
+LIMIT_KEYS: tuple[str, ...] = tuple(LIMIT_FIELDS.values())
+
+
 @dataclass(frozen=True)
 class Limits:
-    """Per-bucket limits, all "<=", each optional (None = unconstrained)."""
+    """Per-bucket limits, all "<=", each optional (None = unconstrained).
+
+    Owns the naming: a metric (``cost``) is limited by the field ``max_cost``; every
+    module that maps one to the other goes through ``field_of`` / ``metric_of``.
+    """
 
     max_cost: float | None = None
     max_pad_ratio: float | None = None
     max_p95_latency_ms: float | None = None
     max_sequential_ms: float | None = None
 
+    @staticmethod
+    def field_of(metric: str) -> str:
+        """The limit field that bounds a metric (``cost`` -> ``max_cost``)."""
+        return LIMIT_FIELDS[metric]
+
+    @staticmethod
+    def metric_of(field_name: str) -> str:
+        """The metric a limit field bounds (``max_cost`` -> ``cost``)."""
+        return next(m for m, f in LIMIT_FIELDS.items() if f == field_name)
+
+    @classmethod
+    def of_metrics(cls, values: dict[str, float]) -> Limits:
+        """Limits given by metric name ({"cost": 1e9} -> Limits(max_cost=1e9))."""
+        return cls(**{LIMIT_FIELDS[m]: v for m, v in values.items()})
+
+    def get(self, metric: str) -> float | None:
+        """The limit on a metric, or None."""
+        return getattr(self, LIMIT_FIELDS[metric])
+
+    def with_limit(self, metric: str, value: float | None) -> Limits:
+        """The same limits with one metric's limit replaced."""
+        return replace(self, **{LIMIT_FIELDS[metric]: value})
+
     def items(self) -> list[tuple[str, float]]:
         """The limits that are set, as (metric name, bound) pairs."""
-        pairs = [
-            ("cost", self.max_cost),
-            ("pad_ratio", self.max_pad_ratio),
-            ("p95_latency_ms", self.max_p95_latency_ms),
-            ("sequential_ms", self.max_sequential_ms),
-        ]
-        return [(k, v) for k, v in pairs if v is not None]
+        return [(m, getattr(self, f)) for m, f in LIMIT_FIELDS.items() if getattr(self, f) is not None]
+
+    def overridden_by(self, flags: Limits) -> Limits:
+        """These limits with every limit that ``flags`` sets replaced by the flag's value."""
+        return replace(self, **{f: getattr(flags, f) for f in LIMIT_FIELDS.values() if getattr(flags, f) is not None})
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,10 +98,9 @@ class Problem:
     max_batch_size: int | None = None
     max_seq_len: int | None = None
 
-    def with_shapes(self, k: int) -> "Problem":
+    def with_shapes(self, k: int) -> Problem:
         """The same problem under another shape cap (sweeps reuse loaded buckets)."""
-        return Problem(self.buckets, self.limits, k, self.params, self.mode,
-                       self.max_batch_size, self.max_seq_len)
+        return replace(self, max_shapes=k)
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,9 +172,78 @@ class SolveReport:
     notes: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule, with enough detail to find it."""
+
+    bucket: str
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.bucket}: {self.rule}: {self.message}"
+
+
+@dataclass(frozen=True)
+class LimitCheck:
+    """A metric against its limit; margin > 0 means room to spare, < 0 means broken."""
+
+    metric: str
+    value: float
+    limit: float
+
+    @property
+    def margin(self) -> float:
+        return self.limit - self.value
+
+    @property
+    def ok(self) -> bool:
+        return self.value <= self.limit
+
+
+@dataclass(frozen=True)
+class BucketResult:
+    """A validated and evaluated plan of one bucket."""
+
+    name: str
+    metrics: Metrics | None
+    checks: tuple[LimitCheck, ...]
+    violations: tuple[Violation, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and all(c.ok for c in self.checks)
+
+
+@dataclass(frozen=True, eq=False)
+class Evaluation:
+    """Every bucket's plan validated and judged, plus the rules that span buckets (the joint shape cap)."""
+
+    results: tuple[BucketResult, ...]
+    global_problems: tuple[Violation, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Every plan valid and within its limits, and the joint rules held."""
+        return not self.global_problems and all(r.ok for r in self.results)
+
+    @property
+    def total_cost(self) -> float | None:
+        """Sum of bucket costs, or None when some bucket has no evaluated plan."""
+        if any(r.metrics is None for r in self.results):
+            return None
+        return sum(r.metrics.cost for r in self.results)
+
+
 @dataclass(frozen=True, eq=False)
 class Planned:
-    """A planner's output: one batching per bucket plus its report."""
+    """A planner's output: one batching per bucket plus its report.
+
+    A planner that already expanded and judged its answer (the MIP does, to choose
+    among candidates) hands over ``plans`` and ``evaluation`` so nothing is built twice.
+    """
 
     batchings: tuple[Batching, ...]
     report: SolveReport
+    plans: tuple[Plan, ...] | None = None
+    evaluation: Evaluation | None = None

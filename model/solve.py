@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import time
 from pathlib import Path
 
+from model import pipeline
 from model.cli_common import (
     add_input_args,
     add_limit_args,
@@ -24,40 +24,10 @@ from model.cli_common import (
     run_main,
 )
 from model.errors import InputError
-from model.evaluate import plan_path
-from model.evaluation.validate import evaluate_plans
-from model.expand.assemble import assemble
-from model.load.plans import write_plans
+from model.report.compare import compare_table
 from model.report.tables import bucket_table, fmt, verdict
-from model.schema import Plan, Planned, Problem, SolveReport
-from solvers.packers import PACKERS
 
-DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "data" / "default" / "scenario.toml"
 log = logging.getLogger("shapeplan")
-
-
-def solver_names() -> list[str]:
-    return ["mip", *PACKERS]
-
-
-def run_solver(problem: Problem, name: str, backend: str = "highs", time_limit: float = 60.0) -> Planned:
-    """Run one planner by name and return its batchings with a typed report."""
-    if name == "mip":
-        from model.planning.mip import plan_mip
-
-        return plan_mip(problem, backend=backend, time_limit=time_limit)
-    if name not in PACKERS:
-        raise InputError("--solver", None, None, f"unknown solver {name!r} ({', '.join(solver_names())})")
-    t0 = time.perf_counter()
-    batchings = PACKERS[name](problem)
-    return Planned(batchings, SolveReport("heuristic", None, None, None, time.perf_counter() - t0,
-                                          f"packer:{name}", "1"))
-
-
-def plans_of(problem: Problem, planned: Planned) -> tuple[Plan, ...]:
-    """Expand every bucket's batching into a concrete plan."""
-    return tuple(assemble(b, bt, problem.params, problem.mode, lim)
-                 for b, bt, lim in zip(problem.buckets, planned.batchings, problem.limits))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each")
     add_input_args(parser)
     add_limit_args(parser)
-    parser.add_argument("--solver", default="mip", help=f"planner: {', '.join(solver_names())}")
+    parser.add_argument("--solver", default="mip", help=f"planner: {', '.join(pipeline.solver_names())}")
     parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds for the MIP (default 60)")
     parser.add_argument("--max-batch-size", type=int, default=None, help="at most this many requests per batch")
@@ -77,16 +47,13 @@ def main(argv: list[str] | None = None) -> int:
                         format="[%(relativeCreated)6.0f ms] %(message)s")
     if args.max_batch_size is not None and args.max_batch_size < 1:
         raise InputError("--max-batch-size", None, None, f"must be a positive integer, got {args.max_batch_size}")
-    problem, scenario = build_problem(args, args.requests, DEFAULT_SCENARIO, cli_limits(args))
+    problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO, cli_limits(args))
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
     print(f"input: {source}; {len(problem.buckets)} buckets, "
           f"{sum(len(b) for b in problem.buckets)} requests; K = {problem.max_shapes}; cost model {problem.mode}")
-    t0 = time.perf_counter()
-    planned = run_solver(problem, args.solver, args.backend, args.time_limit)
-    plans = plans_of(problem, planned)
-    results, global_problems = evaluate_plans(problem, plans)
-    elapsed = time.perf_counter() - t0
-    rep = planned.report
+    run = pipeline.run(problem, args.solver, args.backend, args.time_limit)
+    results = run.evaluation.results
+    rep = run.planned.report
     for i, result in enumerate(results):
         extra = {"solver": f"{args.solver} ({rep.backend} {rep.version}), status {rep.status}"}
         if rep.bucket_bounds is not None:
@@ -94,29 +61,24 @@ def main(argv: list[str] | None = None) -> int:
             gap = (result.metrics.cost - lb) / result.metrics.cost if result.metrics else None
             extra["lower bound"] = f"{fmt(lb)} (gap {gap:.3%})" if gap is not None else fmt(lb)
         print(bucket_table(result, extra))
+    total = sum(r.metrics.cost for r in results if r.metrics)
     if rep.bound is not None and rep.objective is not None:
-        print(f"total: cost {fmt(sum(r.metrics.cost for r in results if r.metrics))}, "
-              f"lower bound {fmt(rep.bound)}, gap {rep.gap:.3%}, time {elapsed:.1f} s")
+        print(f"total: cost {fmt(total)}, lower bound {fmt(rep.bound)}, gap {rep.gap:.3%}, time {run.wall_s:.1f} s")
     else:
-        print(f"total: cost {fmt(sum(r.metrics.cost for r in results if r.metrics))}, time {elapsed:.1f} s")
+        print(f"total: cost {fmt(total)}, time {run.wall_s:.1f} s")
     for note in rep.notes:
         print(f"note: {note}")
     if args.compare:
-        print_comparison(problem, results, args)
-    print(verdict(results, global_problems))
-    if not all(r.ok for r in results) or global_problems:
+        others = {name: pipeline.compare_run(problem, name) for name in pipeline.solver_names()[1:]
+                  if name != args.solver}
+        print(compare_table(results, args.solver, others))
+    print(verdict(list(results), list(run.evaluation.global_problems)))
+    if not run.evaluation.ok:
         print("nothing written")
         return 1
-    write_plans({plan_path(args.out, b.name): p for b, p in zip(problem.buckets, plans)})
-    print(f"wrote {', '.join(str(plan_path(args.out, b.name)) for b in problem.buckets)}")
+    paths = pipeline.write(args.out, problem, run.plans)
+    print(f"wrote {', '.join(map(str, paths))}")
     return 0
-
-
-def print_comparison(problem: Problem, results, args) -> None:
-    """Every heuristic packer on the same input, beside the chosen planner."""
-    from model.report.compare import compare_table
-
-    print(compare_table(problem, results, args.solver))
 
 
 def entry() -> None:

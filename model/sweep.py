@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from model import pipeline
 from model.cli_common import add_input_args, add_limit_args, build_problem, run_main
 from model.errors import InputError
 from model.histogram.cells import build_histogram
@@ -29,26 +30,17 @@ from model.report.document import (
     to_text,
     write_report,
 )
-from model.solve import DEFAULT_SCENARIO, solver_names
-from model.sweeping.engine import (
-    SweepSettings,
-    base_factor,
-    check_sweep_limit,
-    parse_factors,
-    parse_ks,
-    planner_totals,
-    recommend,
-    run_sweep,
-    sweep_points,
-    write_csv,
-)
+from model.sweeping.engine import run_sweep
+from model.sweeping.grid import SweepSettings, base_factor, check_sweep_limit, parse_factors, parse_ks, sweep_points
+from model.sweeping.recommend import recommend
+from model.sweeping.table import planner_totals, write_csv
 
 log = logging.getLogger("shapeplan")
 
 
 def parse_solvers(spec: str | None) -> tuple[str, ...]:
     """``--solvers``: a comma list of planner names (default: the MIP and every packer), in registry order."""
-    known = solver_names()
+    known = pipeline.solver_names()
     if spec is None:
         return tuple(known)
     wanted = [s.strip() for s in spec.split(",") if s.strip()]
@@ -68,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--k", help="shape caps to sweep, e.g. 1-16 or 2,4,8 (default 1-16, or --limit-shapes)")
     parser.add_argument("--sweep-limit", choices=LIMIT_KEYS, help="also sweep this limit, scaled by --factors")
     parser.add_argument("--factors", default="0.8,0.9,1.0,1.1", help="scale factors for --sweep-limit")
-    parser.add_argument("--solvers", help=f"comma list of planners (default all: {', '.join(solver_names())})")
+    parser.add_argument("--solvers", help=f"comma list of planners (default all: {', '.join(pipeline.solver_names())})")
     parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
     parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per MIP solve (default 20)")
     parser.add_argument("--max-batch-size", type=int, default=None, help="at most this many requests per batch")
@@ -88,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         raise InputError("--time-limit", None, None, f"must be positive, got {args.time_limit}")
     if args.max_batch_size is not None and args.max_batch_size < 1:
         raise InputError("--max-batch-size", None, None, f"must be a positive integer, got {args.max_batch_size}")
-    problem, scenario = build_problem(args, args.requests, DEFAULT_SCENARIO)
+    problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO)
     ks = parse_ks(args.k) if args.k else (args.limit_shapes,) if args.limit_shapes else tuple(range(1, 17))
     factors = parse_factors(args.factors) if args.sweep_limit else (1.0,)
     if args.sweep_limit:

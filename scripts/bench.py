@@ -38,6 +38,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from model import pipeline
 from model.evaluation.validate import evaluate_plans
 from model.histogram.cells import build_histogram
 from model.load.plans import write_plans
@@ -45,8 +46,9 @@ from model.load.requests import Columns, load_requests
 from model.load.scenario import load_scenario
 from model.load.synth import CHAT, draw, requests_jsonl
 from model.schema import Limits, Problem
-from model.solve import plans_of, run_solver, solver_names
-from model.sweeping.engine import PlannerTotal, SweepPoint, planner_totals, solve_point
+from model.sweeping.engine import solve_point
+from model.sweeping.grid import SweepPoint
+from model.sweeping.table import PlannerTotal, planner_totals
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"  # beside the repository, as the workloads README says
@@ -85,7 +87,7 @@ def trace_problem(shared: Path) -> Problem:
 
 def quality_rows(problem: Problem, time_limit: float) -> list[PlannerTotal]:
     """All planners at the problem's own K, totals over its buckets."""
-    rows, _ = solve_point(problem, SweepPoint(1.0, problem.max_shapes), solver_names(), time_limit=time_limit)
+    rows, _ = solve_point(problem, SweepPoint(1.0, problem.max_shapes), pipeline.solver_names(), time_limit=time_limit)
     return planner_totals(rows)
 
 
@@ -156,8 +158,8 @@ def scale_run(n: int, folder: Path, seed: int, time_limit: float) -> list[Stage]
     bucket, load = measured(n, "load", lambda: load_requests(source, "synthetic"))
     problem = Problem((bucket,), (Limits(),), 8)
     _, aggregate = measured(n, "aggregate", lambda: build_histogram(bucket))
-    planned, solve = measured(n, "solve", lambda: run_solver(problem, "mip", time_limit=time_limit))
-    plans, expand = measured(n, "expand", lambda: plans_of(problem, planned))
+    planned, solve = measured(n, "solve", lambda: pipeline.plan(problem, "mip", time_limit=time_limit))
+    plans, expand = measured(n, "expand", lambda: pipeline.expand(problem, planned))
     (results, _), evaluate = measured(n, "evaluate", lambda: evaluate_plans(problem, plans))
     _, write = measured(n, "write", lambda: write_plans({folder / f"plan_{n}.jsonl": plans[0]}))
     ok = all(r.ok for r in results)

@@ -124,12 +124,12 @@ def generate(out: Path, seed: int = SEED) -> list[tuple[str, str, dict[str, floa
 
 def greedy_meets_limits(scenario: Path) -> bool:
     """Whether the greedy packer's plan meets every limit (the twins' feasibility witness)."""
+    from model import pipeline
     from model.evaluation.validate import evaluate_plans
     from model.load.scenario import load_scenario
-    from model.solve import plans_of, run_solver
 
     problem = load_scenario(scenario).problem()
-    results, global_problems = evaluate_plans(problem, plans_of(problem, run_solver(problem, "greedy")))
+    results, global_problems = evaluate_plans(problem, pipeline.expand(problem, pipeline.plan(problem, "greedy")))
     for r in results:
         for c in r.checks:
             print(f"  greedy {r.name:<6} {c.metric:<15} {c.value:14.6g} <= {c.limit:<12.6g} {'ok' if c.ok else 'NO'}")

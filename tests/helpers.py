@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from model import pipeline
 from model.cost.analytic import compile_cost
 from model.cost.common import align
 from model.cost.metrics import Metrics, plan_metrics
@@ -20,7 +21,6 @@ from model.formulation.arrays import MipArrays, Restriction, build_model, restri
 from model.formulation.boxes import BucketModel, bucket_model, candidate_grid
 from model.histogram.cells import build_histogram
 from model.schema import Batching, Bucket, Limits, Planned, Problem, SolveReport
-from model.solve import plans_of
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "workloads"
@@ -45,7 +45,7 @@ def planned(batchings: tuple[Batching, ...]) -> Planned:
 
 def evaluated(prob: Problem, plan: Planned) -> list[BucketResult]:
     """The evaluator's verdict on a planner's output after the real expansion; no cross-bucket problem allowed."""
-    results, global_problems = evaluate_plans(prob, plans_of(prob, plan))
+    results, global_problems = evaluate_plans(prob, pipeline.expand(prob, plan))
     assert not global_problems, global_problems
     return results
 
@@ -53,7 +53,7 @@ def evaluated(prob: Problem, plan: Planned) -> list[BucketResult]:
 def check_valid(prob: Problem, batchings: tuple[Batching, ...]) -> list[BucketResult]:
     """The Batching contract, then the evaluator's rules: no violation, at most K shapes jointly."""
     assert len(batchings) == len(prob.buckets)
-    for b, bt in zip(prob.buckets, batchings):
+    for b, bt in zip(prob.buckets, batchings, strict=True):
         nb = len(bt.shape_of)
         assert sorted(set(bt.batch_of.tolist())) == list(range(nb)), "batches 0..nb-1, each non-empty"
         assert (bt.shape_of % 64 == 0).all() and (bt.shape_of[bt.batch_of] >= align(b.prompt_len)).all()
@@ -106,7 +106,7 @@ def full_model(prob: Problem) -> FullModel:
     No gen coarsening, so each cell's smallest gen is its gen.
     """
     hists = [build_histogram(b) for b in prob.buckets]
-    bms = [bucket_model(h, h.G, lim, prob.params, prob.mode) for h, lim in zip(hists, prob.limits)]
+    bms = [bucket_model(h, h.G, lim, prob.params, prob.mode) for h, lim in zip(hists, prob.limits, strict=True)]
     shapes, ref = None, None
     if prob.mode == "strict":
         shapes = np.unique(np.concatenate([h.S for h in hists]))
@@ -114,7 +114,7 @@ def full_model(prob: Problem) -> FullModel:
             shapes = shapes[shapes <= prob.max_seq_len]
     else:
         ref = one_shape_per_bucket(prob)
-        bms = [replace(bm, const_cost=bm.const_cost + float(compile_cost(s, prob.params))) for bm, s in zip(bms, ref)]
+        bms = [replace(bm, const_cost=bm.const_cost + float(compile_cost(s, prob.params))) for bm, s in zip(bms, ref, strict=True)]
     res = []
     for bm in bms:
         grid = candidate_grid(bm, shapes)
@@ -154,7 +154,7 @@ class Layout:
         recipients = recipients or {}
         chosen = set(recipients.values())
         rows, ids, seq = [], [], []
-        for i, (blk, s) in enumerate(zip(self.blocks, self.shapes)):
+        for i, (blk, s) in enumerate(zip(self.blocks, self.shapes, strict=True)):
             lead = [r for r in blk if r in chosen]
             rank = 0 if lead else 1
             for r in lead + [r for r in blk if r not in chosen]:
@@ -188,10 +188,10 @@ def meets_limits(b: Bucket, lay: Layout, prob: Problem, limits: Limits) -> bool:
     if limits.max_p95_latency_ms is None and limits.max_sequential_ms is None:
         return all(c.ok for c in limit_checks(layout_metrics(b, lay, prob), limits))
     by_shape: dict[int, list[int]] = {}
-    for blk, s in zip(lay.blocks, lay.shapes):
+    for blk, s in zip(lay.blocks, lay.shapes, strict=True):
         by_shape.setdefault(s, []).extend(blk)
     for pick in itertools.product(*by_shape.values()):
-        m = layout_metrics(b, lay, prob, dict(zip(by_shape, pick)))
+        m = layout_metrics(b, lay, prob, dict(zip(by_shape, pick, strict=True)))
         if all(c.ok for c in limit_checks(m, limits)):
             return True
     return False
@@ -203,7 +203,7 @@ class Optimum:
     layouts: tuple[Layout, ...] | None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ranked_layouts(prompts: tuple[int, ...], gens: tuple[int, ...], values: tuple[int, ...], k: int,
                     max_batch: int | None, mode: str, params) -> tuple[tuple[float, Layout], ...]:
     """Every layout of one bucket with its cost, cheapest first (limits aside, so reusable across limits)."""
@@ -232,7 +232,7 @@ def brute_force(prob: Problem) -> Optimum:
         if len(set().union(*(set(lay.shapes) for _, lay in combo))) > prob.max_shapes:
             continue
         ok = True
-        for i, ((_, lay), b, lim) in enumerate(zip(combo, prob.buckets, prob.limits)):
+        for i, ((_, lay), b, lim) in enumerate(zip(combo, prob.buckets, prob.limits, strict=True)):
             if (i, lay) not in feasible:
                 feasible[(i, lay)] = meets_limits(b, lay, prob, lim)
             ok = ok and feasible[(i, lay)]

@@ -32,7 +32,7 @@ def write_scenario(folder: Path, limits: dict[str, float] | None = None, n: int 
     for b in tiny_problem(n=n).buckets:
         (folder / f"{b.name}.jsonl").write_text("".join(
             f'{{"request_id": "{i}", "prompt_len": {p}, "gen_len": {g}}}\n'
-            for i, p, g in zip(b.request_ids, b.prompt_len, b.gen_len)))
+            for i, p, g in zip(b.request_ids, b.prompt_len, b.gen_len, strict=True)))
         lines += ["", "[[bucket]]", f'name = "{b.name}"', f'requests = "{b.name}.jsonl"']
         lines += [f"{key} = {value!r}" for key, value in (limits or {}).items()]
     path = folder / "scenario.toml"

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from model import pipeline
 from model.cli_common import build_problem
 from model.errors import InputError
 from model.load.scenario import load_scenario
-from model.solve import DEFAULT_SCENARIO
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT = REPO / "data" / "default"
@@ -30,8 +30,8 @@ def gen_default(monkeypatch):
 
 
 def test_solve_reads_the_committed_default():
-    assert DEFAULT_SCENARIO == DEFAULT / "scenario.toml"
-    scenario = load_scenario(DEFAULT_SCENARIO)
+    assert pipeline.DEFAULT_SCENARIO == DEFAULT / "scenario.toml"
+    scenario = load_scenario(pipeline.DEFAULT_SCENARIO)
     assert scenario.max_shapes == 8 and scenario.names == ("chat", "short")
     assert [len(b) for b in scenario.buckets] == [800, 800]
     for limits in scenario.limits:
@@ -50,12 +50,12 @@ def test_the_generator_reproduces_the_committed_files(tmp_path: Path, gen_defaul
 
 def test_limits_are_binding_but_the_greedy_packer_meets_them(gen_default):
     gen = gen_default
-    scenario = load_scenario(DEFAULT_SCENARIO)
-    for bucket, limits in zip(scenario.buckets, scenario.limits):
+    scenario = load_scenario(pipeline.DEFAULT_SCENARIO)
+    for bucket, limits in zip(scenario.buckets, scenario.limits, strict=True):
         solo = gen.solo_metrics(bucket.prompt_len, bucket.gen_len)
         assert limits.max_sequential_ms <= 0.81 * solo.sequential_ms  # batching must save >= 19%
         assert solo.pad_ratio <= limits.max_pad_ratio <= 1.15 * solo.pad_ratio  # solo's pad is the floor
-    assert gen.greedy_meets_limits(DEFAULT_SCENARIO)
+    assert gen.greedy_meets_limits(pipeline.DEFAULT_SCENARIO)
 
 
 def cli_args(**kw) -> argparse.Namespace:
@@ -66,9 +66,9 @@ def cli_args(**kw) -> argparse.Namespace:
 
 
 def test_limit_flags_override_scenario_limits_one_by_one():
-    problem, scenario = build_problem(cli_args(max_cost=5.0, limit_shapes=3), [], DEFAULT_SCENARIO)
+    problem, scenario = build_problem(cli_args(max_cost=5.0, limit_shapes=3), [], pipeline.DEFAULT_SCENARIO)
     assert problem.max_shapes == 3
-    for got, declared in zip(problem.limits, scenario.limits):
+    for got, declared in zip(problem.limits, scenario.limits, strict=True):
         assert got.max_cost == 5.0
         assert got.max_pad_ratio == declared.max_pad_ratio and got.max_sequential_ms == declared.max_sequential_ms
 

@@ -261,7 +261,7 @@ def plan_from_solution(prob: Problem, fm: FullModel, x: np.ndarray) -> tuple[Bat
     members split into chunks of at most B; the shape is the bucket's one shape (reference) or t_k.
     """
     out = []
-    for b, (bm, r) in enumerate(zip(fm.bms, fm.res)):
+    for b, (bm, r) in enumerate(zip(fm.bms, fm.res, strict=True)):
         xa = np.rint(x[fm.arrays.block("col", "x", b).slice()]).astype(int)
         queue = {c: list(np.flatnonzero(bm.hist.cell_of == c)) for c in range(len(bm.hist))}
         members: dict[int, list[int]] = {}
@@ -356,7 +356,7 @@ def families(prob: Problem, fm: FullModel, x: np.ndarray) -> list[Family]:
     """Cover, link and batch_cap asserted; cost, pad, seq, P95 and shapes computed with model.costs alone."""
     p, strict, B = prob.params, prob.mode == "strict", prob.max_batch_size
     out = []
-    for b, (bm, r, lim) in enumerate(zip(fm.bms, fm.res, prob.limits)):
+    for b, (bm, r, lim) in enumerate(zip(fm.bms, fm.res, prob.limits, strict=True)):
         h = bm.hist
         m = x[fm.arrays.block("col", "m", b).slice()]
         xa = x[fm.arrays.block("col", "x", b).slice()]
@@ -382,7 +382,7 @@ def test_families_rebuilt_from_the_solution(prob, solved):
     """Every family recomputed from what the rows mean, with model.costs alone (not model.boxes)."""
     fm, result = solved(prob)
     fams = families(prob, fm, np.rint(result.x))
-    for f, bk, lim in zip(fams, prob.buckets, prob.limits):
+    for f, bk, lim in zip(fams, prob.buckets, prob.limits, strict=True):
         real = int(bk.prompt_len.sum() + bk.gen_len.sum())
         assert f.cost <= (lim.max_cost if lim.max_cost is not None else np.inf), "cost"
         assert f.pad <= (lim.max_pad_ratio * real if lim.max_pad_ratio is not None else np.inf), "pad"
@@ -398,7 +398,7 @@ def test_concrete_plan_meets_every_limit_and_matches_the_model(prob, solved):
     tight boxes at an optimum), its sequential time a bound, and every limit holds."""
     fm, result = solved(prob)
     results = check_valid(prob, plan_from_solution(prob, fm, result.x))
-    for r, f in zip(results, families(prob, fm, np.rint(result.x))):
+    for r, f in zip(results, families(prob, fm, np.rint(result.x)), strict=True):
         assert r.metrics.cost == pytest.approx(f.cost, rel=1e-9)
         assert r.metrics.pad_tokens == round(f.pad)
         assert f.seq - SPIKE * len(f.shapes) <= r.metrics.sequential_ms <= f.seq * (1 + 1e-12)

@@ -55,7 +55,7 @@ def test_round_trip_every_format(tmp_path: Path, suffix: str, first_line: int):
 def test_synth_text_is_what_json_dumps_writes():
     ids, prompt, gen = bucket_arrays(np.random.default_rng(0), SHORT, 50)
     expected = "".join(json.dumps({"request_id": i, "prompt_len": int(p), "gen_len": int(g)}) + "\n"
-                       for i, p, g in zip(ids, prompt, gen))
+                       for i, p, g in zip(ids, prompt, gen, strict=True))
     assert requests_jsonl(ids, prompt, gen) == expected
 
 
@@ -169,7 +169,7 @@ def test_any_good_file_loads_exactly(tmp_path: Path, rows, ids):
     rows = rows[:len(ids)]
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"request_id": i, "prompt_len": p, "gen_len": g}) + "\n"
-                            for i, (p, g) in zip(ids, rows)), encoding="utf-8")
+                            for i, (p, g) in zip(ids, rows, strict=True)), encoding="utf-8")
     bucket = load_requests(path)
     assert list(bucket.request_ids) == [str(i) for i in ids]
     assert bucket.prompt_len.tolist() == [p for p, _ in rows] and bucket.gen_len.tolist() == [g for _, g in rows]

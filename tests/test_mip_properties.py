@@ -23,10 +23,10 @@ from helpers import broken_limits, bucket, check_valid, evaluated
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from model import pipeline
 from model.errors import InfeasibleError
 from model.planning.mip import plan_mip
 from model.schema import Limits, Problem
-from model.solve import run_solver
 from solvers.packers import PACKERS
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
@@ -64,7 +64,7 @@ def problems(draw, modes=("reference", "strict"), p95: bool = True) -> Problem:
     free = Problem(tuple(buckets), tuple(Limits() for _ in buckets), k, mode=mode, max_batch_size=max_batch)
     if not draw(st.booleans()):
         return free
-    cells = evaluated(free, run_solver(free, "cells"))
+    cells = evaluated(free, pipeline.plan(free, "cells"))
     limits = []
     for r in cells:
         lim = limits_near(r.metrics, draw)

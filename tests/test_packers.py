@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import pytest
@@ -12,6 +12,7 @@ from helpers import REPO, WORKLOADS, bucket, check_valid, planned, problem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from model import pipeline
 from model.cost.analytic import member_latency
 from model.cost.common import align
 from model.errors import InfeasibleError
@@ -19,7 +20,6 @@ from model.evaluation.validate import evaluate_plans
 from model.load.scenario import load_scenario
 from model.report.compare import compare_table
 from model.schema import Limits, Problem
-from model.solve import plans_of, run_solver
 from solvers.packers import PACKERS
 from solvers.packers.exp import ladder
 from solvers.packers.grouping import pow2_ceil
@@ -28,7 +28,7 @@ from solvers.packers.shapecap import representatives
 TWINS = ("twin-1", "twin-2")
 
 
-@lru_cache(maxsize=None)
+@cache
 def twin(name: str) -> Problem:
     return load_scenario(WORKLOADS / name / "scenario.toml").problem()
 
@@ -146,7 +146,7 @@ def test_every_packer_plan_is_valid(reqs, k, mode, max_batch, cap_len, seq_frac)
     prob = problem(*buckets, k=k, mode=mode, max_batch_size=max_batch, max_seq_len=max_seq)
     for name, pack in PACKERS.items():
         check_valid(prob, pack(prob))
-    cells = evaluate_plans(prob, plans_of(prob, run_solver(prob, "cells")))[0]
+    cells = evaluate_plans(prob, pipeline.expand(prob, pipeline.plan(prob, "cells")))[0]
     limits = tuple(Limits(max_pad_ratio=1.1 * r.metrics.pad_ratio, max_p95_latency_ms=1.05 * r.metrics.p95_latency_ms,
                           max_sequential_ms=seq_frac * r.metrics.sequential_ms) for r in cells)
     tight = Problem(prob.buckets, limits, k, mode=mode, max_batch_size=max_batch, max_seq_len=max_seq)
@@ -156,7 +156,7 @@ def test_every_packer_plan_is_valid(reqs, k, mode, max_batch, cap_len, seq_frac)
         assert "max_sequential_ms" in str(exc)
         return
     check_valid(tight, batchings)
-    assert all(r.ok for r in evaluate_plans(tight, plans_of(tight, planned(batchings)))[0])
+    assert all(r.ok for r in evaluate_plans(tight, pipeline.expand(tight, planned(batchings)))[0])
 
 
 # -- the shared workloads ------------------------------------------------------------------------
@@ -170,15 +170,16 @@ def test_packer_valid_on_shared_workloads(scenario, name):
 @pytest.mark.parametrize("scenario", TWINS)
 def test_greedy_meets_every_limit(scenario):
     prob = twin(scenario)
-    results, global_problems = evaluate_plans(prob, plans_of(prob, run_solver(prob, "greedy")))
+    results, global_problems = evaluate_plans(prob, pipeline.expand(prob, pipeline.plan(prob, "greedy")))
     assert not global_problems
     assert all(r.ok for r in results), [(r.name, [c for c in r.checks if not c.ok]) for r in results]
 
 
 def test_compare_table_lists_every_packer():
     prob = twin("twin-1")
-    results, _ = evaluate_plans(prob, plans_of(prob, run_solver(prob, "greedy")))
-    table = compare_table(prob, results, "greedy")
+    results, _ = evaluate_plans(prob, pipeline.expand(prob, pipeline.plan(prob, "greedy")))
+    others = {name: pipeline.compare_run(prob, name) for name in PACKERS if name != "greedy"}
+    table = compare_table(results, "greedy", others)
     assert table.count("greedy (chosen)") == 2 and "1.000" in table
     for name in PACKERS:
         assert f"  {name}" in table

@@ -21,7 +21,8 @@ from model.report.plots import (
     plot_heatmap,
     plot_tradeoff,
 )
-from model.sweeping.engine import SweepPoint, planner_totals
+from model.sweeping.grid import SweepPoint
+from model.sweeping.table import planner_totals
 from solvers.packers import PACKERS
 
 COSTS = {"mip": [110.0, 100.0, 100.0], "baseline": [900.0, 800.0, 700.0], "pow2": [130.0, 120.0, 115.0],
@@ -90,7 +91,7 @@ def test_heatmap_marks_every_shape_and_batch_corner(tmp_path):
     check_png(path, fig)
     panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
     assert len(panels) == 2
-    for ax, bucket, bt in zip(panels, problem.buckets, batchings):
+    for ax, bucket, bt in zip(panels, problem.buckets, batchings, strict=True):
         assert len([c for c in ax.collections if isinstance(c, QuadMesh)]) == 1
         shapes = sorted(line.get_xdata()[0] for line in ax.get_lines() if line.get_gid() == SHAPE_GID)
         assert shapes == sorted(np.unique(bt.shape_of).tolist())
@@ -98,7 +99,7 @@ def test_heatmap_marks_every_shape_and_batch_corner(tmp_path):
         corners = [c for c in ax.collections if c.get_gid() == GEN_GID]
         assert len(corners) == 1
         assert sorted(map(tuple, corners[0].get_offsets().tolist())) == sorted(set(zip(s_max.tolist(),
-                                                                                       g_max.tolist())))
+                                                                                       g_max.tolist(), strict=True)))
         mesh = next(c for c in ax.collections if isinstance(c, QuadMesh))
         assert mesh.get_array().sum() == len(bucket)  # every request counted once
 

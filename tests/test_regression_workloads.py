@@ -27,7 +27,7 @@ def test_mip_meets_every_limit_beats_greedy_and_closes_the_gap(name):
     assert all(r.ok for r in results), [(r.name, [c for c in r.checks if not c.ok]) for r in results]
     assert len(set().union(*(r.metrics.shapes for r in results))) <= 8
     greedy = check_valid(prob, PACKERS["greedy"](prob))
-    for mine, theirs in zip(results, greedy):
+    for mine, theirs in zip(results, greedy, strict=True):
         assert mine.metrics.cost <= theirs.metrics.cost, (mine.name, mine.metrics.cost, theirs.metrics.cost)
     assert out.report.gap is not None and out.report.gap <= 0.01, out.report
     assert out.report.bound <= sum(r.metrics.cost for r in results)

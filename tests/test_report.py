@@ -16,7 +16,9 @@ from model.report.document import (
     write_report,
 )
 from model.sweep import main
-from model.sweeping.engine import SweepResult, SweepSettings, recommend
+from model.sweeping.engine import SweepResult
+from model.sweeping.grid import SweepSettings
+from model.sweeping.recommend import recommend
 
 COSTS = {"mip": [110.0, 100.0, 100.0], "greedy": [120.0, 125.0, 125.0], "pow2": [300.0, 200.0, 150.0]}
 

@@ -18,12 +18,11 @@ import numpy as np
 import pytest
 from helpers import evaluated, problem
 
-from model import evaluate, solve
+from model import evaluate, pipeline, solve
 from model.cli_common import run_main
 from model.load.synth import CHAT, SHORT, bucket_arrays, requests_jsonl
 from model.planning.mip import plan_mip
 from model.schema import Bucket, Limits, Problem
-from model.solve import DEFAULT_SCENARIO, run_solver
 from solvers.backends import highs
 from solvers.packers import PACKERS
 
@@ -49,7 +48,7 @@ def write_scenario(folder: Path, buckets: tuple[Bucket, ...], limits: tuple[Limi
     """scenario.toml and one <name>.jsonl per bucket; returns the scenario path."""
     folder.mkdir(parents=True, exist_ok=True)
     lines = [f"max_shapes = {max_shapes}"]
-    for b, lim in zip(buckets, limits):
+    for b, lim in zip(buckets, limits, strict=True):
         (folder / f"{b.name}.jsonl").write_text(requests_jsonl(b.request_ids, b.prompt_len, b.gen_len))
         lines += ["", "[[bucket]]", f'name = "{b.name}"', f'requests = "{b.name}.jsonl"']
         lines += [f"max_{name} = {float(value)!r}" for name, value in lim.items()]
@@ -62,11 +61,11 @@ def binding_limits(buckets: tuple[Bucket, ...]) -> tuple[Limits, ...]:
     """Sequential time 5% below the cells plan's, the other limits 5% above the greedy plan that meets it."""
     free = Problem(buckets, tuple(Limits() for _ in buckets), 8)
     seq = tuple(Limits(max_sequential_ms=0.95 * r.metrics.sequential_ms)
-                for r in evaluated(free, run_solver(free, "cells")))
+                for r in evaluated(free, pipeline.plan(free, "cells")))
     greedy = Problem(buckets, seq, 8)
     return tuple(Limits(1.05 * r.metrics.cost, 1.05 * r.metrics.pad_ratio, 1.05 * r.metrics.p95_latency_ms,
                         lim.max_sequential_ms)
-                 for r, lim in zip(evaluated(greedy, run_solver(greedy, "greedy")), seq))
+                 for r, lim in zip(evaluated(greedy, pipeline.plan(greedy, "greedy")), seq, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +137,7 @@ def test_default_run_plans_the_embedded_scenario(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "data/default/scenario.toml" in done.stdout.replace("\\", "/")
     assert set(plans_in(tmp_path / "tmp")) == {"plan_chat.jsonl", "plan_short.jsonl"}
-    assert evaluate_in_process(DEFAULT_SCENARIO, tmp_path / "tmp") == 0
+    assert evaluate_in_process(pipeline.DEFAULT_SCENARIO, tmp_path / "tmp") == 0
 
 
 # ---------------------------------------------------------------- limits that cannot be met

@@ -36,7 +36,7 @@ class CostParams:
     hidden: int = HIDDEN
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> "CostParams":
+    def from_toml(cls, path: str | Path) -> CostParams:
         """Override coefficients from a TOML file (top level or a ``[cost_model]`` table).
 
         Unknown keys and non-numeric or negative values are errors, so a typo never
@@ -52,7 +52,7 @@ class CostParams:
         return cls.from_mapping(data.get("cost_model", data), str(path))
 
     @classmethod
-    def from_mapping(cls, data: dict, source: str) -> "CostParams":
+    def from_mapping(cls, data: dict, source: str) -> CostParams:
         """Build parameters from a mapping, validating every key and value."""
         known = {f.name: f.type for f in fields(cls)}
         values = {}

@@ -2,57 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 
 from model.cost.common import align
 from model.cost.metrics import Metrics, batch_index, plan_metrics
-from model.schema import Bucket, Limits, Plan, Problem
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One broken rule or limit, with enough detail to find it."""
-
-    bucket: str
-    rule: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.bucket}: {self.rule}: {self.message}"
-
-
-@dataclass(frozen=True)
-class LimitCheck:
-    """A metric against its limit; margin > 0 means room to spare, < 0 means broken."""
-
-    metric: str
-    value: float
-    limit: float
-
-    @property
-    def margin(self) -> float:
-        return self.limit - self.value
-
-    @property
-    def ok(self) -> bool:
-        return self.value <= self.limit
-
-
-@dataclass(frozen=True)
-class BucketResult:
-    """A validated and evaluated plan of one bucket."""
-
-    name: str
-    metrics: Metrics | None
-    checks: tuple[LimitCheck, ...]
-    violations: tuple[Violation, ...]
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations and all(c.ok for c in self.checks)
+from model.schema import (
+    Bucket,
+    BucketResult,
+    LimitCheck,
+    Limits,
+    Plan,
+    Problem,
+    Violation,
+)
 
 
 def plan_rows(bucket: Bucket, plan: Plan) -> tuple[np.ndarray | None, list[Violation]]:
@@ -146,7 +109,7 @@ def evaluate_plans(problem: Problem, plans: tuple[Plan, ...]) -> tuple[list[Buck
     """Validate and evaluate every bucket's plan, plus the cross-bucket shape cap."""
     results = []
     all_shapes: set[int] = set()
-    for bucket, limits, plan in zip(problem.buckets, problem.limits, plans):
+    for bucket, limits, plan in zip(problem.buckets, problem.limits, plans, strict=True):
         rows, problems = plan_rows(bucket, plan)
         if rows is None:
             results.append(BucketResult(bucket.name, None, (), tuple(problems)))

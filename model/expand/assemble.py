@@ -53,7 +53,7 @@ def assemble(bucket: Bucket, batching: Batching, params: CostParams = CostParams
     group_start = np.maximum.accumulate(np.where(head, np.arange(nb), 0))
     rank[pick_order] = np.arange(nb) - group_start
     width = len(str(max(int(rank.max()), 0)))
-    ids = np.array([f"s{s}-{r:0{width}d}" for s, r in zip(shape_of.tolist(), rank.tolist())], dtype=object)
+    ids = np.array([f"s{s}-{r:0{width}d}" for s, r in zip(shape_of.tolist(), rank.tolist(), strict=True)], dtype=object)
     batch_order = np.lexsort((rank, shape_of))
     pos = np.empty(nb, dtype=np.int64)
     pos[batch_order] = np.arange(nb)

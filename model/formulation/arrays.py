@@ -299,7 +299,7 @@ def build_model(bms: list[BucketModel], restrictions: list[Restriction],
     zs: list[Block] = []
     const = 0.0
     per_bucket = []
-    for b, (bm, res) in enumerate(zip(bms, restrictions)):
+    for b, (bm, res) in enumerate(zip(bms, restrictions, strict=True)):
         t, g = res.t, res.g
         fixed, _ = box_fixed(bm, t, g)
         m_ub = m_upper(bm, res, max_batch)

@@ -172,14 +172,14 @@ def lagrangian_bound(bms: list[BucketModel], grids: list[Grid], duals: list[Dual
                      shapes: np.ndarray | None = None, kappa: float = 0.0, max_shapes: int = 0,
                      compile_fixed: list[float] | None = None) -> Bound:
     """L(multipliers): a valid lower bound on the optimal total cost (see module docstring)."""
-    prices = tuple(price_boxes(bm, grid, d, max_batch) for bm, grid, d in zip(bms, grids, duals))
+    prices = tuple(price_boxes(bm, grid, d, max_batch) for bm, grid, d in zip(bms, grids, duals, strict=True))
     fixed = compile_fixed or [0.0] * len(bms)
-    consts = [bucket_constant(bm, d, f) for bm, d, f in zip(bms, duals, fixed)]
+    consts = [bucket_constant(bm, d, f) for bm, d, f in zip(bms, duals, fixed, strict=True)]
     if shapes is None:
-        per = tuple(c + float(h.sum()) for c, h in zip(consts, prices))
+        per = tuple(c + float(h.sum()) for c, h in zip(consts, prices, strict=True))
         return Bound(sum(per), per, prices)
     open_value = np.zeros(len(shapes))
-    for bm, grid, d, h in zip(bms, grids, duals, prices):
+    for bm, grid, d, h in zip(bms, grids, duals, prices, strict=True):
         by_t = np.zeros(len(shapes))
         pos = np.searchsorted(shapes, grid.ts)
         np.add.at(by_t, pos, h.reshape(len(grid.ts), len(grid.gs)).sum(axis=1))

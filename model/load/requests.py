@@ -12,9 +12,9 @@ import csv
 import io
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -51,7 +51,7 @@ class Columns:
     request_id: str | None = "request_id"
 
     @classmethod
-    def parse(cls, spec: str) -> "Columns":
+    def parse(cls, spec: str) -> Columns:
         """Parse ``--columns``: a preset name (``azure``, ``default``) or ``PROMPT,GEN[,ID]``."""
         if spec in PRESETS:
             return PRESETS[spec]

@@ -32,14 +32,12 @@ from model.formulation.pricing import (
     shape_cap_dual,
 )
 from model.histogram.cells import Histogram, gen_min_of
-from model.planning.search import MIN_CALL_S, Space, grow
+from model.planning.search import Space, grow
 from solvers.backends import get_backend
 from solvers.backends.result import BackendResult, SolveOptions
 
 log = logging.getLogger("shapeplan")
 
-COLUMNS_PER_ROUND = 300  # boxes added per bucket per round
-MAX_ROUNDS = 30
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,7 +68,8 @@ def own_box_duals(bm: BucketModel, grid: Grid) -> Duals:
 def floor_bound(space: Space) -> Bound:
     """The Lagrangian at own-box prices: the bound column generation starts from."""
     p = space.problem
-    return lagrangian_bound(space.bms, space.grids, [own_box_duals(bm, g) for bm, g in zip(space.bms, space.grids)],
+    duals = [own_box_duals(bm, g) for bm, g in zip(space.bms, space.grids, strict=True)]
+    return lagrangian_bound(space.bms, space.grids, duals,
                             p.max_batch_size, space.shapes, 0.0, p.max_shapes)
 
 
@@ -82,9 +81,10 @@ def generate(space: Space, res: list[Restriction], deadline: float, budget: floa
     best = floor_bound(space)
     history: list[float] = []
     last = None
-    for rnd in range(MAX_ROUNDS):
+    opts = space.options
+    for rnd in range(opts.max_rounds):
         model = space.model(res, relax_limits=True)
-        lp = lp_solver.solve(model, SolveOptions(time_limit=max(MIN_CALL_S, deadline - time.perf_counter()),
+        lp = lp_solver.solve(model, SolveOptions(time_limit=max(opts.min_call_s, deadline - time.perf_counter()),
                                                  relax=True))
         if lp.row_duals is None or lp.x is None:
             if last is None:
@@ -99,13 +99,13 @@ def generate(space: Space, res: list[Restriction], deadline: float, budget: floa
                  rnd, lp.objective, bound.total, sum(len(r.boxes) for r in res), sum(len(r.arc_cell) for r in res),
                  time.perf_counter() - t0)
         new_res, added = [], 0
-        for bm, grid, r, d, h in zip(space.bms, space.grids, res, duals, bound.prices):
+        for bm, grid, r, d, h in zip(space.bms, space.grids, res, duals, bound.prices, strict=True):
             h = h.copy()
             h[r.boxes] = 0.0
             cand = np.flatnonzero(h < -1e-9 * max(1.0, abs(lp.objective)))
-            cand = cand[np.argsort(h[cand], kind="stable")][:COLUMNS_PER_ROUND]
+            cand = cand[np.argsort(h[cand], kind="stable")][:opts.columns_per_round]
             added += len(cand)
-            new_res.append(grow(bm, grid, r, d, cand))
+            new_res.append(grow(bm, grid, r, d, cand, opts.arcs_per_box))
         slack = sum(float(lp.x[blk.slice()].sum()) for blk in model.col_blocks if blk.name.startswith("slack_"))
         last = ColumnGeneration(new_res, res, model, lp, duals, kappa, best, added == 0, slack)
         res = new_res
@@ -126,7 +126,7 @@ def exact_bound(space: Space, fine: list[Histogram], cg: ColumnGeneration, compi
     """
     p = space.problem
     fbms, fgrids, fduals = [], [], []
-    for b, (hf, bm_c, d, f) in enumerate(zip(fine, space.bms, cg.duals, compile_fixed)):
+    for b, (hf, bm_c, d, f) in enumerate(zip(fine, space.bms, cg.duals, compile_fixed, strict=True)):
         bucket = p.buckets[b]
         bm = bucket_model(hf, gen_min_of(bucket.gen_len, hf), p.limits[b], p.params, p.mode)
         fbms.append(replace(bm, const_cost=bm.const_cost + f))
@@ -134,7 +134,7 @@ def exact_bound(space: Space, fine: list[Histogram], cg: ColumnGeneration, compi
         coarse_of_fine = np.zeros(len(hf), np.int64)
         coarse_of_fine[hf.cell_of] = bm_c.hist.cell_of
         fduals.append(replace(d, pi=d.pi[coarse_of_fine]))
-    fine_space = Space(p, fbms, fgrids, space.shapes, space.fixed_shapes)
+    fine_space = Space(p, fbms, fgrids, space.shapes, space.fixed_shapes, space.options)
     bound = lagrangian_bound(fbms, fgrids, fduals, p.max_batch_size, space.shapes, cg.kappa, p.max_shapes)
     floor = floor_bound(fine_space)
     return max((bound, floor), key=lambda bd: bd.total)

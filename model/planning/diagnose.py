@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from model.cost.analytic import compile_cost, decode_cost, member_latency, prefill_cost
 from model.cost.common import align, allowed_above, p95_rank
+from model.histogram.cells import build_histogram
+from model.planning.stages import greedy_plan, search, shape_setup
 from model.schema import Bucket, Limits, Problem
-
-FIELDS = {"cost": "max_cost", "pad_ratio": "max_pad_ratio", "p95_latency_ms": "max_p95_latency_ms",
-          "sequential_ms": "max_sequential_ms"}
+from solvers.backends import get_backend
 
 
 def at_best(bucket: Bucket, problem: Problem) -> dict[str, float]:
@@ -46,7 +47,7 @@ def at_best(bucket: Bucket, problem: Problem) -> dict[str, float]:
 def explain_infeasible(problem: Problem, deadline_s: float = 30.0) -> str:
     """One line per finding: limits that can never be met, else pairs that conflict."""
     found = []
-    for bucket, limits in zip(problem.buckets, problem.limits):
+    for bucket, limits in zip(problem.buckets, problem.limits, strict=True):
         best = at_best(bucket, problem)
         for metric, limit in limits.items():
             if limit < best[metric]:
@@ -56,8 +57,8 @@ def explain_infeasible(problem: Problem, deadline_s: float = 30.0) -> str:
         return "the limits cannot all be met; " + "; ".join(found)
     pairs = conflicting_pairs(problem, time.perf_counter() + deadline_s)
     bests = "; ".join(f"{b.name}: " + ", ".join(f"{m} at best {v:.6g}" for m, v in at_best(b, problem).items()
-                                                  if getattr(lim, FIELDS[m]) is not None)
-                      for b, lim in zip(problem.buckets, problem.limits) if lim.items())
+                                                  if lim.get(m) is not None)
+                      for b, lim in zip(problem.buckets, problem.limits, strict=True) if lim.items())
     if pairs:
         return f"the limits cannot all be met; these conflict: {'; '.join(pairs)} (each alone: {bests})"
     return (f"no plan meeting every limit was found (each limit alone is reachable: {bests}; "
@@ -66,18 +67,13 @@ def explain_infeasible(problem: Problem, deadline_s: float = 30.0) -> str:
 
 def conflicting_pairs(problem: Problem, deadline: float) -> list[str]:
     """Pairs of one bucket's limits for which the planner's search finds no plan."""
-    from model.histogram.cells import build_histogram
-    from model.planning.mip import greedy_plan, search, shape_setup
-    from solvers.backends import get_backend
-
     solver = get_backend("highs")
     out = []
-    for b, (bucket, limits) in enumerate(zip(problem.buckets, problem.limits)):
+    for b, (bucket, limits) in enumerate(zip(problem.buckets, problem.limits, strict=True)):
         for (m1, v1), (m2, v2) in itertools.combinations(limits.items(), 2):
             if time.perf_counter() > deadline:
                 return out
-            single = Problem((bucket,), (Limits(**{FIELDS[m1]: v1, FIELDS[m2]: v2}),), problem.max_shapes,
-                             problem.params, problem.mode, problem.max_batch_size, problem.max_seq_len)
+            single = replace(problem, buckets=(bucket,), limits=(Limits.of_metrics({m1: v1, m2: v2}),))
             fine = [build_histogram(bucket)]
             until = min(deadline, time.perf_counter() + 10.0)
             outcome = search(single, fine, shape_setup(single, fine), greedy_plan(single), solver, until)

@@ -16,14 +16,12 @@ import numpy as np
 from model.formulation.arrays import MipArrays, Restriction, build_model, restriction
 from model.formulation.boxes import BucketModel, Grid
 from model.formulation.pricing import Duals, box_arcs, box_values
+from model.planning.options import PlannerOptions
 from model.schema import Batching, Problem
 from solvers.backends.result import BackendResult, SolveOptions
 
 log = logging.getLogger("shapeplan")
 
-ARCS_PER_BOX = 96  # most valuable arcs a box gets per pricing round
-FULL_ARCS = 20_000  # a model this small is built whole: no column generation, the MIP is exact
-MIN_CALL_S = 0.05  # the least time a solver call is granted: the deadline is honoured, not padded
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,6 +33,7 @@ class Space:
     grids: list[Grid]
     shapes: np.ndarray | None  # strict mode: candidate shapes; reference: None
     fixed_shapes: list[int]  # shapes each bucket compiles outside the model (reference: 1)
+    options: PlannerOptions = PlannerOptions()
 
     def model(self, res: list[Restriction], relax_limits: bool) -> MipArrays:
         p = self.problem
@@ -71,11 +70,11 @@ def full_restriction(bm: BucketModel, grid: Grid) -> Restriction:
     return _from_arcs(grid, len(hist), cell, box)
 
 
-def full_size(bm: BucketModel, grid: Grid) -> int:
-    """How many arcs the whole model of a bucket has."""
+def full_size(bm: BucketModel, grid: Grid, cap: int) -> int:
+    """How many arcs the whole model of a bucket has (counted exactly up to a few times ``cap``)."""
     t, g = grid.box(np.arange(len(grid)))
     return int(((bm.hist.S[None, :] <= t[:, None]) & (bm.hist.G[None, :] <= g[:, None])).sum()) \
-        if len(grid) * len(bm.hist) <= 4 * FULL_ARCS else 4 * FULL_ARCS
+        if len(grid) * len(bm.hist) <= 4 * cap else 4 * cap
 
 
 def _from_arcs(grid: Grid, n_cells: int, cell: np.ndarray, box: np.ndarray) -> Restriction:
@@ -92,10 +91,11 @@ def arcs_of(r: Restriction) -> tuple[np.ndarray, np.ndarray]:
     return r.arc_cell, r.boxes[r.arc_box]
 
 
-def grow(bm: BucketModel, grid: Grid, res: Restriction, duals: Duals, new_boxes: np.ndarray) -> Restriction:
+def grow(bm: BucketModel, grid: Grid, res: Restriction, duals: Duals, new_boxes: np.ndarray,
+         arcs_per_box: int) -> Restriction:
     """Add boxes; give every box the arcs that pay at the current prices, keeping the old ones."""
     boxes = np.unique(np.concatenate([res.boxes, new_boxes]))
-    cells, pos = box_arcs(bm, grid, duals, boxes, 0.0, ARCS_PER_BOX)
+    cells, pos = box_arcs(bm, grid, duals, boxes, 0.0, arcs_per_box)
     old_cell, old_box = arcs_of(res)
     return _from_arcs(grid, len(bm.hist), np.concatenate([cells, old_cell]), np.concatenate([boxes[pos], old_box]))
 
@@ -163,7 +163,7 @@ def assignment_from_batching(bm: BucketModel, grid: Grid, bt: Batching) -> Assig
 def vector_of(space: Space, model: MipArrays, res: list[Restriction], sol: list[Assignment]) -> np.ndarray | None:
     """A column vector for ``model`` holding the assignments, or None if a box or arc is missing."""
     x = np.zeros(model.n_cols)
-    for b, (r, a) in enumerate(zip(res, sol)):
+    for b, (r, a) in enumerate(zip(res, sol, strict=True)):
         pos = _positions(r.boxes, a.box)
         cell, box = arcs_of(r)
         n = len(space.bms[b].hist)
@@ -210,7 +210,8 @@ def solve_restricted(space: Space, solver, res: list[Restriction], start: list[A
     model = space.model(res, relax_limits=False)
     warm = vector_of(space, model, res, start) if start is not None else None
     progress = lambda inc, bnd: log.info("  MIP incumbent %.6e", inc)  # noqa: E731
-    out = solver.solve(model, SolveOptions(time_limit=max(MIN_CALL_S, until - time.perf_counter()), warm_start=warm,
+    budget = max(space.options.min_call_s, until - time.perf_counter())
+    out = solver.solve(model, SolveOptions(time_limit=budget, warm_start=warm,
                                            on_progress=progress))
     log.info("MIP over %d boxes / %d arcs: %s, objective %s (%s %.1f s)", sum(len(r.boxes) for r in res),
              sum(len(r.arc_cell) for r in res), out.status, out.objective, out.backend, out.time_s)

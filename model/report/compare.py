@@ -1,30 +1,17 @@
 """Every heuristic packer beside the chosen planner, on the same problem and by the same evaluator.
 
 A plan's cost means little alone; beside the rules serving stacks use today it
-shows what the planner buys.  Packers run through the same path as the chosen
-planner (``run_solver`` -> ``plans_of`` -> ``evaluate_plans``), so the numbers are
-directly comparable, and a packer that cannot plan says why instead of a row.
+shows what the planner buys.  Packers run through the same pipeline as the chosen
+planner (``pipeline.compare_run``), so the numbers are directly comparable, and a
+packer that cannot plan says why instead of a row.
 """
 
 from __future__ import annotations
 
-from model.errors import InfeasibleError
-from model.evaluation.validate import BucketResult, Violation, evaluate_plans
 from model.report.tables import fmt
-from model.schema import Problem
-from model.solve import plans_of, run_solver
-from solvers.packers import PACKERS
+from model.schema import BucketResult, Evaluation, Violation
 
 HEADER = f"  {'planner':<18}{'cost':>12}{'ratio':>8}{'pad':>8}{'p95 ms':>12}{'seq ms':>12}  limits met"
-
-
-def packer_results(problem: Problem, name: str) -> tuple[list[BucketResult], list[Violation]] | str:
-    """One packer's evaluated plans, or the reason it cannot plan this problem."""
-    try:
-        plans = plans_of(problem, run_solver(problem, name))
-    except InfeasibleError as exc:
-        return str(exc)
-    return evaluate_plans(problem, plans)
 
 
 def failures(result: BucketResult, global_problems: list[Violation]) -> list[str]:
@@ -45,17 +32,20 @@ def row(label: str, result: BucketResult, global_problems: list[Violation], refe
             f"{fmt(m.p95_latency_ms):>12}{fmt(m.sequential_ms):>12}  {met}")
 
 
-def compare_table(problem: Problem, results: list[BucketResult], chosen_solver_name: str) -> str:
-    """Per bucket, the chosen planner's plan and every other packer's, cost ratios to the chosen one."""
-    outcomes = {name: packer_results(problem, name) for name in PACKERS if name != chosen_solver_name}
+def compare_table(results: tuple[BucketResult, ...], chosen_solver_name: str,
+                  others: dict[str, Evaluation | str]) -> str:
+    """Per bucket, the chosen planner's plan and every other planner's, cost ratios to the chosen one.
+
+    ``others`` maps a planner to its evaluation, or to the reason it cannot plan.
+    """
     lines = []
     for i, chosen in enumerate(results):
         reference = chosen.metrics.cost if chosen.metrics else None
         lines += [f"comparison, bucket {chosen.name} (ratio = cost / cost of {chosen_solver_name})", HEADER,
                   row(f"{chosen_solver_name} (chosen)", chosen, [], reference)]
-        for name, outcome in outcomes.items():
+        for name, outcome in others.items():
             if isinstance(outcome, str):
                 lines.append(f"  {name:<18}cannot plan: {outcome}")
             else:
-                lines.append(row(name, outcome[0][i], outcome[1], reference))
+                lines.append(row(name, outcome.results[i], list(outcome.global_problems), reference))
     return "\n".join(lines)

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-from model.evaluation.validate import LimitCheck
 from model.histogram.cells import Histogram
 from model.report.plots import (
     plot_breakdown,
@@ -26,19 +25,11 @@ from model.report.plots import (
     plot_tradeoff,
 )
 from model.report.tables import fmt
-from model.schema import Limits, Problem
-from model.sweeping.engine import (
-    MIP,
-    PlannerTotal,
-    Recommendation,
-    SweepPoint,
-    SweepResult,
-    SweepRow,
-    SweepSettings,
-    base_factor,
-    planner_totals,
-    recommend,
-)
+from model.schema import LimitCheck, Limits, Problem
+from model.sweeping.engine import MIP, SweepResult, SweepRow
+from model.sweeping.grid import SweepPoint, SweepSettings, base_factor
+from model.sweeping.recommend import Recommendation, recommend
+from model.sweeping.table import PlannerTotal, planner_totals
 
 QUANTILES = (("min", 0.0), ("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
 
@@ -91,7 +82,7 @@ def input_summary(problem: Problem, hists: Sequence[Histogram]) -> tuple[BucketS
     return tuple(BucketSummary(b.name, len(b), len(h),
                                tuple(int(v) for v in np.quantile(b.prompt_len, qs, method="inverted_cdf")),
                                tuple(int(v) for v in np.quantile(b.gen_len, qs, method="inverted_cdf")))
-                 for b, h in zip(problem.buckets, hists))
+                 for b, h in zip(problem.buckets, hists, strict=True))
 
 
 def summary_table(summaries: Sequence[BucketSummary]) -> Table:
@@ -353,8 +344,9 @@ def to_text(blocks: Sequence[Block]) -> str:
         elif isinstance(b, Paragraph):
             out.append(b.lead + b.text)
         elif isinstance(b, Table):
-            widths = [max(len(x) for x in col) for col in zip(b.header, *b.rows)]
-            out.append("\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in (b.header, *b.rows)))
+            widths = [max(len(x) for x in col) for col in zip(b.header, *b.rows, strict=True)]
+            out.append("\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True))
+                                 for r in (b.header, *b.rows)))
         else:
             out.append(f"[picture {b.path}]")
     return "\n\n".join(out)

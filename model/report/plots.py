@@ -18,7 +18,9 @@ from matplotlib.figure import Figure
 from model.expand.assemble import batch_extents
 from model.histogram.cells import Histogram
 from model.schema import Batching, Problem
-from model.sweeping.engine import MIP, PlannerTotal, SweepPoint, SweepRow, base_factor
+from model.sweeping.engine import MIP, SweepRow
+from model.sweeping.grid import SweepPoint, base_factor
+from model.sweeping.table import PlannerTotal
 
 DPI = 100
 BAND_GID = "mip-bound-band"
@@ -120,7 +122,7 @@ def plot_heatmap(problem: Problem, hists: Sequence[Histogram], batchings: Sequen
     n = len(hists)
     fig = new_figure(6.5 * n, 5)
     axes = fig.subplots(1, n, squeeze=False)[0]
-    for b, (ax, hist) in enumerate(zip(axes, hists)):
+    for b, (ax, hist) in enumerate(zip(axes, hists, strict=True)):
         xedges = np.arange(32, int(hist.S.max()) + 96, 64, dtype=np.float64)
         yedges = gen_edges(int(hist.G.min()), int(hist.G.max()))
         counts, _, _ = np.histogram2d(hist.S, hist.G, bins=(xedges, yedges), weights=hist.count)
@@ -169,7 +171,7 @@ def plot_breakdown(totals: Sequence[PlannerTotal], point: SweepPoint, path: Path
         top = BAR_CLIP * min(t.cost for t in here)
         if bottom.max() > top:
             ax.set_ylim(0, top * 1.05)
-            for x, t in zip(xs, here):
+            for x, t in zip(xs, here, strict=True):
                 if t.cost > top:
                     ax.text(x, top * 1.01, f"{t.cost:.3g}", ha="center", va="top", fontsize=8, rotation=90)
     ax.set_xticks(xs, [t.planner + ("" if t.limits_met else "\n(breaks limits)") for t in here], fontsize=8)
@@ -205,7 +207,7 @@ def plot_tradeoff(rows: Sequence[SweepRow], k: int, path: Path) -> Figure:
     buckets = list(dict.fromkeys(r.bucket for r in here))
     fig = new_figure(6 * max(1, len(buckets)), 5)
     axes = fig.subplots(1, max(1, len(buckets)), squeeze=False)[0]
-    for ax, bucket in zip(axes, buckets):
+    for ax, bucket in zip(axes, buckets, strict=True):
         mine = [r for r in here if r.bucket == bucket]
         broken_x, broken_y = [], []
         for planner in dict.fromkeys(r.planner for r in mine):

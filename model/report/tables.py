@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from model.evaluation.validate import BucketResult, Violation
+from model.schema import BucketResult, Violation
 
 METRIC_ROWS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms")
 

@@ -70,14 +70,15 @@ def solve(model: MipArrays, options: SolveOptions) -> BackendResult:
         return BackendResult("error", None, None, None, None, 0.0, NAME, version())
     cp = cp_model.CpModel()
     ub = np.where(np.isfinite(model.ub), model.ub, 2 ** 31 - 1).astype(np.int64)
-    xs = [cp.NewIntVar(int(lo_), int(up), f"v{i}") for i, (lo_, up) in enumerate(zip(model.lb.astype(np.int64), ub))]
+    xs = [cp.NewIntVar(int(lo_), int(up), f"v{i}")
+          for i, (lo_, up) in enumerate(zip(model.lb.astype(np.int64), ub, strict=True))]
     vals, lo, hi, _ = integer_rows(model)
     order = np.argsort(model.rows, kind="stable")
     rows, cols, vals = model.rows[order], model.cols[order], vals[order]
     bounds = np.searchsorted(rows, np.arange(model.n_rows + 1))
     for r in range(model.n_rows):
         s, e = bounds[r], bounds[r + 1]
-        expr = sum(int(v) * xs[int(c)] for c, v in zip(cols[s:e], vals[s:e]))
+        expr = sum(int(v) * xs[int(c)] for c, v in zip(cols[s:e], vals[s:e], strict=True))
         if np.isfinite(lo[r]) and np.isfinite(hi[r]) and lo[r] == hi[r]:
             cp.Add(expr == int(hi[r]))
             continue

@@ -23,7 +23,7 @@ PRESOLVE_MAX_COLS = 20_000
 FEATURES = frozenset({"lp", "mip", "duals", "bound", "warm_start", "time_limit", "progress"})
 
 
-def new_highs() -> "highspy.Highs":
+def new_highs() -> highspy.Highs:
     """A Highs instance without the banner it prints to stdout on creation (before any option applies).
 
     The banner would land in the middle of our tables and progress bars; stdout is
@@ -53,7 +53,7 @@ def to_csc(model: MipArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return start, model.rows[order].astype(np.int32), model.vals[order]
 
 
-def _lp(model: MipArrays, relax: bool) -> "highspy.HighsLp":
+def _lp(model: MipArrays, relax: bool) -> highspy.HighsLp:
     lp = highspy.HighsLp()
     lp.num_col_ = model.n_cols
     lp.num_row_ = model.n_rows

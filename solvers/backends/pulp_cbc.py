@@ -39,7 +39,7 @@ def solve(model: MipArrays, options: SolveOptions) -> BackendResult:
     cons = []
     for r in range(model.n_rows):
         s, e = bounds[r], bounds[r + 1]
-        expr = pulp.LpAffineExpression([(xs[int(c)], float(v)) for c, v in zip(cols[s:e], vals[s:e])])
+        expr = pulp.LpAffineExpression([(xs[int(c)], float(v)) for c, v in zip(cols[s:e], vals[s:e], strict=True)])
         lo, hi = model.row_lo[r], model.row_hi[r]
         if np.isfinite(lo) and lo == hi:
             con = expr == float(hi)
@@ -51,7 +51,7 @@ def solve(model: MipArrays, options: SolveOptions) -> BackendResult:
         prob += con, name
         cons.append(name)
     if options.warm_start is not None and not options.relax:
-        for v, val in zip(xs, options.warm_start):
+        for v, val in zip(xs, options.warm_start, strict=True):
             v.setInitialValue(float(round(val)))
     solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=float(options.time_limit), threads=int(options.threads),
                                warmStart=options.warm_start is not None and not options.relax,

@@ -20,4 +20,4 @@ from solvers.packers.shapecap import cap_shapes
 def pack(problem: Problem) -> tuple[Batching, ...]:
     """One batch per capped shape in each bucket."""
     shapes = cap_shapes(problem, [align(b.prompt_len) for b in problem.buckets])
-    return tuple(group_batching(b, s, (), problem.max_batch_size) for b, s in zip(problem.buckets, shapes))
+    return tuple(group_batching(b, s, (), problem.max_batch_size) for b, s in zip(problem.buckets, shapes, strict=True))

@@ -21,4 +21,4 @@ def pack(problem: Problem) -> tuple[Batching, ...]:
     aligned = [align(b.prompt_len) for b in problem.buckets]
     shapes = cap_shapes(problem, aligned)
     return tuple(group_batching(b, s, (a, b.gen_len), problem.max_batch_size)
-                 for b, s, a in zip(problem.buckets, shapes, aligned))
+                 for b, s, a in zip(problem.buckets, shapes, aligned, strict=True))

@@ -38,4 +38,4 @@ def pack(problem: Problem) -> tuple[Batching, ...]:
     rungs = ladder(int(every.min()), int(every.max()), problem.max_shapes) if every.size else every
     shapes = cap_shapes(problem, [round_up(a, rungs) for a in aligned])
     return tuple(group_batching(b, s, (gen_bucket(b.gen_len),), problem.max_batch_size)
-                 for b, s in zip(problem.buckets, shapes))
+                 for b, s in zip(problem.buckets, shapes, strict=True))

@@ -92,7 +92,7 @@ def initial_state(bucket: Bucket, batching: Batching, mode) -> MergeState:
     nb = len(batching.shape_of)
     shape = np.asarray(batching.shape_of, dtype=np.int64)
     prompts: list[dict[int, int]] = [{} for _ in range(nb)]
-    for b, s in zip(batching.batch_of.tolist(), S.tolist()):
+    for b, s in zip(batching.batch_of.tolist(), S.tolist(), strict=True):
         prompts[b][s] = prompts[b].get(s, 0) + 1
     ids = np.arange(nb)
     orders = [np.lexsort((ids, g_box, s_box, shape)), np.lexsort((ids, s_box, g_box, shape))]
@@ -120,7 +120,7 @@ def candidates(st: MergeState, pairs: list[tuple[int, int]], p: CostParams,
     a, b = a[keep], b[keep]
     added, saved = merge_score(st.n[a], st.s_box[a], st.g_box[a], st.n[b], st.s_box[b], st.g_box[b], p)
     return [(float(c / s), int(x), int(y), int(st.version[x]), int(st.version[y]), float(s))
-            for c, s, x, y in zip(added, saved, a, b) if s > 0]
+            for c, s, x, y in zip(added, saved, a, b, strict=True) if s > 0]
 
 
 def zones(prompts: dict[int, int], s_box: int, g_box: int, limit: float | None, p: CostParams) -> np.ndarray:
@@ -189,7 +189,8 @@ def merge(bucket: Bucket, batching: Batching, limits: Limits, problem: Problem) 
     real = int(bucket.prompt_len.sum() + bucket.gen_len.sum())
     pad_cap = limits.max_pad_ratio * real if limits.max_pad_ratio is not None else np.inf
     p95 = limits.max_p95_latency_ms
-    zone = np.array([zones(d, s, g, p95, p) for d, s, g in zip(st.prompts, st.s_box.tolist(), st.g_box.tolist())],
+    zone = np.array([zones(d, s, g, p95, p)
+                     for d, s, g in zip(st.prompts, st.s_box.tolist(), st.g_box.tolist(), strict=True)],
                     dtype=np.int64).reshape(-1, 2)
     zone_total = zone.sum(axis=0)
     budget = allowed_above(len(bucket))
@@ -239,4 +240,4 @@ def relabel(st: MergeState, batching: Batching) -> Batching:
 def pack(problem: Problem) -> tuple[Batching, ...]:
     """Greedy merge of every bucket's cells plan until its sequential-time limit holds."""
     return tuple(merge(b, bt, lim, problem)
-                 for b, bt, lim in zip(problem.buckets, pack_cells(problem), problem.limits))
+                 for b, bt, lim in zip(problem.buckets, pack_cells(problem), problem.limits, strict=True))

@@ -22,4 +22,4 @@ def pack(problem: Problem) -> tuple[Batching, ...]:
     """One batch per (capped power-of-two prompt bucket, power-of-two gen class)."""
     shapes = cap_shapes(problem, [pow2_ceil(align(b.prompt_len), 128) for b in problem.buckets])
     return tuple(group_batching(b, s, (gen_bucket(b.gen_len),), problem.max_batch_size)
-                 for b, s in zip(problem.buckets, shapes))
+                 for b, s in zip(problem.buckets, shapes, strict=True))

@@ -21,4 +21,4 @@ from solvers.packers.shapecap import cap_shapes
 def pack(problem: Problem) -> tuple[Batching, ...]:
     """One batch per request, at its capped aligned prompt."""
     shapes = cap_shapes(problem, [align(b.prompt_len) for b in problem.buckets])
-    return tuple(group_batching(b, s, (np.arange(len(b)),)) for b, s in zip(problem.buckets, shapes))
+    return tuple(group_batching(b, s, (np.arange(len(b)),)) for b, s in zip(problem.buckets, shapes, strict=True))

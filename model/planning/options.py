@@ -1,0 +1,59 @@
+"""Every tuning constant of the MIP planner, in one frozen record passed down the call chain.
+
+None of these changes what a plan costs or whether it is valid -- the evaluator
+judges every plan exactly -- they only trade solve time against how close to the
+bound the planner gets within its time limit.  Defaults were set on the shared
+workloads and the Azure traces (see ``scripts/bench.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PlannerOptions:
+    """How the planner spends its time.
+
+    Attributes:
+      max_gen_values: distinct gen values a bucket keeps before its histogram is
+        coarsened to upper edges (the bound stays certified on the exact cells).
+      pricing_budget: (box t values) x (gen values) x (cells) one pricing pass may
+        touch before the gens are coarsened further.
+      target_gap: once the incumbent is this close to the bound, only polish it.
+      polish_s: seconds the full MIP gets to polish an incumbent within target_gap.
+      max_repairs: re-solves with tightened limits after the exact evaluation finds
+        a limit the model missed (a compile spike it could not place harmlessly).
+      greedy_max_requests: above this many requests the greedy warm start is skipped
+        (its merges work per request and would eat the time limit).
+      all_shapes_max: strict mode searches every candidate shape up to this many,
+        else only the shape relaxation's choice.
+      colgen_share: share of the time limit column generation may use.
+      support_share: share of what is left that the first MIP (over the LP's
+        support) may use before the full search.
+      columns_per_round: boxes added per bucket per column-generation round.
+      max_rounds: column-generation rounds at most.
+      arcs_per_box: most valuable arcs a box gets per pricing round.
+      full_arcs: a model with at most this many arcs is built whole (no column
+        generation: the MIP is then exact).
+      min_call_s: the least time a solver call is granted (the deadline is honoured,
+        not padded).
+      repair_margin: a limit the exact evaluation found broken is lowered by this
+        many times its excess.
+    """
+
+    max_gen_values: int = 1024
+    pricing_budget: float = 2.5e7
+    target_gap: float = 1e-3
+    polish_s: float = 3.0
+    max_repairs: int = 2
+    greedy_max_requests: int = 1_000_000
+    all_shapes_max: int = 24
+    colgen_share: float = 0.45
+    support_share: float = 0.25
+    columns_per_round: int = 300
+    max_rounds: int = 30
+    arcs_per_box: int = 96
+    full_arcs: int = 20_000
+    min_call_s: float = 0.05
+    repair_margin: float = 1.01

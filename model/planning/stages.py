@@ -1,0 +1,220 @@
+"""The planner's steps for one problem: settle the shapes, then column generation and the MIP search.
+
+``model.planning.mip`` runs these (and repairs, and judges the result);
+``model.planning.diagnose`` probes pairs of limits with the same ``search``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from model.cost.analytic import compile_cost, member_latency
+from model.errors import InfeasibleError
+from model.expand.assemble import box_of_requests
+from model.formulation.boxes import BucketModel, bucket_model, candidate_grid
+from model.histogram.cells import Histogram, build_histogram, gen_min_of
+from model.planning.colgen import exact_bound, generate
+from model.planning.options import PlannerOptions
+from model.planning.search import (
+    Space,
+    assignment_from_batching,
+    full_restriction,
+    full_size,
+    merge,
+    prune,
+    seed_restriction,
+    solve_restricted,
+    support,
+)
+from model.planning.shapes import choose_shapes
+from model.schema import Batching, Problem
+from solvers.packers import PACKERS
+from solvers.packers.grouping import group_batching
+
+log = logging.getLogger("shapeplan")
+
+
+@dataclass(frozen=True, eq=False)
+class ShapeSetup:
+    """What the shape choice settles before the search, and the bound it certifies (strict mode)."""
+
+    shapes: np.ndarray | None  # strict: the shapes the search may use; reference: None
+    ref_shape: list[int] | None  # reference: the one shape each bucket compiles
+    compile_fixed: list[float]  # compile cost settled outside the model, per bucket
+    bound: float  # certified bound from the shape relaxation (-inf in reference mode)
+    covers_all: bool  # the search space is the whole problem, so its Lagrangian certifies too
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class SearchOutcome:
+    """One search: its plan (or None), the model's objective and the certified bound."""
+
+    batchings: tuple[Batching, ...] | None
+    objective: float | None
+    bound: float
+    bucket_bounds: tuple[float, ...] | None
+    status: str
+    backend: str
+    version: str
+    notes: tuple[str, ...]
+
+
+def bucket_models(problem: Problem, hists: list[Histogram], reserves: tuple[int, ...] | None = None
+                  ) -> list[BucketModel]:
+    """Bucket constants for each histogram under the problem's limits and cost model."""
+    reserves = reserves or (0,) * len(hists)
+    return [bucket_model(h, gen_min_of(b.gen_len, h), lim, problem.params, problem.mode, r)
+            for h, b, lim, r in zip(hists, problem.buckets, problem.limits, reserves, strict=True)]
+
+
+def spike_reserves(problem: Problem, fine: list[Histogram]) -> tuple[int, ...]:
+    """One P95 member per bucket held back when even its fastest request cannot absorb a spike.
+
+    If every member's own latency plus the 1500 ms compile spike exceeds the limit, the
+    spike surely pushes one member over (unless it lands on one already over).
+    """
+    out = []
+    for h, lim in zip(fine, problem.limits, strict=True):
+        limit = lim.max_p95_latency_ms
+        fastest = float(member_latency(h.S, h.S, h.G, problem.params).min())
+        out.append(int(limit is not None and fastest + problem.params.Tshape_compile_ms > limit))
+    return tuple(out)
+
+
+def reference_shapes(bms: list[BucketModel], max_shapes: int) -> list[int]:
+    """Reference mode: the declared shape only sets compile cost, so each bucket compiles ONE shape.
+
+    Any plan must give bucket b a shape >= its largest aligned prompt; extra shapes only
+    add compile cost and spikes.  With K shapes across buckets, pick K of the bucket
+    maxima minimising total compile cost (each bucket uses the smallest pick above its
+    maximum) -- exact by dynamic programming over the sorted maxima.
+    """
+    need = [int(bm.hist.S.max()) for bm in bms]
+    values = sorted(set(need))
+    cost = [float(compile_cost(v, bms[0].params)) for v in values]
+    count = [need.count(v) for v in values]
+    inf = float("inf")
+    best = [[inf] * (max_shapes + 1) for _ in values]  # best[j][k]: values[j] picked, k picks so far
+    back = [[-1] * (max_shapes + 1) for _ in values]
+    for j in range(len(values)):
+        best[j][1] = sum(count[:j + 1]) * cost[j]
+        for k in range(2, max_shapes + 1):
+            for i in range(j):
+                val = best[i][k - 1] + sum(count[i + 1:j + 1]) * cost[j]
+                if val < best[j][k]:
+                    best[j][k], back[j][k] = val, i
+    j = len(values) - 1
+    k = min(range(1, max_shapes + 1), key=lambda kk: best[j][kk])
+    picks = []
+    while j >= 0 and k >= 1:
+        picks.append(values[j])
+        j, k = back[j][k], k - 1
+    return [min(v for v in picks if v >= n) for n in need]
+
+
+def shape_setup(problem: Problem, fine: list[Histogram], options: PlannerOptions = PlannerOptions()) -> ShapeSetup:
+    """Settle the shapes the search works with (see module docstring, step 2)."""
+    bms = bucket_models(problem, fine)
+    if problem.mode == "reference":
+        ref = reference_shapes(bms, problem.max_shapes)
+        note = (f"reference mode: one compiled shape per bucket ({', '.join(map(str, ref))}); the declared "
+                "shape moves only compile cost, so more shapes never pay")
+        return ShapeSetup(None, ref, [float(compile_cost(s, problem.params)) for s in ref], -np.inf, True, (note,))
+    all_shapes = np.unique(np.concatenate([h.S for h in fine]))
+    if problem.max_seq_len is not None:
+        all_shapes = all_shapes[all_shapes <= problem.max_seq_len]
+    choice = choose_shapes(bms, all_shapes, problem.max_shapes)
+    log.info("strict mode: shape relaxation bound %.6e at shapes %s", choice.bound, list(choice.shapes))
+    # few candidates: search them all (exact); many: at the relaxation's shapes, since a large
+    # shape layer left fractional by the LP stalls column generation
+    shapes = all_shapes if len(all_shapes) <= options.all_shapes_max else np.asarray(choice.shapes, dtype=np.int64)
+    note = ("strict mode: shapes chosen by the shape relaxation; the bound is that relaxation (every request at "
+            "its own gen_len under the best K shapes) or the Lagrangian, whichever is higher")
+    return ShapeSetup(shapes, None, [0.0] * len(fine), choice.bound, len(shapes) == len(all_shapes), (note,))
+
+
+def gen_budget(hist: Histogram, n_t: int, options: PlannerOptions) -> int:
+    """How many gen values a bucket may keep so that one pricing pass stays within the pricing budget."""
+    return int(np.clip(options.pricing_budget / (n_t * max(len(hist), 1)), 48, options.max_gen_values))
+
+
+def greedy_plan(problem: Problem, options: PlannerOptions = PlannerOptions()) -> tuple[Batching, ...] | None:
+    """The greedy packer's plan (a warm start and a fallback), or None if it finds none.
+
+    Skipped above ``options.greedy_max_requests``: its merges work per request, not per
+    cell, and would spend the whole time limit before the optimiser starts.
+    """
+    packer = PACKERS.get("greedy")
+    if packer is None or sum(len(b) for b in problem.buckets) > options.greedy_max_requests:
+        return None
+    try:
+        return packer(problem)
+    except InfeasibleError:
+        return None
+
+
+def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, solver, deadline: float,
+           reserves: tuple[int, ...] | None = None, options: PlannerOptions = PlannerOptions()) -> SearchOutcome:
+    """Column generation then MIP over one problem (steps 3-4); never raises for infeasibility."""
+    t_start = time.perf_counter()
+    n_t = len(setup.shapes) if setup.shapes is not None else len(np.unique(np.concatenate([h.S for h in fine])))
+    budgets = [gen_budget(h, n_t, options) for h in fine]
+    hists = [build_histogram(b, k) if k < len(np.unique(h.G)) else h
+             for b, h, k in zip(problem.buckets, fine, budgets, strict=True)]
+    bms = [replace(bm, const_cost=bm.const_cost + f) for bm, f in zip(bucket_models(problem, hists, reserves),
+                                                                      setup.compile_fixed, strict=True)]
+    grids = [candidate_grid(bm, setup.shapes) for bm in bms]
+    space = Space(problem, bms, grids, setup.shapes, [1] * len(bms), options)
+    warm = None
+    if greedy is not None:
+        warm = [assignment_from_batching(bm, g, bt) for bm, g, bt in zip(bms, grids, greedy, strict=True)]
+        warm = None if any(w is None for w in warm) else warm
+    empty = np.zeros(0, np.int64)
+    if sum(full_size(bm, g, options.full_arcs) for bm, g in zip(bms, grids, strict=True)) <= options.full_arcs:
+        res = [full_restriction(bm, g) for bm, g in zip(bms, grids, strict=True)]
+    else:
+        res = [seed_restriction(bm, g, w.arc_cell if w else empty, w.arc_box if w else empty)
+               for bm, g, w in zip(bms, grids, warm or [None] * len(bms), strict=True)]
+    cg = generate(space, res, deadline, budget=options.colgen_share * max(0.0, deadline - t_start))
+    notes = list(setup.notes)
+    bound, bucket_bounds = setup.bound, None
+    if setup.covers_all:
+        lag = exact_bound(space, fine, cg, setup.compile_fixed) if any(h.coarsened for h in hists) \
+            else cg.bound
+        if any(h.coarsened for h in hists):
+            notes.append("gen values were coarsened for the search; the bound is certified on the exact histogram")
+        if lag.total > bound:
+            bound, bucket_bounds = lag.total, lag.per_bucket
+    sup = [support(bm, g, r, cg.lp_model, cg.lp.x, b)
+           for b, (bm, g, r) in enumerate(zip(bms, grids, cg.lp_res, strict=True))]
+    first_until = time.perf_counter() + options.support_share * max(0.0, deadline - time.perf_counter())
+    best = solve_restricted(space, solver, sup, warm, min(deadline, first_until))
+    close = best is not None and best.objective - cg.bound.total <= options.target_gap * best.objective
+    if time.perf_counter() < deadline and (best is None or best.objective > cg.bound.total):
+        grown = cg.res
+        if best is not None and problem.mode == "reference":
+            gap = best.objective - cg.bound.total
+            grown = [merge(bm, g, prune(bm, g, r, d, gap), inc)
+                     for bm, g, r, d, inc in zip(bms, grids, cg.res, cg.duals, best.res, strict=True)]
+        # already within the target gap: a short polish (small models finish it, large ones stop early)
+        until = min(deadline, time.perf_counter() + options.polish_s) if close else deadline
+        full = solve_restricted(space, solver, grown, best.assignment if best else warm, until)
+        if full is not None and (best is None or full.objective < best.objective):
+            best = full
+    if best is None:
+        return SearchOutcome(None, None, bound, bucket_bounds, "infeasible", solver.NAME, solver.version(),
+                             tuple(notes))
+    batchings = []
+    for b, (bm, g, a) in enumerate(zip(bms, grids, best.assignment, strict=True)):
+        box_of = box_of_requests(bm.hist.cell_of, a.arc_box, a.arc_cell, a.count)
+        declared = np.full(len(box_of), setup.ref_shape[b]) if setup.ref_shape is not None else g.box(box_of)[0]
+        # one batch per box, split under a batch-size cap by the packers' own splitter
+        batchings.append(group_batching(problem.buckets[b], declared, (box_of,), problem.max_batch_size))
+    return SearchOutcome(tuple(batchings), best.objective, bound, bucket_bounds, best.result.status,
+                         best.result.backend,
+                   best.result.version, tuple(notes))

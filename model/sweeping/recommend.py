@@ -1,0 +1,67 @@
+"""What to compile: the smallest K near the cheapest, and what it saves over the best fixed rule."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from model.sweeping.engine import MIP, SweepRow
+from model.sweeping.grid import SweepPoint, base_factor
+from model.sweeping.table import PlannerTotal, planner_totals
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What to compile: the chosen point and planner, its cost, and what it saves over the packers.
+
+    ``k`` is the smallest shape cap whose cost is within ``tolerance`` of the
+    cheapest K in the sweep: more shapes than that buy less than the tolerance.
+    ``largest_k`` is the largest K the planner met the limits at, so the report can
+    say when the answer sits at the edge of the sweep.
+    ``rule`` is the cheapest packer meeting every limit at any K of the sweep (the
+    best a fixed rule can do if its K is tuned too); ``same_k_rule`` the cheapest at
+    the recommended K.
+    """
+
+    planner: str | None
+    point: SweepPoint | None
+    cost: float | None
+    bound: float | None
+    gap: float | None
+    shapes: tuple[int, ...]
+    cheapest_k: int | None
+    cheapest_cost: float | None
+    largest_k: int | None
+    tolerance: float
+    rule: PlannerTotal | None
+    same_k_rule: PlannerTotal | None
+
+    @property
+    def savings(self) -> float | None:
+        """1 - cost / cost of the best fixed rule at any K."""
+        return 1 - self.cost / self.rule.cost if self.rule and self.cost is not None and self.rule.cost else None
+
+    @property
+    def same_k_savings(self) -> float | None:
+        """1 - cost / cost of the best fixed rule at the same K."""
+        r = self.same_k_rule
+        return 1 - self.cost / r.cost if r and self.cost is not None and r.cost else None
+
+
+def recommend(rows: Sequence[SweepRow], tolerance: float = 0.005) -> Recommendation:
+    """Pick K at the base limits: the MIP if it ran (else the cheapest planner), smallest K near the cheapest."""
+    totals = planner_totals(rows)
+    factor = base_factor(t.point for t in totals)
+    at_base = [t for t in totals if t.point.factor == factor and t.limits_met and t.cost is not None]
+    planners = {t.planner for t in at_base}
+    chosen = MIP if MIP in planners else min(at_base, key=lambda t: t.cost).planner if at_base else None
+    mine = sorted((t for t in at_base if t.planner == chosen), key=lambda t: t.point.k)
+    if not mine:
+        return Recommendation(None, None, None, None, None, (), None, None, None, tolerance, None, None)
+    cheapest = min(mine, key=lambda t: (t.cost, t.point.k))
+    pick = next(t for t in mine if t.cost <= cheapest.cost * (1 + tolerance))
+    rules = [t for t in at_base if t.planner != chosen]
+    rule = min(rules, key=lambda t: (t.cost, t.point.k), default=None)
+    same = min((t for t in rules if t.point.k == pick.point.k), key=lambda t: t.cost, default=None)
+    return Recommendation(chosen, pick.point, pick.cost, pick.bound, pick.gap, pick.shapes, cheapest.point.k,
+                          cheapest.cost, mine[-1].point.k, tolerance, rule, same)
