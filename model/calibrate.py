@@ -102,7 +102,7 @@ def notes(cal: Calibration, compile_given: bool) -> list[str]:
 
 def profile_toml(cal: Calibration, note_lines: list[str]) -> str:
     """The profile file: a comment header (source, fit quality, assumptions) and the [device] table."""
-    head = [f"# Device profile fitted by shapeplan-calibrate (python -m model.calibrate) from {comment_text(cal.source)}",
+    head = [f"# Device profile fitted by shapeplan-calibrate (model/calibrate.py) from {comment_text(cal.source)}",
             "# by non-negative least squares on relative error (see model/calibration/fit.py). Fit per phase:"]
     head += [f"#   {line}" for line in fit_lines(cal)]
     head += [f"# {comment_text(line)[1:-1]}" for line in note_lines]

@@ -46,11 +46,11 @@ class Measurements:
     def __len__(self) -> int:
         return len(self.ms)
 
-    def of(self, phase: str) -> "Measurements":
+    def of(self, phase: str) -> Measurements:
         """The rows of one phase, order kept."""
         return self.subset(self.phase == phase)
 
-    def subset(self, keep: np.ndarray) -> "Measurements":
+    def subset(self, keep: np.ndarray) -> Measurements:
         """The rows where the boolean mask ``keep`` is True, order kept."""
         return Measurements(self.source, self.phase[keep], self.batch_size[keep], self.seq_len[keep],
                             self.ms[keep], self.weight[keep], self.line[keep])
