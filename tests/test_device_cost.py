@@ -7,8 +7,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from model.cost.device import (DeviceProfile, batch_breakdown, batch_time, decode_ms, device_hours, is_large,
-                               kv_fits, kv_tokens, linear_parts, max_members, prefill_ms)
+from model.cost.device import (DeviceProfile, batch_breakdown, batch_time, decode_ms, device_hours, fixed_ms,
+                               is_large, kv_fits, kv_tokens, linear_parts, max_members, per_member_ms,
+                               prefill_ms)
 
 # The shared example profile (shared/profiles/opt13b-a100-tp1.toml), built in code so
 # these tests do not depend on the loader.
@@ -56,6 +57,8 @@ def test_linear_split_equals_batch_time(prof):
     if prof.decode_large is not None:
         assert large.any() and (~large).any()
     fixed, per_member = linear_parts(s, g, large, prof)
+    np.testing.assert_array_equal(fixed, fixed_ms(s, g, large, prof))
+    np.testing.assert_array_equal(per_member, per_member_ms(s, g, large, prof))
     np.testing.assert_allclose(fixed + n * per_member, batch_time(n, s, g, prof), rtol=1e-12, atol=0)
     np.testing.assert_allclose(batch_breakdown(n, s, g, prof).total, batch_time(n, s, g, prof), rtol=1e-12)
     np.testing.assert_allclose(prefill_ms(n, s, prof) + decode_ms(n, s, g, prof) + prof.batch_overhead_ms,

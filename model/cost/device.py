@@ -90,6 +90,12 @@ def _ints(*arrays) -> tuple[np.ndarray, ...]:
     return tuple(np.broadcast_arrays(*(np.asarray(a, dtype=np.int64) for a in arrays)))
 
 
+def _with_regime(s, g, large) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(s, g) as int64 and the regime mask as bool, all three broadcast together."""
+    s, g = (np.asarray(a, dtype=np.int64) for a in (s, g))
+    return tuple(np.broadcast_arrays(s, g, np.asarray(large, dtype=bool)))
+
+
 def is_large(n, prof: DeviceProfile) -> np.ndarray:
     """True where a batch of n members runs the ``decode_large`` coefficients."""
     n = np.asarray(n, dtype=np.int64)
@@ -146,21 +152,29 @@ def batch_time(n, s, g, prof: DeviceProfile) -> np.ndarray:
             + prof.batch_overhead_ms)
 
 
+def fixed_ms(s, g, large, prof: DeviceProfile) -> np.ndarray:
+    """The part of T a batch pays once whatever its size: ``p0 + G*d0 + batch_overhead_ms``."""
+    s, g, large = _with_regime(s, g, large)
+    d0 = decode_coefficients(large, prof)[0]
+    return prof.prefill[0] + g * d0 + prof.batch_overhead_ms
+
+
+def per_member_ms(s, g, large, prof: DeviceProfile) -> np.ndarray:
+    """The part of T each member adds: ``p1*s + p2*s^2 + d1*lin(s, G) + d2*G``."""
+    s, g, large = _with_regime(s, g, large)
+    _, d1, d2 = decode_coefficients(large, prof)
+    _, p1, p2 = prof.prefill
+    return p1 * s + p2 * (s * s) + d1 * lin(s, g) + d2 * g
+
+
 def linear_parts(s, g, large, prof: DeviceProfile) -> tuple[np.ndarray, np.ndarray]:
     """(fixed, per_member) with ``T = fixed + n * per_member`` for every n in regime ``large``.
 
     Within one regime T is affine in n, which is what makes a batch's time a linear
-    function of how many members a column takes:
-    fixed = p0 + G*d0 + batch_overhead_ms, per_member = p1*s + p2*s^2 + d1*lin(s, G) + d2*G.
-    The caller must keep n inside the regime (n >= decode_large_from exactly when large).
+    function of how many members a column takes.  The caller must keep n inside the
+    regime (n >= decode_large_from exactly where ``large``); ``is_large`` says which.
     """
-    s, g = _ints(s, g)
-    large = np.broadcast_to(np.asarray(large, dtype=bool), s.shape)
-    p0, p1, p2 = prof.prefill
-    d0, d1, d2 = decode_coefficients(large, prof)
-    fixed = p0 + g * d0 + prof.batch_overhead_ms
-    per_member = p1 * s + p2 * (s * s) + d1 * lin(s, g) + d2 * g
-    return fixed, per_member
+    return fixed_ms(s, g, large, prof), per_member_ms(s, g, large, prof)
 
 
 def kv_tokens(n, s, g) -> np.ndarray:
