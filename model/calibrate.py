@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import tomllib
 from pathlib import Path
 
@@ -26,8 +25,8 @@ from model.calibration.plots import report_pngs
 from model.cli_common import run_main
 from model.cost.device import DeviceProfile
 from model.errors import InputError
-from model.load_profile import profile_from_table
-from model.plan_io import _fsync_dir, _keep_aside, _remove, _roll_back, _stage
+from model.load.plans import write_together
+from model.load.profile import profile_from_table
 
 KEY_ORDER = ("name", "prefill", "decode", "decode_large", "decode_large_from", "batch_overhead_ms", "compile_ms",
              "kv_capacity_tokens", "cost_per_device_hour")
@@ -122,60 +121,6 @@ def check_loads_back(text: str, profile: DeviceProfile, target: Path) -> None:
         raise AssertionError(f"profile text does not load back: {loaded} != {profile}")
 
 
-def _missing_dirs(targets) -> list[Path]:
-    """Folders that writing the targets would create, deepest first (removed again if the write fails)."""
-    missing: set[Path] = set()
-    for target in targets:
-        folder = Path(target).parent
-        while not folder.exists() and folder != folder.parent:
-            missing.add(folder)
-            folder = folder.parent
-    return sorted(missing, key=lambda p: len(p.parts), reverse=True)
-
-
-def write_outputs(files: dict[Path, bytes]) -> None:
-    """Write every file or none: stage each beside its target, then rename, rolling back on failure.
-
-    The same discipline as ``model.plan_io.write_plans`` (whose staging helpers this
-    reuses) for arbitrary bytes; folders created for the outputs are removed again
-    if the write fails, so a failed run leaves no trace.
-    """
-    made = _missing_dirs(files)
-    staged: list[tuple[Path, Path]] = []
-    backups: dict[Path, Path | None] = {}
-    done: list[Path] = []
-    current = next(iter(files))
-    ok = False
-    try:
-        for current, data in files.items():
-            staged.append((_stage(current, [data]), current))
-        for tmp, current in staged:
-            backups[current] = _keep_aside(current)
-            os.replace(tmp, current)
-            done.append(current)
-        for folder in {t.parent for t in files}:
-            _fsync_dir(folder)
-        ok = True
-    except OSError as exc:
-        _roll_back(done, backups)
-        raise InputError(str(current), None, None, f"cannot write: {exc.strerror or exc}") from exc
-    except BaseException:
-        _roll_back(done, backups)
-        raise
-    finally:
-        for tmp, _ in staged:
-            _remove(tmp)
-        for aside in backups.values():
-            if aside is not None:
-                _remove(aside)
-        if not ok:
-            for folder in made:
-                try:
-                    os.rmdir(folder)
-                except OSError:
-                    pass
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model.calibrate", description=__doc__.split("\n")[0])
     parser.add_argument("measurements", type=Path, help="CSV: phase,batch_size,seq_len,ms[,weight]")
@@ -205,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         if any(p.resolve() == args.out.resolve() for p in pngs):
             raise InputError(str(args.out), None, None, "is also a report picture; choose another --out or --report")
         files.update(pngs)
-    write_outputs(files)
+    write_together({path: [data] for path, data in files.items()})
     print("\n".join(fit_lines(cal) + note_lines))
     print("wrote " + ", ".join(str(p) for p in files))
     return 0

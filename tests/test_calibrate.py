@@ -17,7 +17,7 @@ from model.calibration.measurements import measurements_csv, parse_measurements,
 from model.calibration.synthetic import Grid, synthetic_measurements
 from model.cli_common import run_main
 from model.errors import InputError
-from model.load_profile import load_profile
+from model.load.profile import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "profiles" / "opt13b-a100-tp1.toml"

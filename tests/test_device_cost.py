@@ -7,9 +7,21 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from model.cost.device import (DeviceProfile, batch_breakdown, batch_time, decode_ms, device_hours, fixed_ms,
-                               is_large, kv_fits, kv_tokens, linear_parts, max_members, per_member_ms,
-                               prefill_ms)
+from model.cost.device import (
+    DeviceProfile,
+    batch_breakdown,
+    batch_time,
+    decode_ms,
+    device_hours,
+    fixed_ms,
+    is_large,
+    kv_fits,
+    kv_tokens,
+    linear_parts,
+    max_members,
+    per_member_ms,
+    prefill_ms,
+)
 
 # The shared example profile (shared/profiles/opt13b-a100-tp1.toml), built in code so
 # these tests do not depend on the loader.

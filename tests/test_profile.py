@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from model.cost.device import DeviceProfile
 from model.errors import InputError
-from model.load_profile import device_key_line, load_profile, profile_from_table
+from model.load.profile import device_key_line, load_profile, profile_from_table
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "profiles" / "opt13b-a100-tp1.toml"

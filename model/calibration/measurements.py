@@ -99,7 +99,7 @@ def parse_measurements(text: str, source: str) -> Measurements:
         raise InputError(source, None, None, "empty file: expected a header " + ",".join(REQUIRED))
     if not rows:
         raise InputError(source, header_line, None, "no measurements after the header")
-    phase, n, s, ms, w, line = zip(*rows)
+    phase, n, s, ms, w, line = zip(*rows, strict=True)
     return Measurements(source, np.array(phase, dtype=object), np.array(n, dtype=np.int64),
                         np.array(s, dtype=np.int64), np.array(ms, dtype=np.float64),
                         np.array(w, dtype=np.float64), np.array(line, dtype=np.int64))

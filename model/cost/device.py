@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.costs import lin
+from model.cost.common import lin
 
 MS_PER_HOUR = 3_600_000.0
 
@@ -36,7 +36,7 @@ class DeviceProfile:
 
     ``prefill`` is (p0, p1, p2) of ``p0 + p1*(n*s) + p2*(n*s^2)``; ``decode`` is
     (d0, d1, d2) of one decode step ``d0 + d1*(n*c) + d2*n`` at context c.  The
-    loader (``model.load_profile``) reports bad values with file and line; the checks
+    loader (``model.load.profile``) reports bad values with file and line; the checks
     here only stop a profile built in code from being silently inconsistent.
     """
 
@@ -115,7 +115,7 @@ def decode_coefficients(large, prof: DeviceProfile) -> tuple[np.ndarray, np.ndar
         if large.any():
             raise ValueError(f"profile {prof.name!r} has no decode_large coefficients")
         return tuple(np.full(large.shape, c) for c in prof.decode)
-    return tuple(np.where(large, big, small) for small, big in zip(prof.decode, prof.decode_large))
+    return tuple(np.where(large, big, small) for small, big in zip(prof.decode, prof.decode_large, strict=True))
 
 
 def prefill_ms(n, s, prof: DeviceProfile) -> np.ndarray:

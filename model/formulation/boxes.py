@@ -3,7 +3,7 @@
 A box is WLOG tight -- t is the largest member's S (reference mode; in strict mode t
 is the declared shape) and g the largest member's gen -- so the candidate boxes of a
 bucket are the grid (prompt/shape values) x (distinct gen values).  Every
-coefficient here is a call into ``model.costs``; none re-derives the arithmetic.
+coefficient here is a call into ``model.cost``; none re-derives the arithmetic.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from model.cost.device import DeviceProfile
 from model.errors import InputError
-from model.scenario import _toml_error, _toml_lines
+from model.load.scenario import _toml_error, _toml_lines
 
 TABLE = "device"
 COEFFICIENT_KEYS = {"prefill": "[p0, p1, p2]", "decode": "[d0, d1, d2]", "decode_large": "[d0, d1, d2]"}
