@@ -65,9 +65,9 @@ import ast
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -665,13 +665,7 @@ def read_gaudi_file(path: Path, text: str, max_model_len: int | None) -> list[Gi
     for number, body in text_lines(text, src):
         if "'" in body or '"' in body:
             raise InputError(src, number, None, "strings are not allowed in a bucket line")
-        ranges: list[range] = []
-
-        def stand_in(m: re.Match) -> str:
-            ranges.append(_literal_range(m.group(1), src, number))
-            return repr(f"range#{len(ranges) - 1}")
-
-        literal = _RANGE.sub(stand_in, body)
+        literal, ranges = _range_stand_ins(body, src, number)
         try:
             bucket = ast.literal_eval(literal)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
@@ -689,6 +683,17 @@ def read_gaudi_file(path: Path, text: str, max_model_len: int | None) -> list[Gi
                 check_range(v, src, number, name, lo)
         out.extend(Given(q, src, number, "query_len") for q in dims[1] if q != 1)
     return out
+
+
+def _range_stand_ins(body: str, src: str, line: int) -> tuple[str, list[range]]:
+    """body with each ``range(...)`` replaced by the string literal 'range#k', and the k-th lazy range."""
+    ranges: list[range] = []
+    pieces, at = [], 0
+    for m in _RANGE.finditer(body):
+        ranges.append(_literal_range(m.group(1), src, line))
+        pieces += [body[at:m.start()], repr(f"range#{len(ranges) - 1}")]
+        at = m.end()
+    return "".join(pieces) + body[at:], ranges
 
 
 def _literal_range(args: str, src: str, line: int) -> range:
@@ -1051,15 +1056,15 @@ def write_gaudi_env(spec: ExportSpec) -> str:
              "# the same under the legacy names older releases read",
              *_triple("VLLM_PROMPT_SEQ_BUCKET", (qmin, qstep, qmax))]
     bs = lin_cover(sizes)
-    lines += [f"# prompt batch sizes: a ladder covering {', '.join(map(str, sizes))} "
-              f"(it makes {', '.join(map(str, lin_ladder(*bs)))}); lin crosses it with every query length",
+    lines += [(f"# prompt batch sizes: a ladder covering {', '.join(map(str, sizes))} "
+               f"(it makes {', '.join(map(str, lin_ladder(*bs)))}); lin crosses it with every query length"),
               *_triple("VLLM_PROMPT_BS_BUCKET", bs)]
     decode = decode_buckets(spec)
     if decode:
         dbs = lin_cover([n for n, _ in decode])
         blocks = lin_cover([b for _, b in decode])
-        lines += [f"# decode: batch sizes and total KV blocks (block size {spec.block_size}); each ladder covers "
-                  "what the plans' batches need",
+        lines += [(f"# decode: batch sizes and total KV blocks (block size {spec.block_size}); each ladder "
+                   "covers what the plans' batches need"),
                   *_triple("VLLM_DECODE_BS_BUCKET", dbs), *_triple("VLLM_DECODE_BLOCK_BUCKET", blocks)]
     else:
         lines.append("# decode buckets need the generation lengths: export with --requests or --scenario")
