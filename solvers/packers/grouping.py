@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from model.cost.common import align
+from model.cost.common import GRANULARITY, align
 from model.schema import Batching, Bucket
 
 
@@ -55,6 +55,33 @@ def group_batching(bucket: Bucket, shape: np.ndarray, keys: Sequence[np.ndarray]
     group_start = np.maximum.accumulate(np.where(new_group, np.arange(n), 0))
     chunk = (np.arange(n) - group_start) // max_batch_size if max_batch_size else np.zeros(n, np.int64)
     new_batch = new_group | np.r_[False, chunk[1:] != chunk[:-1]] if n else new_group
+    batch_sorted = np.cumsum(new_batch) - 1
+    batch_of = np.empty(n, dtype=np.int64)
+    batch_of[order] = batch_sorted
+    return Batching(batch_of=batch_of, shape_of=shape[order][new_batch])
+
+
+def balanced_batching(bucket: Bucket, shape: np.ndarray, box_of: np.ndarray, batches_of_box: np.ndarray
+                      ) -> Batching:
+    """Each box's requests dealt into ``batches_of_box[box]`` batches of near-equal size.
+
+    Members of a box are sorted by (gen_len, aligned prompt, file position) and cut into
+    consecutive runs whose sizes differ by at most one, so every batch stays inside the
+    size class [lo, hi] the optimiser chose for the box (lo*m <= n <= hi*m makes
+    floor(n/m) >= lo and ceil(n/m) <= hi) and holds requests of similar length.
+    """
+    shape = np.asarray(shape, dtype=np.int64)
+    if (shape < align(bucket.prompt_len)).any() or (shape % GRANULARITY).any():
+        raise ValueError(f"bucket {bucket.name}: a declared shape does not cover its prompt")
+    n = len(bucket)
+    order = np.lexsort((np.arange(n), align(bucket.prompt_len), bucket.gen_len, box_of))
+    boxes_sorted = box_of[order]
+    new_box = np.r_[True, boxes_sorted[1:] != boxes_sorted[:-1]] if n else np.zeros(0, bool)
+    start = np.maximum.accumulate(np.where(new_box, np.arange(n), 0))
+    size = np.bincount(box_of, minlength=len(batches_of_box))[boxes_sorted]
+    m = np.maximum(np.asarray(batches_of_box, dtype=np.int64)[boxes_sorted], 1)
+    chunk = ((np.arange(n) - start) * m) // np.maximum(size, 1)
+    new_batch = new_box | np.r_[False, chunk[1:] != chunk[:-1]] if n else new_box
     batch_sorted = np.cumsum(new_batch) - 1
     batch_of = np.empty(n, dtype=np.int64)
     batch_of[order] = batch_sorted
