@@ -146,12 +146,12 @@ def gen_budget(hist: Histogram, n_t: int, options: PlannerOptions) -> int:
 
 
 def greedy_plan(problem: Problem, options: PlannerOptions = PlannerOptions()) -> tuple[Batching, ...] | None:
-    """The greedy packer's plan (a warm start and a fallback), or None if it finds none.
+    """The greedy packer's plan (dpfill's in device mode): a warm start and a fallback, or None if it finds none.
 
     Skipped above ``options.greedy_max_requests``: its merges work per request, not per
     cell, and would spend the whole time limit before the optimiser starts.
     """
-    packer = PACKERS.get("greedy")
+    packer = PACKERS.get("dpfill" if problem.mode == "device" else "greedy")
     if packer is None or sum(len(b) for b in problem.buckets) > options.greedy_max_requests:
         return None
     try:
