@@ -25,7 +25,7 @@ from model.formulation.boxes import BucketModel, variant_of_size
 from model.formulation.flow import FlowBlocks, Levels, bucket_levels, build_flow_model, entry_levels
 from model.histogram.cells import Histogram
 from model.planning.options import PlannerOptions
-from model.planning.shapes import choose_shapes
+from model.planning.shapes import ShapeChoice, choose_shapes
 from model.planning.stages import SearchOutcome, bucket_models
 from model.schema import Batching, Problem
 from solvers.backends import get_backend
@@ -59,6 +59,18 @@ def shape_levels(problem: Problem, hists: list[Histogram], options: PlannerOptio
     if problem.max_seq_len is not None:
         levels = levels[levels <= problem.max_seq_len]
     return levels.astype(np.int64)
+
+
+def all_shapes(problem: Problem, hists: list[Histogram]) -> np.ndarray:
+    """Every shape an optimal plan may use: the distinct aligned prompts (within max_seq_len)."""
+    shapes = np.unique(np.concatenate([h.S for h in hists]))
+    return shapes[shapes <= problem.max_seq_len] if problem.max_seq_len is not None else shapes
+
+
+def shape_relaxation(problem: Problem, hists: list[Histogram]) -> ShapeChoice:
+    """The best K shapes when every request pays only its floor (``boxes.request_floor``): a lower bound
+    on any plan, and its shapes a good start."""
+    return choose_shapes(bucket_models(problem, hists), all_shapes(problem, hists), problem.max_shapes)
 
 
 def start_levels(problem: Problem, warm: tuple[Batching, ...] | None) -> tuple[np.ndarray | None, list]:
@@ -246,24 +258,11 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
              f"{', '.join(str(len(lv.gs)) for lv in plan_levels)} gen levels"]
     bound = -np.inf
     if want_bound:
-        all_shapes = np.unique(np.concatenate([h.S for h in fine]))
-        if problem.max_seq_len is not None:
-            all_shapes = all_shapes[all_shapes <= problem.max_seq_len]
-        relaxation = choose_shapes(bucket_models(problem, fine), all_shapes, problem.max_shapes)
-        bound = relaxation.bound
+        bound = shape_relaxation(problem, fine).bound
         notes.append("the bound is the larger of the shape relaxation (every request at its own gen in a full "
                      "batch under the best K shapes) and the flow model's own bound where that one is certified")
         if exact and result.bound is not None and not any(reserves or ()) and problem.mode == "device":
             bound = max(bound, result.bound)
-        elif time.perf_counter() < deadline - 1.0:
-            bound = result.bound if problem.mode == "device" else -np.inf
-            relaxed = [replace(bm, p95_allowed=None if bm.p95_allowed is None else bm.p95_allowed + bm.p95_reserve,
-                               p95_reserve=0) for bm in bucket_models(problem, fine)]
-            floor_levels = flow_levels(problem, fine, options, "floor")
-            _, _, lower = solve_levels(problem, fine, relaxed, floor_levels, solver, deadline, None,
-                                       spikes=problem.mode == "device", options=options)
-            if lower.bound is not None and lower.bound > bound:
-                bound = lower.bound
     if not result.has_solution:
         return SearchOutcome(None, None, bound, None, result.status, result.backend, result.version, tuple(notes))
     used = served(result.x, blocks)
