@@ -38,12 +38,18 @@ def shape_charge(s, p: Coefficients) -> np.ndarray:
 
 
 def fastest_latency(S, G, p: Coefficients, mode: Mode) -> np.ndarray:
-    """The least latency a request of aligned prompt S and gen G can have: alone in a batch at shape S.
+    """The least latency a request of aligned prompt S and gen G can have.
 
-    (A larger batch, shape or gen only adds time in every mode.)
+    Analytic modes: alone in a batch at shape S (a larger batch, shape or gen only adds
+    time).  Device mode: the same, or -- where the profile's decode_large regime has a
+    cheaper step -- in the smallest batch that runs it (time grows with n within a regime).
     """
     if mode == "device":
-        return batch_breakdown(np.ones(np.shape(S), dtype=np.int64), S, G, p).total
+        alone = batch_breakdown(np.ones(np.shape(S), dtype=np.int64), S, G, p).total
+        if p.decode_large_from is None:
+            return alone
+        large = batch_breakdown(np.full(np.shape(S), p.decode_large_from, dtype=np.int64), S, G, p).total
+        return np.minimum(alone, large)
     return prefill_latency(S, p) + decode_latency(S, G, p) + p.Tbatch_overhead_ms
 
 

@@ -41,8 +41,9 @@ class BucketModel:
       gen_min: per cell, the smallest real gen_len (pad is counted against it, so a
         coarsened histogram never understates padding);
       max_batch: the batch-size cap (None: none), on top of the device's KV capacity;
-      large, slow: per variant, whether it runs the decode_large regime and whether
-        its members are over the P95 limit (device mode; one plain variant otherwise).
+      large, slow, safe: per variant, whether it runs the decode_large regime, whether
+        its members are over the P95 limit, and whether they stay under it even with a
+        compile spike added (device mode; one plain variant otherwise).
     """
 
     hist: Histogram
@@ -58,20 +59,23 @@ class BucketModel:
     max_batch: int | None = None
     large: np.ndarray = field(default_factory=lambda: np.zeros(1, bool))
     slow: np.ndarray = field(default_factory=lambda: np.zeros(1, bool))
+    safe: np.ndarray = field(default_factory=lambda: np.zeros(1, bool))
 
     @property
     def n_variants(self) -> int:
         return len(self.large)
 
 
-def variant_kinds(params: Coefficients, mode: Mode, limits: Limits) -> tuple[np.ndarray, np.ndarray]:
-    """(large, slow) per variant: the decode regimes a profile has, split by the P95 limit if one is set."""
+def variant_kinds(params: Coefficients, mode: Mode, limits: Limits) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(large, slow, safe) per variant: the decode regimes a profile has, each split by the P95 limit if one
+    is set into sizes whose members stay under it with a compile spike (safe), without one, or not (slow)."""
     if mode != "device":
-        return np.zeros(1, bool), np.zeros(1, bool)
+        return np.zeros(1, bool), np.zeros(1, bool), np.zeros(1, bool)
     regimes = [False, True] if params.decode_large is not None else [False]
-    speeds = [False, True] if limits.max_p95_latency_ms is not None else [False]
+    speeds = ["safe", "fast", "slow"] if limits.max_p95_latency_ms is not None else ["fast"]
     pairs = [(r, s) for r in regimes for s in speeds]
-    return np.array([r for r, _ in pairs]), np.array([s for _, s in pairs])
+    return (np.array([r for r, _ in pairs]), np.array([s == "slow" for _, s in pairs]),
+            np.array([s == "safe" for _, s in pairs]))
 
 
 def bucket_model(hist: Histogram, gen_min: np.ndarray, limits: Limits, params: Coefficients, mode: Mode,
@@ -91,9 +95,9 @@ def bucket_model(hist: Histogram, gen_min: np.ndarray, limits: Limits, params: C
     if limits.max_pad_ratio is not None:
         pad_budget = limits.max_pad_ratio * real - fixed_pad - slack
     p95 = allowed_above(hist.n_requests) - p95_reserve if limits.max_p95_latency_ms is not None else None
-    large, slow = variant_kinds(params, mode, limits)
+    large, slow, safe = variant_kinds(params, mode, limits)
     return BucketModel(hist, limits, mode, params, const, pad_budget, p95, real, gen_min, p95_reserve, max_batch,
-                       large, slow)
+                       large, slow, safe)
 
 
 # ---------------------------------------------------------------- size classes (device mode)
@@ -116,14 +120,13 @@ def _regime_range(bm: BucketModel, t: np.ndarray, g: np.ndarray, large: np.ndarr
     return lo, hi
 
 
-def fast_members(bm: BucketModel, t: np.ndarray, g: np.ndarray, large: np.ndarray) -> np.ndarray:
-    """Device mode: the largest n whose batch time T(n) stays within the P95 limit (0 if none does).
+def fast_members(bm: BucketModel, t: np.ndarray, g: np.ndarray, large: np.ndarray, limit: float) -> np.ndarray:
+    """Device mode: the largest n whose batch time T(n) stays within ``limit`` (0 if none does).
 
     T is affine and increasing in n within a regime; the estimate from the linear parts
     is checked against ``batch_time`` itself (the evaluator's arithmetic) and moved by
     one where float rounding put it on the wrong side.
     """
-    limit = bm.limits.max_p95_latency_ms
     fixed, per = linear_parts(t, g, large, bm.params)
     with np.errstate(divide="ignore", invalid="ignore"):
         est = np.where(per > 0, np.floor((limit - fixed) / np.where(per > 0, per, 1.0)),
@@ -150,11 +153,13 @@ def variant_range(bm: BucketModel, t, g, v) -> tuple[np.ndarray, np.ndarray]:
     t, g, v = (np.asarray(a, dtype=np.int64) for a in np.broadcast_arrays(t, g, v))
     large = bm.large[v]
     lo, hi = _regime_range(bm, t, g, large)
-    if bm.mode == "device" and bm.limits.max_p95_latency_ms is not None:
-        n_fast = fast_members(bm, t, g, large)
-        slow = bm.slow[v]
-        hi = np.where(slow, hi, np.minimum(hi, n_fast))
-        lo = np.where(slow, np.maximum(lo, n_fast + 1), lo)
+    limit = bm.limits.max_p95_latency_ms
+    if bm.mode == "device" and limit is not None:
+        n_fast = fast_members(bm, t, g, large, limit)
+        n_safe = np.minimum(fast_members(bm, t, g, large, limit - bm.params.compile_ms), n_fast)
+        slow, safe = bm.slow[v], bm.safe[v]
+        hi = np.where(slow, hi, np.minimum(hi, np.where(safe, n_safe, n_fast)))
+        lo = np.where(slow, np.maximum(lo, n_fast + 1), np.where(safe, lo, np.maximum(lo, n_safe + 1)))
     return lo, hi
 
 

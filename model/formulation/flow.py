@@ -21,6 +21,7 @@ longer) -- until a box serves them.  Per bucket b:
   pad     sum (t_i + g_j) w[i,j,v]  <=  (1 + max_pad_ratio) * real tokens
   seq     sum lat_k m_k + useq_k w_k + spike z[b,i]                   (<= max_sequential_ms)
   p95     sum over boxes whose members exceed the limit of w_k        (<= allowed)
+          + in device mode one per shape whose compile spike finds no spike-safe batch
 
 The flows make the model exact about *who can ride where* (a box's members can be
 matched to requests it dominates exactly when the flow exists); pad, P95, cost and
@@ -152,7 +153,7 @@ def build_flow_model(bms: list[BucketModel], levels: list[Levels], max_shapes: i
         _size_rows(bld, b, w, m, lo, hi, total)
         _shape_rows(bld, b, i, m, z, m_ub)
         pen = DEVICE_SLACK_PENALTY if bm.mode == "device" else SLACK_PENALTY
-        _limits(bld, b, bm, t, g, v, fixed, lat, unit, w, m, z, ts, relax_limits, pen, spikes)
+        _limits(bld, b, bm, t, g, v, i, fixed, lat, unit, w, m, z, ts, relax_limits, pen, spikes)
     y = bld.add_cols("y", np.zeros(nt), 0.0, 1.0, True)
     for b, z in enumerate(zs):
         r = np.concatenate([np.arange(nt), np.arange(nt)])
@@ -213,8 +214,8 @@ def _shape_rows(bld: _Builder, b: int, i: np.ndarray, m: Block, z: Block, m_ub: 
     bld.add_rows("shape_link", r, c, v, np.full(len(k), -np.inf), np.zeros(len(k)), b)
 
 
-def _limits(bld: _Builder, b: int, bm: BucketModel, t, g, v, fixed, lat, unit, w: Block, m: Block, z: Block,
-            ts: np.ndarray, relax: bool, pen: dict[str, float], spikes: bool) -> None:
+def _limits(bld: _Builder, b: int, bm: BucketModel, t, g, v, box_i, fixed, lat, unit, w: Block, m: Block,
+            z: Block, ts: np.ndarray, relax: bool, pen: dict[str, float], spikes: bool) -> None:
     """The limit rows of one bucket (module docstring): cost, pad, sequential time, P95."""
     lim = bm.limits
     kw = np.arange(w.stop - w.start)
@@ -235,4 +236,24 @@ def _limits(bld: _Builder, b: int, bm: BucketModel, t, g, v, fixed, lat, unit, w
     if bm.p95_allowed is not None:
         viol = arc_violates(bm, np.zeros(len(kw), np.int64), t, g, v)
         keep = np.flatnonzero(viol > 0)
-        _limit_row(bld, "p95", b, w.start + keep, viol[keep], float(bm.p95_allowed), relax, pen)
+        cols, vals = [w.start + keep], [viol[keep]]
+        if bm.mode == "device":
+            e = spike_rows(bld, b, bm, v, box_i, m, z)
+            cols.append(np.arange(e.start, e.stop))
+            vals.append(np.ones(e.stop - e.start))
+        _limit_row(bld, "p95", b, np.concatenate(cols), np.concatenate(vals), float(bm.p95_allowed), relax, pen)
+
+
+def spike_rows(bld: _Builder, b: int, bm: BucketModel, v: np.ndarray, box_i: np.ndarray, m: Block, z: Block
+               ) -> Block:
+    """Device mode: each compiled shape's spike lands on a member of one of its batches -- harmlessly if
+    some batch of the shape is spike-safe (T + compile_ms within the P95 limit), else it may push one
+    member over:  sum_{safe boxes at shape i} m_k + e_i >= z[b,i],  and e_i counts against the P95."""
+    nt = z.stop - z.start
+    e = bld.add_cols("spike_over", np.zeros(nt), 0.0, 1.0, True, b)
+    safe = np.flatnonzero(bm.safe[v])
+    r = np.concatenate([box_i[safe], np.arange(nt), np.arange(nt)])
+    c = np.concatenate([m.start + safe, e.start + np.arange(nt), z.start + np.arange(nt)])
+    vals = np.concatenate([np.ones(len(safe)), np.ones(nt), -np.ones(nt)])
+    bld.add_rows("spike_safe", r, c, vals, np.zeros(nt), np.full(nt, np.inf), b)
+    return e

@@ -13,8 +13,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from model.cost.analytic import compile_cost, decode_cost, member_latency, prefill_cost
+from model.cost.analytic import compile_cost, decode_cost, prefill_cost
 from model.cost.common import align, allowed_above, p95_rank
+from model.cost.metrics import fastest_latency, spike_ms
+from model.formulation.boxes import bucket_model, request_floor
 from model.histogram.cells import build_histogram
 from model.planning.stages import greedy_plan, search, shape_setup
 from model.schema import Bucket, Limits, Problem
@@ -29,16 +31,25 @@ def at_best(bucket: Bucket, problem: Problem) -> dict[str, float]:
     P95 -- and some member carries a compile spike, which counts where it must;
     padding is at least the alignment pad (in strict mode too: each at its own shape);
     cost at least every request alone at its own box with one batch and one shape.
+    Device mode: a member's latency is its batch's time, least when it runs alone; a
+    request's cost is at least its floor (``boxes.request_floor``: its own per-member
+    time plus a full batch's share of the fixed time) and sequential time is the cost.
     """
     p = problem.params
     S = align(bucket.prompt_len)
-    own = member_latency(S, S, bucket.gen_len, p)
+    own = fastest_latency(S, bucket.gen_len, p, problem.mode)
     k = p95_rank(len(bucket))
-    spiked = float(own.min()) + p.Tshape_compile_ms  # some member carries a compile spike in every plan
+    spiked = float(own.min()) + spike_ms(p)  # some member carries a compile spike in every plan
     p95 = float(np.partition(own, k)[k])
     if allowed_above(len(bucket)) == 0:  # the P95 is the maximum: the spike counts
         p95 = max(p95, spiked)
     pad = float((S - bucket.prompt_len).sum()) / float(bucket.prompt_len.sum() + bucket.gen_len.sum())
+    if problem.mode == "device":
+        hist = build_histogram(bucket)
+        bm = bucket_model(hist, hist.G, Limits(), p, "device", max_batch=problem.max_batch_size)
+        floor = float((hist.count * request_floor(bm, hist.S, hist.G)).sum()) + p.compile_ms
+        return {"cost": floor, "pad_ratio": pad, "p95_latency_ms": p95,
+                "sequential_ms": max(floor, float(own.max()) + p.compile_ms)}
     floor = float((prefill_cost(S, p) + decode_cost(S, bucket.gen_len, p)).sum()
                   + p.Kbatch_overhead_cost + compile_cost(S.max(), p))
     return {"cost": floor, "pad_ratio": pad, "p95_latency_ms": p95, "sequential_ms": max(float(own.max()), spiked)}

@@ -1,0 +1,181 @@
+"""Device mode end to end: the planner against brute-force optima, KV capacity everywhere, the start and the CLI.
+
+The toy profile below makes every part of the batch time matter on a handful of
+requests: a per-step cost that batching amortises (d0), members that cost per token
+(p1, d1, d2), a decode_large regime from 3 members, and a compile time small enough
+that a second shape can pay.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import REPO, brute_force, bucket, check_valid, problem
+
+from model import pipeline
+from model.cost.device import DeviceProfile, batch_time
+from model.errors import InfeasibleError
+from model.planning.mip import plan_mip
+from model.planning.runs import optimal_runs
+from model.schema import Limits, Problem
+from solvers.packers import PACKERS
+
+TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
+                    decode_large=(3.0, 1e-4, 0.05), decode_large_from=3, compile_ms=40.0)
+PROFILE = REPO / "data" / "profiles" / "opt13b-a100-tp1.toml"
+
+
+def device(*buckets, k: int = 8, limits: Limits = Limits(), prof: DeviceProfile = TOY, **kw) -> Problem:
+    return problem(*buckets, k=k, limits=limits, params=prof, mode="device", **kw)
+
+
+SIX = bucket([60, 100, 130, 64, 250, 190], [10, 30, 20, 40, 10, 200])
+FIVE = bucket([51, 100, 130, 700, 64], [19, 53, 20, 300, 16])
+
+
+@pytest.mark.parametrize("prob", [
+    device(SIX, k=1), device(SIX, k=2), device(SIX, k=3), device(FIVE, k=2), device(SIX, k=2, max_batch_size=2),
+    # 750 ms: one batch meets it but its compile spike does not; two spike-safe batches do (a false
+    # "infeasible" once); 700 ms: only the spike-safe split meets it
+    device(SIX, k=2, limits=Limits(max_p95_latency_ms=750.0)),
+    device(SIX, k=2, limits=Limits(max_p95_latency_ms=700.0)),
+    device(FIVE, k=2, limits=Limits(max_pad_ratio=0.9)),
+    device(SIX, k=2, limits=Limits(max_sequential_ms=800.0)),
+], ids=["six K=1", "six K=2", "six K=3", "five K=2", "six K=2 B=2", "six P95 750", "six P95 700", "five pad",
+        "six seq"])
+def test_plan_mip_hits_the_brute_force_optimum_and_bounds_it(prob):
+    best = brute_force(prob)
+    planned = plan_mip(prob, time_limit=20)
+    results = check_valid(prob, planned.batchings)
+    cost = sum(r.metrics.cost for r in results)
+    assert all(r.ok for r in results)
+    assert cost == pytest.approx(best.cost, rel=1e-9)
+    assert planned.report.bound <= best.cost * (1 + 1e-9)
+
+
+def test_p95_limit_no_plan_meets_is_not_reported_as_a_plan():
+    prob = device(SIX, k=2, limits=Limits(max_p95_latency_ms=1.0))
+    assert brute_force(prob).cost == np.inf
+    with pytest.raises(InfeasibleError):
+        plan_mip(prob, time_limit=2)
+
+
+def test_optimal_runs_is_the_exact_cut_and_matches_batch_time():
+    rng = np.random.default_rng(3)
+    gens = np.sort(rng.integers(1, 60, 9))
+    cost, batch = optimal_runs(gens, 128, TOY, None)
+    sizes = np.bincount(batch)
+    assert cost == pytest.approx(float(sum(batch_time(n, 128, gens[batch == k].max(), TOY)
+                                           for k, n in enumerate(sizes))), rel=1e-12)
+    # against every composition of the sorted list into consecutive runs
+    best = np.inf
+    for mask in range(1 << (len(gens) - 1)):
+        cuts = [0] + [i + 1 for i in range(len(gens) - 1) if mask >> i & 1] + [len(gens)]
+        total = sum(float(batch_time(b - a, 128, gens[b - 1], TOY)) for a, b in zip(cuts, cuts[1:], strict=False))
+        best = min(best, total)
+    assert cost == pytest.approx(best, rel=1e-12)
+
+
+def small_kv_problem(k: int = 3) -> Problem:
+    rng = np.random.default_rng(11)
+    b = bucket(rng.integers(20, 900, 300).tolist(), rng.integers(1, 400, 300).tolist())
+    prof = DeviceProfile(name="kv", prefill=TOY.prefill, decode=TOY.decode, compile_ms=500.0, kv_capacity_tokens=4000)
+    return device(b, k=k, prof=prof)
+
+
+@pytest.mark.parametrize("name", list(PACKERS))
+def test_every_packer_respects_kv_capacity(name):
+    prob = small_kv_problem()
+    results = check_valid(prob, PACKERS[name](prob))  # the evaluator's kv-capacity rule included
+    assert all(not r.violations for r in results)
+
+
+def test_the_mip_respects_kv_and_is_never_costlier_than_dpfill():
+    prob = small_kv_problem()
+    planned = plan_mip(prob, time_limit=3)
+    mine = sum(r.metrics.cost for r in check_valid(prob, planned.batchings))
+    theirs = sum(r.metrics.cost for r in check_valid(prob, PACKERS["dpfill"](prob)))
+    assert mine <= theirs * (1 + 1e-12)
+    assert planned.report.bound <= mine
+
+
+def test_a_request_too_long_for_the_kv_cache_is_named():
+    prof = DeviceProfile(name="tiny", prefill=TOY.prefill, decode=TOY.decode, compile_ms=1.0, kv_capacity_tokens=100)
+    prob = device(bucket([60, 90], [10, 50]), prof=prof)
+    with pytest.raises(InfeasibleError, match="does not fit"):
+        PACKERS["dpfill"](prob)
+
+
+def run(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-m", *argv], cwd=cwd, capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_cli_device_mode_solve_then_evaluate(tmp_path: Path):
+    reqs = tmp_path / "r.jsonl"
+    rng = np.random.default_rng(5)
+    reqs.write_text("".join(f'{{"request_id": "q{i}", "prompt_len": {int(p)}, "gen_len": {int(g)}}}\n'
+                            for i, (p, g) in enumerate(zip(rng.integers(10, 2000, 200), rng.integers(1, 300, 200),
+                                                           strict=True))))
+    out = tmp_path / "out"
+    done = run("model.solve", str(reqs), "--cost-model", "device", "--device-profile", str(PROFILE),
+               "--time-limit", "3", "--out", str(out), "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "device" in done.stdout
+    judged = run("model.evaluate", str(reqs), str(out / "plan_r.jsonl"), "--device-profile", str(PROFILE),
+                 cwd=tmp_path)
+    assert judged.returncode == 0, judged.stdout + judged.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cost-model", "device"], "needs --device-profile"),
+    (["--device-profile", "PROFILE", "--cost-model", "strict"], "device mode"),
+    (["--device-profile", "missing.toml"], "missing.toml"),
+])
+def test_cli_device_flags_conflicts_exit_2(tmp_path: Path, argv, message):
+    reqs = tmp_path / "r.jsonl"
+    reqs.write_text('{"request_id": "a", "prompt_len": 10, "gen_len": 5}\n')
+    argv = [str(PROFILE) if a == "PROFILE" else a for a in argv]
+    done = run("model.solve", str(reqs), *argv, "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_evaluate_rejects_a_batch_over_kv_capacity(tmp_path: Path):
+    reqs = tmp_path / "r.jsonl"
+    reqs.write_text('{"request_id": "a", "prompt_len": 700, "gen_len": 300}\n'
+                    '{"request_id": "b", "prompt_len": 130, "gen_len": 20}\n')
+    plan = tmp_path / "plan.jsonl"
+    shape = '"shape": {"seq_align": 768, "heads_align": 32, "hidden_align": 4096}'
+    plan.write_text(f'{{"request_id": "a", "batch_id": "b-3", {shape}}}\n{{"request_id": "b", "batch_id": "b-3", '
+                    f'{shape}}}\n')
+    prof = tmp_path / "p.toml"
+    prof.write_text(PROFILE.read_text().replace("kv_capacity_tokens = 66144", "kv_capacity_tokens = 2000"))
+    done = run("model.evaluate", str(reqs), str(plan), "--device-profile", str(prof), cwd=tmp_path)
+    assert done.returncode == 1
+    assert "kv-capacity" in done.stdout and "'b-3' holds 2136 KV tokens" in done.stdout
+
+
+def test_scenario_device_profile_by_path_or_inline_table(tmp_path: Path):
+    (tmp_path / "r.jsonl").write_text('{"request_id": "a", "prompt_len": 10, "gen_len": 5}\n')
+    (tmp_path / "dev.toml").write_text(PROFILE.read_text())
+    by_path = tmp_path / "s1.toml"
+    by_path.write_text('max_shapes = 2\nmode = "device"\ndevice = "dev.toml"\n\n[[bucket]]\nname = "r"\n'
+                       'requests = "r.jsonl"\n')
+    inline = tmp_path / "s2.toml"
+    inline.write_text('max_shapes = 2\n\n[[bucket]]\nname = "r"\nrequests = "r.jsonl"\n\n'
+                      + PROFILE.read_text().split("[device]", 1)[0].replace("#", "# ") + "[device]"
+                      + PROFILE.read_text().split("[device]", 1)[1])
+    for scenario in (by_path, inline):
+        prob, _ = pipeline.load_problem(pipeline.InputSpec(scenario=scenario))
+        assert prob.mode == "device" and prob.params.compile_ms == 20000.0
+    bad = tmp_path / "s3.toml"
+    bad.write_text('max_shapes = 2\nmode = "strict"\ndevice = "dev.toml"\n\n[[bucket]]\nname = "r"\n'
+                   'requests = "r.jsonl"\n')
+    done = run("model.solve", "--scenario", str(bad), "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert done.returncode == 2 and "s3.toml:3" in done.stderr, done.stderr
