@@ -100,6 +100,20 @@ def shape_rules(bucket: Bucket, plan: Plan, rows: np.ndarray, max_shapes: int,
     return problems
 
 
+def allowed_rule(bucket: Bucket, plan: Plan, allowed: tuple[int, ...] | None) -> list[Violation]:
+    """With a fixed set of allowed shapes, every seq_align must be one of them."""
+    if allowed is None:
+        return []
+    bad = ~np.isin(plan.seq_align, np.asarray(allowed, dtype=np.int64))
+    if not bad.any():
+        return []
+    k = int(np.argmax(bad))
+    others = sorted({int(s) for s in plan.seq_align[bad]})
+    return [Violation(bucket.name, "allowed-shapes",
+                      f"{plan.source}:{_line(plan, k)}: seq_align {int(plan.seq_align[k])} is not an allowed shape "
+                      f"(outside the set: {', '.join(map(str, others))}; allowed: {', '.join(map(str, allowed))})")]
+
+
 def limit_checks(metrics: Metrics, limits: Limits) -> tuple[LimitCheck, ...]:
     """Each set limit beside the metric it bounds."""
     return tuple(LimitCheck(name, metrics.value(name), bound) for name, bound in limits.items())
@@ -115,6 +129,7 @@ def evaluate_plans(problem: Problem, plans: tuple[Plan, ...]) -> tuple[list[Buck
             results.append(BucketResult(bucket.name, None, (), tuple(problems)))
             continue
         problems += shape_rules(bucket, plan, rows, problem.max_shapes, problem.max_seq_len)
+        problems += allowed_rule(bucket, plan, problem.allowed_shapes)
         metrics = plan_metrics(bucket.prompt_len[rows], bucket.gen_len[rows], plan.batch_ids, plan.seq_align,
                                problem.params, problem.mode)
         all_shapes.update(metrics.shapes)
