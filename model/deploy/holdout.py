@@ -21,6 +21,7 @@ Library code built on ``model.pipeline``; it parses nothing and prints nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -61,13 +62,13 @@ def subset(bucket: Bucket, rows: np.ndarray) -> Bucket:
 def split_rows(bucket: Bucket, fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """Rows of the first part and of the held-out part (each in file order, neither empty).
 
-    The held-out part is the ``round(fraction * n)`` latest arrivals (ties in file order),
+    The held-out part is the ``fraction * n`` (rounded, half up) latest arrivals (ties in file order),
     or the last rows of the file when the bucket has no arrival times.
     """
     n = len(bucket)
     if n < 2:
         raise InputError(bucket.source, None, None, f"{n} request: a hold-out needs at least 2 in each bucket")
-    n_test = int(np.clip(round(fraction * n), 1, n - 1))
+    n_test = int(np.clip(math.floor(fraction * n + 0.5), 1, n - 1))  # half rounds up
     order = np.argsort(bucket.arrival_s, kind="stable") if bucket.arrival_s is not None else np.arange(n)
     return np.sort(order[:n - n_test]), np.sort(order[n - n_test:])
 
