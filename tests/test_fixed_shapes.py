@@ -79,7 +79,8 @@ def test_strict_candidates_are_the_allowed_shapes_covering_each_prompt():
 CASES = {
     "six strict K=1 {256, 512}": problem(SIX, k=1, mode="strict", allowed_shapes=(256, 512)),
     "six strict K=2 {128, 256, 320}": problem(SIX, k=2, mode="strict", allowed_shapes=(128, 256, 320)),
-    "six strict K=3 {64, 192, 320, 448}": problem(SIX, k=3, mode="strict", allowed_shapes=(64, 192, 320, 448)),
+    "five strict K=3 {64, 192, 320, 448}": problem(bucket([60, 100, 130, 250, 190], [10, 30, 20, 10, 20]), k=3,
+                                                   mode="strict", allowed_shapes=(64, 192, 320, 448)),
     "six reference K=2 {320}": problem(SIX, k=2, allowed_shapes=(320,)),
     "two buckets strict K=2 {192, 384}": problem(X, Y, k=2, mode="strict", allowed_shapes=(192, 384)),
     "two buckets reference K=1 {256, 512}": problem(X, Y, k=1, allowed_shapes=(256, 512)),

@@ -41,18 +41,22 @@ def run_shapes(run) -> tuple[int, ...]:
 def holdout_blocks(h: Holdout, heading: bool = True) -> list[Block]:
     """The out-of-sample check: the split, a table (in sample, out of sample, against the held-out optimum)
     and the one sentence to read."""
-    cost = Holdout.cost
+    def cost(run) -> str:  # a run that breaks a rule or a limit is starred
+        return fmt(Holdout.cost(run)) + ("" if run is None or run.evaluation.ok else " *")
+
     blocks: list[Block] = [Heading(f"Out of sample (K = {h.k})")] if heading else []
     blocks.append(Paragraph(h.split.describe() + "; absolute limits scaled to each part's share of requests."))
     rows = [(f"{h.solver}: shapes chosen on the first part", shapes_text(h.shapes), fmt(h.in_sample),
-             fmt(cost(h.fixed)), pct(h.loss)),
-            (f"{h.solver}: held-out part's own shapes", shapes_text(run_shapes(h.own)), "-", fmt(cost(h.own)),
+             cost(h.fixed), pct(h.loss)),
+            (f"{h.solver}: held-out part's own shapes", shapes_text(run_shapes(h.own)), "-", cost(h.own),
              "+0.00%" if h.own is not None else "-"),
-            ("pow2 rule", shapes_text(run_shapes(h.pow2)), fmt(h.pow2_in_sample), fmt(cost(h.pow2)),
+            ("pow2 rule", shapes_text(run_shapes(h.pow2)), fmt(h.pow2_in_sample), cost(h.pow2),
              pct(h.pow2_excess))]
     blocks.append(Table(("plan", "shapes", "cost, first part (in sample)", "cost, held-out part",
                          "vs held-out optimum"), tuple(rows)))
     blocks.append(Paragraph(holdout_sentence(h), lead="Out of sample: "))
+    if any(r is not None and not r.evaluation.ok for r in (h.fixed, h.own, h.pow2)):
+        blocks.append(Paragraph("* the plan breaks a rule or a limit of the held-out part.", lead="note: "))
     blocks += [Paragraph(m, lead="note: ") for m in h.messages]
     return blocks
 
