@@ -10,6 +10,7 @@ from model.cost.analytic import CostParams
 from model.cost.common import GRANULARITY, MODES
 from model.deploy.flags import allowed_from_args
 from model.errors import InfeasibleError, InputError
+from model.load.profile import load_profile
 from model.pipeline import InputSpec, load_problem
 from model.schema import LIMIT_KEYS, Limits, Problem, Scenario
 
@@ -20,7 +21,10 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--columns", help="column mapping: 'azure' or PROMPT,GEN[,ID] (CSV/Parquet inputs)")
     parser.add_argument("--format", choices=("jsonl", "csv", "parquet"), help="input format (default: by suffix)")
     parser.add_argument("--cost-model", choices=MODES, default=None,
-                        help="reference (default) or strict (declared shape is paid for)")
+                        help="reference (default), strict (declared shape is paid for) or device "
+                             "(measured step times of --device-profile)")
+    parser.add_argument("--device-profile", type=Path,
+                        help="device profile TOML ([device] table, see data/profiles/): device mode")
     parser.add_argument("--cost-params", type=Path, help="TOML file overriding cost-model coefficients")
     parser.add_argument("--limit-shapes", type=int, default=None, help="at most K shapes across all buckets")
     parser.add_argument("--max-seq-len", type=int, default=None, help="largest shape the accelerator allows")
@@ -54,6 +58,7 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
     a scenario they override its limits one by one.
     """
     params = CostParams.from_toml(args.cost_params) if args.cost_params else None
+    device = load_profile(args.device_profile) if getattr(args, "device_profile", None) else None
     if args.limit_shapes is not None and args.limit_shapes < 1:
         raise InputError("--limit-shapes", None, None, f"must be a positive integer, got {args.limit_shapes}")
     if args.max_seq_len is not None and (args.max_seq_len < GRANULARITY or args.max_seq_len % GRANULARITY):
@@ -64,9 +69,9 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
         print(f"warning: {warning}", file=sys.stderr)
     spec = InputSpec(files=tuple(files), scenario=args.scenario, columns=args.columns, fmt=args.format,
                      limits=limits if limits is not None else cli_limits(args), max_shapes=args.limit_shapes,
-                     params=params, mode=args.cost_model, max_batch_size=getattr(args, "max_batch_size", None),
-                     max_seq_len=args.max_seq_len, allowed_shapes=allowed,
-                     time_column=getattr(args, "time_column", None))
+                     params=params, device=device, mode=args.cost_model,
+                     max_batch_size=getattr(args, "max_batch_size", None), max_seq_len=args.max_seq_len,
+                     allowed_shapes=allowed, time_column=getattr(args, "time_column", None))
     return load_problem(spec, default_scenario)
 
 

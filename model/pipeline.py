@@ -14,6 +14,7 @@ from pathlib import Path
 
 from model.cost.analytic import CostParams
 from model.cost.common import Mode
+from model.cost.device import DeviceProfile
 from model.errors import InfeasibleError, InputError
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble
@@ -54,6 +55,7 @@ class InputSpec:
     limits: Limits = Limits()
     max_shapes: int | None = None
     params: CostParams | None = None
+    device: DeviceProfile | None = None
     mode: Mode | None = None
     max_batch_size: int | None = None
     max_seq_len: int | None = None
@@ -68,12 +70,18 @@ def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple
     one by one, so a flag tightens a scenario without silently being ignored.
     """
     scenario = None
+    mode, params = coefficients_of(spec)
     if spec.scenario is not None or (not spec.files and default_scenario is not None):
         if spec.time_column is not None:
             raise InputError("--time-column", None, None, "applies to request files, not a scenario (a scenario "
                              "bucket with columns = \"azure\" reads TIMESTAMP by itself)")
         scenario = load_scenario(spec.scenario or default_scenario)
-        problem = scenario.problem(max_shapes=spec.max_shapes, params=spec.params, mode=spec.mode,
+        if mode is not None and params is None and (mode == "device") != (scenario.mode == "device"):
+            raise InputError("--cost-model", None, None,
+                             "--cost-model device needs --device-profile FILE.toml" if mode == "device" else
+                             f"the scenario prices plans in device mode; --cost-model {mode} needs --cost-params "
+                             "or no scenario device profile")
+        problem = scenario.problem(max_shapes=spec.max_shapes, params=params, mode=mode,
                                    max_batch_size=spec.max_batch_size, max_seq_len=spec.max_seq_len,
                                    allowed_shapes=spec.allowed_shapes,
                                    limits=tuple(lim.overridden_by(spec.limits) for lim in scenario.limits))
@@ -83,13 +91,33 @@ def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple
         columns = Columns.parse(spec.columns) if spec.columns else None
         buckets = tuple(load_requests(f, None, columns, spec.fmt, time_column=spec.time_column) for f in spec.files)
         check_unique_names(buckets)
+        if mode == "device" and params is None:
+            raise InputError("--cost-model", None, None, "--cost-model device needs --device-profile FILE.toml")
         problem = Problem(buckets=buckets, limits=tuple(spec.limits for _ in buckets),
-                          max_shapes=spec.max_shapes or 8, params=spec.params or CostParams(),
-                          mode=spec.mode or "reference", max_batch_size=spec.max_batch_size,
+                          max_shapes=spec.max_shapes or 8, params=params or CostParams(),
+                          mode=mode or "reference", max_batch_size=spec.max_batch_size,
                           max_seq_len=spec.max_seq_len, allowed_shapes=spec.allowed_shapes)
     check_seq_len(problem)
     check_fits(problem)
     return problem, scenario
+
+
+def coefficients_of(spec: InputSpec) -> tuple[Mode | None, CostParams | DeviceProfile | None]:
+    """The mode and coefficients the flags ask for (None: keep the scenario's or the default).
+
+    A device profile selects device mode; beside ``--cost-model reference|strict`` or
+    ``--cost-params`` it is a contradiction, and so are cost params in device mode.
+    """
+    if spec.device is not None:
+        if spec.mode not in (None, "device"):
+            raise InputError("--device-profile", None, None,
+                             f"a device profile prices plans in device mode, not --cost-model {spec.mode}")
+        if spec.params is not None:
+            raise InputError("--cost-params", None, None, "cost params do not apply in device mode")
+        return "device", spec.device
+    if spec.mode == "device" and spec.params is not None:
+        raise InputError("--cost-params", None, None, "cost params do not apply in device mode")
+    return spec.mode, spec.params
 
 
 def check_unique_names(buckets: tuple[Bucket, ...]) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from model.cost.device import DeviceProfile
 from model.errors import InputError
-from model.load.scenario import _toml_error, _toml_lines
+from model.load.toml_lines import toml_error, toml_lines
 
 TABLE = "device"
 COEFFICIENT_KEYS = {"prefill": "[p0, p1, p2]", "decode": "[d0, d1, d2]", "decode_large": "[d0, d1, d2]"}
@@ -39,7 +39,7 @@ def device_key_line(text: str, key: str) -> int | None:
     """
     table_line = None
     in_table = False
-    for number, where, kind, name in _toml_lines(text):
+    for number, where, kind, name in toml_lines(text):
         if kind == "header":
             in_table = name == TABLE
             if name == f"{TABLE}.{key}":
@@ -75,7 +75,7 @@ def load_profile(path: str | Path) -> DeviceProfile:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise _toml_error(path, exc) from None
+        raise toml_error(path, exc) from None
     for key in data:
         if key != TABLE:
             raise InputError(src, _top_line(text, key), key, f"unknown key (a profile holds only a [{TABLE}] table)")
@@ -86,7 +86,7 @@ def load_profile(path: str | Path) -> DeviceProfile:
 
 def _top_line(text: str, key: str) -> int | None:
     """Line of a top-level key, dotted key or table header named ``key`` (wherever the header sits)."""
-    for number, where, kind, name in _toml_lines(text):
+    for number, where, kind, name in toml_lines(text):
         if name.split(".", 1)[0] == key and (kind == "header" or where is None):
             return number
     return None

@@ -1,88 +1,40 @@
 """scenario.toml: the contract of ``shared/workloads`` (extended, never broken).
 
 Known keys -- top level: ``max_shapes`` (required), optional ``mode``
-(reference|strict), ``max_seq_len`` (largest shape the accelerator allows),
+(reference|strict|device), ``max_seq_len`` (largest shape the accelerator allows),
 ``max_batch_size``, ``cost_model`` (a table of coefficient overrides, or a path to
-a TOML file of them).  Each ``[[bucket]]``: ``name``, ``requests`` (path relative
-to the scenario), optional limits ``max_cost``, ``max_pad_ratio``,
+a TOML file of them), ``device`` (device mode: a profile TOML path relative to the
+scenario, or an inline ``[device]`` table; implies ``mode = "device"``).  Each
+``[[bucket]]``: ``name``, ``requests`` (path relative to the scenario), optional limits ``max_cost``, ``max_pad_ratio``,
 ``max_p95_latency_ms``, ``max_sequential_ms``, and for CSV/Parquet sources
 ``format``, ``prompt_column``, ``gen_column``, ``id_column`` (or ``columns`` preset).
 """
 
 from __future__ import annotations
 
-import re
 import tomllib
 from pathlib import Path
 
 from model.cost.analytic import CostParams
 from model.cost.common import MODES
+from model.cost.metrics import Coefficients
 from model.errors import InputError
+from model.load.profile import load_profile, profile_from_table
 from model.load.requests import PRESETS, Columns, load_requests
+from model.load.toml_lines import key_line, table_line, toml_error
 from model.schema import Limits, Scenario
 
-TOP_KEYS = {"max_shapes", "mode", "max_seq_len", "max_batch_size", "cost_model", "bucket", "name", "description"}
+TOP_KEYS = {"max_shapes", "mode", "max_seq_len", "max_batch_size", "cost_model", "device", "bucket", "name",
+            "description"}
 LIMIT_KEYS = ("max_cost", "max_pad_ratio", "max_p95_latency_ms", "max_sequential_ms")
 BUCKET_KEYS = {"name", "requests", "format", "prompt_column", "gen_column", "id_column", "columns", *LIMIT_KEYS}
-
-
-def _toml_lines(text: str) -> list[tuple[int, int | None, str, str]]:
-    """(line, table, kind, name) for every header and ``key =`` line of a TOML text.
-
-    ``table`` is None at the top level, k inside the k-th ``[[bucket]]`` and -1 in any
-    other table; ``kind`` is "header" or "key".  Lets errors point at the exact line
-    of the key in ITS table (the second bucket's ``max_cost``, not the first's).
-    Best effort: keys inside multi-line values or inline tables are not followed.
-    """
-    out: list[tuple[int, int | None, str, str]] = []
-    current: int | None = None
-    buckets = -1
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if stripped.startswith("["):
-            header = stripped.split("#", 1)[0].strip()
-            name = header.strip("[]").strip()
-            is_bucket = header.startswith("[[") and name == "bucket"
-            buckets += is_bucket
-            out.append((number, current, "header", name))
-            current = buckets if is_bucket else -1
-        elif "=" in stripped and not stripped.startswith("#"):
-            out.append((number, current, "key", stripped.split("=", 1)[0].strip().strip('"')))
-    return out
-
-
-def _key_line(text: str, key: str, table: int | None = None) -> int | None:
-    """Line of ``key = ...`` in the top level (or a top-level ``[key]`` header) or in bucket ``table``."""
-    for number, where, kind, name in _toml_lines(text):
-        if name == key and where == table and (kind == "key" or table is None):
-            return number
-    return None
-
-
-def _table_line(text: str, index: int) -> int | None:
-    """Line of the index-th ``[[bucket]]`` header, where bucket-level errors point."""
-    headers = [number for number, _, kind, name in _toml_lines(text) if kind == "header" and name == "bucket"]
-    return headers[index] if index < len(headers) else None
 
 
 def _positive_int(path: str, text: str, key: str, value) -> int:
     """A top-level count such as max_shapes: an integer >= 1 (booleans are not counts)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(path, _key_line(text, key), key, f"must be a positive integer, got {value!r}")
+        raise InputError(path, key_line(text, key), key, f"must be a positive integer, got {value!r}")
     return value
-
-
-def _toml_error(path: Path, exc: tomllib.TOMLDecodeError) -> InputError:
-    """A TOML syntax error with its line moved into the file:line prefix.
-
-    Python 3.11's tomllib only says "(at line N, column M)" inside the message.
-    """
-    message = str(exc)
-    m = re.search(r" \(at line (\d+), column (\d+)\)$", message)
-    if m is None:
-        return InputError(str(path), getattr(exc, "lineno", None), None, f"malformed TOML: {message}")
-    return InputError(str(path), int(m.group(1)), None,
-                      f"malformed TOML: {message[:m.start()]} (column {m.group(2)})")
 
 
 def load_scenario(path: str | Path, load: bool = True) -> Scenario:
@@ -95,36 +47,36 @@ def load_scenario(path: str | Path, load: bool = True) -> Scenario:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise _toml_error(path, exc) from None
+        raise toml_error(path, exc) from None
     src = str(path)
     for key in data:
         if key not in TOP_KEYS:
-            raise InputError(src, _key_line(text, key), key, "unknown scenario key")
+            raise InputError(src, key_line(text, key), key, "unknown scenario key")
     if "max_shapes" not in data:
         raise InputError(src, None, "max_shapes", "missing")
     max_shapes = _positive_int(src, text, "max_shapes", data["max_shapes"])
     mode = data.get("mode", "reference")
     if mode not in MODES:
-        raise InputError(src, _key_line(text, "mode"), "mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
+        raise InputError(src, key_line(text, "mode"), "mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
     max_seq_len = data.get("max_seq_len")
     if max_seq_len is not None:
         max_seq_len = _positive_int(src, text, "max_seq_len", max_seq_len)
         if max_seq_len % 64:
-            raise InputError(src, _key_line(text, "max_seq_len"), "max_seq_len",
+            raise InputError(src, key_line(text, "max_seq_len"), "max_seq_len",
                              f"must be a multiple of 64, got {max_seq_len}")
     max_batch = data.get("max_batch_size")
     if max_batch is not None:
         max_batch = _positive_int(src, text, "max_batch_size", max_batch)
-    params = _cost_params(path, data.get("cost_model"))
+    params, mode = _coefficients(path, text, data, mode)
     buckets_raw = data.get("bucket")
     if not isinstance(buckets_raw, list) or not buckets_raw:
         raise InputError(src, None, "bucket", "at least one [[bucket]] table is required")
     names, buckets, limits = [], [], []
     for i, raw in enumerate(buckets_raw):
-        line = _table_line(text, i)
+        line = table_line(text, i)
         for key in raw:
             if key not in BUCKET_KEYS:
-                raise InputError(src, _key_line(text, key, i) or line, f"bucket.{key}", "unknown bucket key")
+                raise InputError(src, key_line(text, key, i) or line, f"bucket.{key}", "unknown bucket key")
         for key in ("name", "requests"):
             if not isinstance(raw.get(key), str) or not raw.get(key):
                 raise InputError(src, line, f"bucket.{key}", "missing (a non-empty string is required)")
@@ -151,7 +103,7 @@ def _limits(src: str, text: str, index: int, raw: dict) -> Limits:
         if key in raw:
             v = raw[key]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != v:
-                raise InputError(src, _key_line(text, key, index) or _table_line(text, index), f"bucket.{key}",
+                raise InputError(src, key_line(text, key, index) or table_line(text, index), f"bucket.{key}",
                                  f"must be a non-negative number, got {v!r}")
             values[key] = float(v)
     return Limits(**values)
@@ -168,6 +120,36 @@ def _columns(src: str, line: int | None, raw: dict) -> Columns | None:
     base = Columns()
     return Columns(raw.get("prompt_column", base.prompt_len), raw.get("gen_column", base.gen_len),
                    raw.get("id_column"))
+
+
+def _coefficients(path: Path, text: str, data: dict, mode: str) -> tuple[Coefficients, str]:
+    """The coefficients the scenario prices with, and its mode.
+
+    ``device = "FILE.toml"`` (relative to the scenario) or an inline ``[device]``
+    table selects device mode; ``mode = "device"`` without one, or a device profile
+    beside ``mode = "reference"``/``"strict"`` or a ``cost_model`` table, is a
+    contradiction the user must resolve.
+    """
+    src = str(path)
+    spec = data.get("device")
+    if spec is None:
+        if mode == "device":
+            raise InputError(src, key_line(text, "mode"), "mode",
+                             'mode = "device" needs a device profile: device = "FILE.toml" or a [device] table')
+        return _cost_params(path, data.get("cost_model")), mode
+    where = key_line(text, "device")
+    if "mode" in data and mode != "device":
+        raise InputError(src, where, "device", f'a device profile prices plans in device mode, but mode = "{mode}"')
+    if "cost_model" in data:
+        raise InputError(src, key_line(text, "cost_model"), "cost_model",
+                         "cost_model coefficients do not apply in device mode (the [device] profile prices plans)")
+    if isinstance(spec, str):
+        if not spec:
+            raise InputError(src, where, "device", "must name a device-profile TOML file")
+        return load_profile(path.parent / spec), "device"
+    if isinstance(spec, dict):
+        return profile_from_table(spec, src, text), "device"
+    raise InputError(src, where, "device", "must be a path to a profile TOML file or a [device] table")
 
 
 def _cost_params(path: Path, spec) -> CostParams:
