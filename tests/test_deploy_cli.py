@@ -7,17 +7,19 @@ from __future__ import annotations
 import csv
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import REPO
 
 from model import audit, evaluate, solve, sweep
 from model.cli_common import run_main
+from model.cost.device import device_hours
 from model.deploy.audit import audit as audit_problem
 from model.deploy.present import audit_blocks
 from model.load.plans import read_plan
+from model.load.profile import load_profile
 from model.pipeline import InputSpec, load_problem
 from model.report.document import to_text
 
@@ -108,10 +110,16 @@ def test_audit_shows_device_hours_in_device_mode(folder):
     prob, _ = load_problem(InputSpec(files=(folder / "trace.csv",), columns="azure"))
     result = audit_problem(prob, (128, 256, 512, 1024), solver="greedy")
     assert "device-hours" not in to_text(audit_blocks(result, "t", "c"))
-    device = replace(result, problem=replace(result.problem, mode="device"))
-    text = to_text(audit_blocks(device, "t", "c"))
-    assert "device-hours" in text
     assert result.saving == pytest.approx(result.sides[0].cost - result.sides[1].cost)
+    device, _ = load_problem(InputSpec(files=(folder / "trace.csv",), columns="azure", mode="device",
+                                       device=load_profile(REPO / "data" / "profiles" / "opt13b-a100-tp1.toml")))
+    result = audit_problem(device, (128, 256, 512, 1024), solver="dpfill")
+    text = to_text(audit_blocks(result, "t", "c"))
+    assert "device-hours" in text
+    today, optimised = result.sides
+    assert set(today.shapes) <= {128, 256, 512, 1024} and today.n_shapes <= 4 and optimised.n_shapes <= 4
+    hours = f"{float(device_hours(result.saving)):.4g} device-hours"
+    assert hours in text
 
 
 # -- solve, evaluate and sweep ------------------------------------------------------------------------

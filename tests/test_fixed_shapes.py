@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import brute_force, bucket, check_valid, planned, problem
+from helpers import REPO, brute_force, bucket, check_valid, planned, problem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +14,7 @@ from model.cost.common import align
 from model.errors import InfeasibleError, InputError
 from model.evaluation.validate import evaluate_plans
 from model.histogram.cells import build_histogram
+from model.load.profile import load_profile
 from model.planning.mip import plan_mip
 from model.planning.stages import shape_setup
 from model.schema import Batching, Limits
@@ -187,3 +188,27 @@ def test_planners_refuse_a_set_too_small_built_in_code():
             PACKERS[name](prob)
     with pytest.raises(InfeasibleError, match="longer than every allowed shape"):
         plan_mip(prob, time_limit=5)
+
+
+# -- device mode (a measured profile): the flow planner and dpfill honour the set too ----------------
+
+@pytest.fixture(scope="module")
+def profile():
+    return load_profile(REPO / "data" / "profiles" / "opt13b-a100-tp1.toml")
+
+
+@pytest.mark.parametrize("allowed", [(192, 320), (128, 256, 512), (320,)])
+def test_device_mode_reaches_the_restricted_optimum(profile, allowed):
+    prob = problem(SIX, k=2, mode="device", params=profile, allowed_shapes=allowed)
+    best = brute_force(prob).cost
+    cost, bound, shapes = mip(prob)
+    assert shapes <= set(allowed)
+    assert cost == pytest.approx(best, rel=1e-9)
+    assert bound <= best * (1 + 1e-12)
+
+
+def test_device_mode_packers_stay_inside_the_set(profile):
+    b = bucket(list(range(20, 1000, 37)), [(7 * i) % 90 + 1 for i in range(27)])
+    prob = problem(b, k=3, mode="device", params=profile, allowed_shapes=(320, 640, 768, 1024))
+    for name, pack in PACKERS.items():
+        assert shapes_of(prob, pack(prob)) <= {320, 640, 768, 1024}, name
