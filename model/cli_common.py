@@ -8,6 +8,7 @@ from pathlib import Path
 
 from model.cost.analytic import CostParams
 from model.cost.common import GRANULARITY, MODES
+from model.deploy.flags import allowed_from_args
 from model.errors import InfeasibleError, InputError
 from model.load.profile import load_profile
 from model.pipeline import InputSpec, load_problem
@@ -63,10 +64,14 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
     if args.max_seq_len is not None and (args.max_seq_len < GRANULARITY or args.max_seq_len % GRANULARITY):
         raise InputError("--max-seq-len", None, None,
                          f"must be a positive multiple of {GRANULARITY}, got {args.max_seq_len}")
+    allowed, warning = allowed_from_args(args)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     spec = InputSpec(files=tuple(files), scenario=args.scenario, columns=args.columns, fmt=args.format,
                      limits=limits if limits is not None else cli_limits(args), max_shapes=args.limit_shapes,
                      params=params, device=device, mode=args.cost_model,
-                     max_batch_size=getattr(args, "max_batch_size", None), max_seq_len=args.max_seq_len)
+                     max_batch_size=getattr(args, "max_batch_size", None), max_seq_len=args.max_seq_len,
+                     allowed_shapes=allowed, time_column=getattr(args, "time_column", None))
     return load_problem(spec, default_scenario)
 
 

@@ -20,6 +20,7 @@ from model.cli_common import (
     cli_limits,
     run_main,
 )
+from model.deploy.flags import add_shape_args
 from model.errors import InputError
 from model.evaluation.validate import evaluate_plans
 from model.load.plans import read_plan
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plans", type=Path, help="with --scenario: folder of plan_<bucket>.jsonl")
     add_input_args(parser)
     add_limit_args(parser)
+    add_shape_args(parser)
     args = parser.parse_args(argv)
     if args.scenario is not None:
         if args.pairs:

@@ -32,6 +32,7 @@ from model.schema import (
     Scenario,
     SolveReport,
 )
+from model.shapeset import check_fits
 from solvers.packers import PACKERS
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "data" / "default" / "scenario.toml"
@@ -58,6 +59,8 @@ class InputSpec:
     mode: Mode | None = None
     max_batch_size: int | None = None
     max_seq_len: int | None = None
+    allowed_shapes: tuple[int, ...] | None = None  # plan only with these shapes (None: free choice)
+    time_column: str | None = None  # read each request's arrival time from this column (request files only)
 
 
 def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple[Problem, Scenario | None]:
@@ -69,6 +72,9 @@ def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple
     scenario = None
     mode, params = coefficients_of(spec)
     if spec.scenario is not None or (not spec.files and default_scenario is not None):
+        if spec.time_column is not None:
+            raise InputError("--time-column", None, None, "applies to request files, not a scenario (a scenario "
+                             "bucket with columns = \"azure\" reads TIMESTAMP by itself)")
         scenario = load_scenario(spec.scenario or default_scenario)
         if mode is not None and params is None and (mode == "device") != (scenario.mode == "device"):
             raise InputError("--cost-model", None, None,
@@ -77,20 +83,22 @@ def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple
                              "or no scenario device profile")
         problem = scenario.problem(max_shapes=spec.max_shapes, params=params, mode=mode,
                                    max_batch_size=spec.max_batch_size, max_seq_len=spec.max_seq_len,
+                                   allowed_shapes=spec.allowed_shapes,
                                    limits=tuple(lim.overridden_by(spec.limits) for lim in scenario.limits))
     else:
         if not spec.files:
             raise InputError("<command line>", None, None, "no input: give request files or --scenario")
         columns = Columns.parse(spec.columns) if spec.columns else None
-        buckets = tuple(load_requests(f, None, columns, spec.fmt) for f in spec.files)
+        buckets = tuple(load_requests(f, None, columns, spec.fmt, time_column=spec.time_column) for f in spec.files)
         check_unique_names(buckets)
         if mode == "device" and params is None:
             raise InputError("--cost-model", None, None, "--cost-model device needs --device-profile FILE.toml")
         problem = Problem(buckets=buckets, limits=tuple(spec.limits for _ in buckets),
                           max_shapes=spec.max_shapes or 8, params=params or CostParams(),
                           mode=mode or "reference", max_batch_size=spec.max_batch_size,
-                          max_seq_len=spec.max_seq_len)
+                          max_seq_len=spec.max_seq_len, allowed_shapes=spec.allowed_shapes)
     check_seq_len(problem)
+    check_fits(problem)
     return problem, scenario
 
 

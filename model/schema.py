@@ -26,6 +26,7 @@ class Bucket:
     prompt_len: np.ndarray  # int64, >= 1
     gen_len: np.ndarray  # int64, >= 1
     lines: np.ndarray  # int64 line numbers in the source
+    arrival_s: np.ndarray | None = None  # float64 arrival time in seconds, when the input has a time column
 
     def __len__(self) -> int:
         return int(self.prompt_len.shape[0])
@@ -97,6 +98,9 @@ class Problem:
     mode: Mode = "reference"
     max_batch_size: int | None = None
     max_seq_len: int | None = None
+    # the only shapes a plan may declare (sorted positive multiples of 64), None = free choice;
+    # the shape cap K still applies, so a plan uses at most K of them
+    allowed_shapes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         check_mode(self.params, self.mode)

@@ -23,8 +23,12 @@ from model.cli_common import (
     cli_limits,
     run_main,
 )
+from model.deploy.flags import add_holdout_args, add_shape_args, parse_fraction
+from model.deploy.holdout import holdout
+from model.deploy.present import holdout_blocks
 from model.errors import InputError
 from model.report.compare import compare_table
+from model.report.document import to_text
 from model.report.tables import bucket_table, fmt, verdict
 
 log = logging.getLogger("shapeplan")
@@ -42,15 +46,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("out"), help="folder for plan_<bucket>.jsonl (default out/)")
     parser.add_argument("--compare", action="store_true", help="also run every heuristic packer and compare")
     parser.add_argument("--quiet", action="store_true", help="no progress log")
+    add_shape_args(parser)
+    add_holdout_args(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="[%(relativeCreated)6.0f ms] %(message)s")
     if args.max_batch_size is not None and args.max_batch_size < 1:
         raise InputError("--max-batch-size", None, None, f"must be a positive integer, got {args.max_batch_size}")
+    fraction = parse_fraction(args.holdout)
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO, cli_limits(args))
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
     print(f"input: {source}; {len(problem.buckets)} buckets, "
-          f"{sum(len(b) for b in problem.buckets)} requests; K = {problem.max_shapes}; cost model {problem.mode}")
+          f"{sum(len(b) for b in problem.buckets)} requests; K = {problem.max_shapes}; cost model {problem.mode}"
+          + (f"; allowed shapes {' '.join(map(str, problem.allowed_shapes))}" if problem.allowed_shapes else ""))
+    if fraction is not None:
+        check, train = holdout(problem, fraction, args.solver, args.backend, args.time_limit)
+        print(to_text(holdout_blocks(check)))
+        print("hold-out check only: no plans written")
+        return 0 if train.evaluation.ok and check.ok else 1
     run = pipeline.run(problem, args.solver, args.backend, args.time_limit)
     results = run.evaluation.results
     rep = run.planned.report

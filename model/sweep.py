@@ -21,6 +21,9 @@ from tqdm import tqdm
 
 from model import pipeline
 from model.cli_common import add_input_args, add_limit_args, build_problem, run_main
+from model.deploy.flags import add_holdout_args, add_shape_args, parse_fraction
+from model.deploy.holdout import Holdout, Split, split, sweep_checks
+from model.deploy.present import sweep_holdout_blocks
 from model.errors import InputError
 from model.histogram.cells import build_histogram
 from model.load.scenario import LIMIT_KEYS
@@ -30,7 +33,7 @@ from model.report.document import (
     to_text,
     write_report,
 )
-from model.sweeping.engine import run_sweep
+from model.sweeping.engine import SweepResult, run_sweep
 from model.sweeping.grid import SweepSettings, base_factor, check_sweep_limit, parse_factors, parse_ks, sweep_points
 from model.sweeping.recommend import recommend
 from model.sweeping.table import planner_totals, write_csv
@@ -69,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="CSV path (default DIR/sweep.csv with --report, else sweep.csv)")
     parser.add_argument("--report", type=Path, help="folder for report.md, report.html and the PNGs")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_shape_args(parser)
+    add_holdout_args(parser)
     return parser
 
 
@@ -80,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         raise InputError("--time-limit", None, None, f"must be positive, got {args.time_limit}")
     if args.max_batch_size is not None and args.max_batch_size < 1:
         raise InputError("--max-batch-size", None, None, f"must be a positive integer, got {args.max_batch_size}")
+    fraction = parse_fraction(args.holdout)
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO)
+    part = split(problem, fraction) if fraction is not None else None
+    if part is not None:
+        print(f"hold-out: {part.describe()}; the sweep runs on the first part")
+        problem = part.train
     ks = parse_ks(args.k) if args.k else (args.limit_shapes,) if args.limit_shapes else tuple(range(1, 17))
     factors = parse_factors(args.factors) if args.sweep_limit else (1.0,)
     if args.sweep_limit:
@@ -105,10 +115,27 @@ def main(argv: list[str] | None = None) -> int:
     print(to_text([k_table(totals, base_factor(t.point for t in totals)),
                    *recommendation_paragraphs(recommend(result.rows, args.tolerance))]))
     print(f"wrote {out}")
+    extra = []
+    if part is not None:
+        extra = sweep_holdout_blocks(holdout_checks(part, result, args))
+        print(to_text(extra))
     if args.report:
-        md, page = write_report(args.report, problem, hists, result, settings)
+        md, page = write_report(args.report, problem, hists, result, settings, extra)
         print(f"wrote {md}, {page}")
     return 0
+
+
+def holdout_checks(part: Split, result: SweepResult, args: argparse.Namespace) -> list[Holdout]:
+    """Each K's MIP shapes (chosen on the first part, at the base limits) checked on the held-out part."""
+    totals = [t for t in planner_totals(result.rows) if t.planner == pipeline.MIP]
+    if not totals:
+        print("note: the hold-out check uses the MIP's shapes; add mip to --solvers")
+        return []
+    base = base_factor(t.point for t in totals)
+    chosen = [(t.point.k, tuple(sorted({int(s) for bt in result.mip_batchings[t.point] for s in bt.shape_of})), t.cost)
+              for t in totals if t.point.factor == base and t.point in result.mip_batchings]
+    with tqdm(total=len(chosen), disable=args.quiet, unit="K", dynamic_ncols=True, desc="hold-out") as bar:
+        return sweep_checks(part, chosen, args.backend, args.time_limit, lambda k: bar.update())
 
 
 def entry() -> None:

@@ -217,10 +217,12 @@ def brute_force(prob: Problem) -> Optimum:
     """The exact optimum over every plan: partitions x shape choices x spike placements, judged by plan_metrics.
 
     Candidate shapes are the aligned prompts of all buckets (any other shape can be lowered to one of
-    them without raising any metric).  Plans are visited cheapest first (cost does not depend on spike
+    them without raising any metric), or every allowed shape when the problem has a fixed set.  Plans are visited cheapest first (cost does not depend on spike
     placement), so the first whose limits some spike placement meets is optimal.  For <= 6 requests.
     """
     values = sorted({int(s) for b in prob.buckets for s in align(b.prompt_len)})
+    if prob.allowed_shapes is not None:  # every allowed shape, not only the ones the planner keeps as candidates
+        values = sorted(prob.allowed_shapes)
     if prob.max_seq_len is not None:
         values = [v for v in values if v <= prob.max_seq_len]
     per_bucket = [_ranked_layouts(tuple(b.prompt_len.tolist()), tuple(b.gen_len.tolist()), tuple(values),

@@ -101,6 +101,20 @@ def shape_rules(bucket: Bucket, plan: Plan, rows: np.ndarray, max_shapes: int,
     return problems
 
 
+def allowed_rule(bucket: Bucket, plan: Plan, allowed: tuple[int, ...] | None) -> list[Violation]:
+    """With a fixed set of allowed shapes, every seq_align must be one of them."""
+    if allowed is None:
+        return []
+    bad = ~np.isin(plan.seq_align, np.asarray(allowed, dtype=np.int64))
+    if not bad.any():
+        return []
+    k = int(np.argmax(bad))
+    others = sorted({int(s) for s in plan.seq_align[bad]})
+    return [Violation(bucket.name, "allowed-shapes",
+                      f"{plan.source}:{_line(plan, k)}: seq_align {int(plan.seq_align[k])} is not an allowed shape "
+                      f"(outside the set: {', '.join(map(str, others))}; allowed: {', '.join(map(str, allowed))})")]
+
+
 def kv_rule(bucket: Bucket, plan: Plan, rows: np.ndarray, device: DeviceProfile) -> list[Violation]:
     """Device mode: a batch is valid only if n * (s + G_max) <= kv_capacity_tokens (all its KV fits)."""
     if device.kv_capacity_tokens is None:
@@ -131,6 +145,7 @@ def evaluate_plans(problem: Problem, plans: tuple[Plan, ...]) -> tuple[list[Buck
             results.append(BucketResult(bucket.name, None, (), tuple(problems)))
             continue
         problems += shape_rules(bucket, plan, rows, problem.max_shapes, problem.max_seq_len)
+        problems += allowed_rule(bucket, plan, problem.allowed_shapes)
         if problem.mode == "device":
             problems += kv_rule(bucket, plan, rows, problem.params)
         metrics = plan_metrics(bucket.prompt_len[rows], bucket.gen_len[rows], plan.batch_ids, plan.seq_align,

@@ -13,7 +13,7 @@ import io
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -43,12 +43,14 @@ class Columns:
     """Which source columns hold the id, prompt length and generation length.
 
     ``request_id=None`` numbers the rows in file order (0, 1, ...), as the Azure
-    traces need.
+    traces need.  ``time`` names an arrival-time column (seconds, or ISO 8601
+    timestamps), read into ``Bucket.arrival_s`` when the file has it.
     """
 
     prompt_len: str = "prompt_len"
     gen_len: str = "gen_len"
     request_id: str | None = "request_id"
+    time: str | None = None
 
     @classmethod
     def parse(cls, spec: str) -> Columns:
@@ -62,13 +64,13 @@ class Columns:
         return cls(parts[0], parts[1], parts[2] if len(parts) == 3 else None)
 
     def wanted(self) -> list[str]:
-        """The source columns to read, id first (absent when rows are numbered)."""
-        return [c for c in (self.request_id, self.prompt_len, self.gen_len) if c]
+        """The source columns to read, id first (absent when rows are numbered), the time column last."""
+        return [c for c in (self.request_id, self.prompt_len, self.gen_len, self.time) if c]
 
 
 PRESETS = {
     "default": Columns(),
-    "azure": Columns("ContextTokens", "GeneratedTokens", None),
+    "azure": Columns("ContextTokens", "GeneratedTokens", None, "TIMESTAMP"),
 }
 
 
@@ -95,25 +97,32 @@ def detect_format(path: Path, fmt: str | None = None) -> str:
 
 
 def load_requests(path: str | Path, name: str | None = None, columns: Columns | None = None,
-                  fmt: str | None = None) -> Bucket:
+                  fmt: str | None = None, time_column: str | None = None) -> Bucket:
     """Read and validate one bucket of requests.
 
     Raises InputError for an unreadable or empty file, malformed rows, missing fields,
-    non-integer, non-positive or absurdly large lengths, and duplicate ids.
+    non-integer, non-positive or absurdly large lengths, and duplicate ids.  The
+    columns' time column is read when the file has it; ``time_column`` names one that
+    must be there (a missing or unparsable time is an error naming its line).
     """
     path = Path(path)
     kind = detect_format(path, fmt)
     raw = _read_bytes(path)
     if kind == "jsonl":
-        columns = columns or Columns()
+        columns = _with_time(columns or Columns(), time_column)
         frame, lines, pending = _read_jsonl(path, raw, columns)
     elif kind == "csv":
-        columns = columns or _auto_columns(_csv_header(raw))
+        columns = _with_time(columns or _auto_columns(_csv_header(raw)), time_column)
         frame, lines, pending = _read_csv(path, raw, columns)
     else:
-        frame, lines, columns = _read_parquet(path, raw, columns)
+        frame, lines, columns = _read_parquet(path, raw, columns, time_column)
         pending = None
-    return _to_bucket(path, name or path.stem, frame, lines, columns, pending)
+    return _to_bucket(path, name or path.stem, frame, lines, columns, pending, time_required=time_column is not None)
+
+
+def _with_time(columns: Columns, time_column: str | None) -> Columns:
+    """The mapping with its time column replaced by the one asked for (if any)."""
+    return columns if time_column is None else replace(columns, time=time_column)
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -262,7 +271,8 @@ def _csv_error(path: Path, raw: bytes, exc: Exception) -> InputError:
     return InputError(str(path), _csv_error_line(str(exc)), None, f"malformed CSV: {_first_line(exc)}")
 
 
-def _read_parquet(path: Path, raw: bytes, columns: Columns | None) -> tuple[pd.DataFrame, np.ndarray, Columns]:
+def _read_parquet(path: Path, raw: bytes, columns: Columns | None,
+                  time_column: str | None = None) -> tuple[pd.DataFrame, np.ndarray, Columns]:
     """Parquet via pyarrow; 'line' means 1-based row number.
 
     The magic bytes are checked first so a file that is not Parquet at all gets a
@@ -272,7 +282,7 @@ def _read_parquet(path: Path, raw: bytes, columns: Columns | None) -> tuple[pd.D
         raise InputError(str(path), None, None, "not a Parquet file (no PAR1 magic bytes)")
     try:
         source = pq.ParquetFile(pa.BufferReader(raw))
-        columns = columns or _auto_columns(source.schema_arrow.names)
+        columns = _with_time(columns or _auto_columns(source.schema_arrow.names), time_column)
         present = [c for c in columns.wanted() if c in source.schema_arrow.names]
         table = source.read(columns=present)
     except (OSError, pa.ArrowException) as exc:
@@ -312,11 +322,12 @@ def _pandas_column(table: pa.Table, name: str) -> pd.Series:
 
 
 def _to_bucket(path: Path, name: str, frame: pd.DataFrame, lines: np.ndarray, columns: Columns,
-               pending: InputError | None = None) -> Bucket:
+               pending: InputError | None = None, time_required: bool = False) -> Bucket:
     """Validate the columns and build the Bucket, reporting the first bad line of the file.
 
     ``pending`` is a whole-line error (malformed JSON) that lies after every row in
-    ``frame``, so it is reported only when those rows are all good.
+    ``frame``, so it is reported only when those rows are all good.  A time column with
+    no value at all counts as absent unless ``time_required``.
     """
     prompt, bad_prompt = _length_column(frame[columns.prompt_len], columns.prompt_len)
     gen, bad_gen = _length_column(frame[columns.gen_len], columns.gen_len)
@@ -324,7 +335,10 @@ def _to_bucket(path: Path, name: str, frame: pd.DataFrame, lines: np.ndarray, co
         ids, bad_id = np.arange(len(frame)).astype(str).astype(object), None
     else:
         ids, bad_id = _id_column(frame[columns.request_id], columns.request_id, lines)
-    problems = [p for p in (bad_id, bad_prompt, bad_gen) if p is not None]
+    arrival, bad_time = None, None
+    if columns.time is not None and (time_required or frame[columns.time].notna().any()):
+        arrival, bad_time = _time_column(frame[columns.time], columns.time)
+    problems = [p for p in (bad_id, bad_prompt, bad_gen, bad_time) if p is not None]
     if problems:
         first = min(problems, key=lambda p: p.row)
         raise InputError(str(path), int(lines[first.row]), first.field, first.message)
@@ -332,7 +346,8 @@ def _to_bucket(path: Path, name: str, frame: pd.DataFrame, lines: np.ndarray, co
         raise pending
     if len(frame) == 0:
         raise InputError(str(path), None, None, "no requests (empty file)")
-    return Bucket(name=name, source=str(path), request_ids=ids, prompt_len=prompt, gen_len=gen, lines=lines)
+    return Bucket(name=name, source=str(path), request_ids=ids, prompt_len=prompt, gen_len=gen, lines=lines,
+                  arrival_s=arrival)
 
 
 def _plain(value):
@@ -406,6 +421,41 @@ def _object_numbers(col: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     with np.errstate(invalid="ignore"):
         nonint = ~missing & (is_bool | ~np.isfinite(numeric) | (numeric != np.floor(numeric)))
     return numeric, missing, nonint
+
+
+def _time_column(col: pd.Series, field: str) -> tuple[np.ndarray | None, _Problem | None]:
+    """Arrival times as float64 seconds: numbers are seconds, text is seconds or an ISO 8601 timestamp
+    (seconds since the Unix epoch; a timestamp without a zone counts as UTC).  The first row that is
+    missing or cannot be read is the problem."""
+    n = len(col)
+    kind = col.dtype.kind
+    if kind == "M":
+        stamps = col.dt.tz_localize("UTC") if col.dt.tz is None else col
+        missing = stamps.isna().to_numpy()
+        seconds = ((stamps - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)).to_numpy(dtype=np.float64)
+        bad = np.zeros(n, bool)
+    elif kind in "iuf":
+        seconds = col.to_numpy(dtype=np.float64)
+        missing = np.zeros(n, bool)
+        bad = ~np.isfinite(seconds)
+    else:
+        values = col.to_numpy()
+        missing = col.isna().to_numpy() | np.fromiter((isinstance(v, str) and not v.strip() for v in values),
+                                                      bool, n)
+        is_bool = np.fromiter((isinstance(v, (bool, np.bool_)) for v in values), bool, n)
+        usable = col.where(~missing & ~is_bool, None)
+        seconds = np.array(pd.to_numeric(usable, errors="coerce"), dtype=np.float64)
+        text = ~missing & ~is_bool & np.isnan(seconds)
+        if text.any():
+            stamps = pd.to_datetime(usable[text].astype(str), format="ISO8601", utc=True, errors="coerce")
+            seconds[text] = ((stamps - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)).to_numpy(np.float64)
+        with np.errstate(invalid="ignore"):
+            bad = ~missing & (is_bool | ~np.isfinite(seconds))
+    problem = _first_problem(field, [
+        (missing, lambda k: "missing"),
+        (bad, lambda k: f"expected a time in seconds or an ISO 8601 timestamp, got {_plain(col.iloc[k])!r}"),
+    ])
+    return (seconds, None) if problem is None else (None, problem)
 
 
 def _integral_id(value):

@@ -28,6 +28,7 @@ from model.planning.options import PlannerOptions
 from model.planning.shapes import ShapeChoice, choose_shapes
 from model.planning.stages import SearchOutcome, bucket_models
 from model.schema import Batching, Problem
+from model.shapeset import round_up_to, usable
 from solvers.backends import get_backend
 from solvers.backends.result import SolveOptions
 from solvers.packers.grouping import balanced_batching
@@ -47,11 +48,19 @@ def weighted_levels(values: np.ndarray, counts: np.ndarray, most: int) -> np.nda
     return np.unique(np.r_[distinct[0], distinct[np.minimum(picks, len(distinct) - 1)], distinct[-1]])
 
 
+def entry_shapes(problem: Problem, hist: Histogram) -> np.ndarray:
+    """Each cell's smallest usable shape: its aligned prompt, or with a fixed set of allowed shapes the
+    smallest allowed one covering it.  Device costs depend on the declared shape alone, so a cell may enter
+    the grid there, and the levels are then allowed shapes: plan and bound are for the restricted problem."""
+    allowed = usable(problem)
+    return hist.S if allowed is None else round_up_to(hist.S, allowed)
+
+
 def shape_levels(problem: Problem, hists: list[Histogram], options: PlannerOptions,
                  extra: np.ndarray | None = None) -> np.ndarray:
     """Candidate shapes: the distinct aligned prompts of every bucket (a shape between two of them only
     costs more than the one below it), coarsened when there are too many, plus ``extra`` (a start's shapes)."""
-    S = np.concatenate([h.S for h in hists])
+    S = np.concatenate([entry_shapes(problem, h) for h in hists])
     count = np.concatenate([h.count for h in hists]).astype(np.float64)
     levels = weighted_levels(S, count, options.flow_shape_levels)
     if extra is not None:
@@ -63,7 +72,7 @@ def shape_levels(problem: Problem, hists: list[Histogram], options: PlannerOptio
 
 def all_shapes(problem: Problem, hists: list[Histogram]) -> np.ndarray:
     """Every shape an optimal plan may use: the distinct aligned prompts (within max_seq_len)."""
-    shapes = np.unique(np.concatenate([h.S for h in hists]))
+    shapes = np.unique(np.concatenate([entry_shapes(problem, h) for h in hists]))
     return shapes[shapes <= problem.max_seq_len] if problem.max_seq_len is not None else shapes
 
 
@@ -93,13 +102,15 @@ def flow_levels(problem: Problem, hists: list[Histogram], options: PlannerOption
     out = []
     for h, eg in zip(hists, extra_gens, strict=True):
         gs = weighted_levels(h.G, h.count.astype(np.float64), options.flow_gen_levels).astype(np.int64)
-        out.append(bucket_levels(h.S, h.G, h.count, ts, gs if eg is None else np.union1d(gs, eg), rounding))
+        out.append(bucket_levels(entry_shapes(problem, h), h.G, h.count, ts,
+                                 gs if eg is None else np.union1d(gs, eg), rounding))
     return out
 
 
-def exact_levels(levels: list[Levels], hists: list[Histogram]) -> bool:
+def exact_levels(levels: list[Levels], hists: list[Histogram], problem: Problem | None = None) -> bool:
     """True when every cell sits exactly on a level (plan and relaxation then coincide)."""
-    return all(np.isin(h.S, lv.ts).all() and np.isin(h.G, lv.gs).all() for lv, h in zip(levels, hists, strict=True))
+    return all(np.isin(h.S if problem is None else entry_shapes(problem, h), lv.ts).all()
+               and np.isin(h.G, lv.gs).all() for lv, h in zip(levels, hists, strict=True))
 
 
 def served(model_x: np.ndarray, blocks: list[FlowBlocks]) -> list[tuple[np.ndarray, ...]]:
@@ -249,7 +260,7 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
     t0 = time.perf_counter()
     bms = bucket_models(problem, fine, reserves)
     plan_levels = flow_levels(problem, fine, options, "ceil", warm)
-    exact = exact_levels(plan_levels, fine)
+    exact = exact_levels(plan_levels, fine, problem)
     share = 1.0 if exact or not want_bound else options.flow_plan_share
     until = min(deadline, t0 + share * max(0.0, deadline - t0))
     model, blocks, result = solve_levels(problem, fine, bms, plan_levels, solver, until, warm,

@@ -42,7 +42,7 @@ def interval_costs(bms: list[BucketModel], shapes: np.ndarray) -> np.ndarray:
     acc = np.zeros((T + 1, T))
     for bm in bms:
         hist = bm.hist
-        j_of_cell = np.searchsorted(shapes, hist.S)  # every cell's S is a candidate shape
+        j_of_cell = np.searchsorted(shapes, hist.S)  # every cell's S (or smallest allowed shape above) is a candidate
         compile_ = shape_compile(shapes, bm.params)
         s_max_j = int(np.searchsorted(shapes, hist.S.max()))
         has_j = np.bincount(j_of_cell, minlength=T) > 0

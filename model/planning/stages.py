@@ -34,6 +34,7 @@ from model.planning.search import (
 )
 from model.planning.shapes import choose_shapes
 from model.schema import Batching, Problem
+from model.shapeset import round_up_to, usable
 from solvers.packers import PACKERS
 from solvers.packers.grouping import balanced_batching, group_batching
 
@@ -90,15 +91,22 @@ def spike_reserves(problem: Problem, fine: list[Histogram]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def reference_shapes(bms: list[BucketModel], max_shapes: int) -> list[int]:
+def reference_shapes(bms: list[BucketModel], max_shapes: int, allowed: np.ndarray | None = None) -> list[int]:
     """Reference mode: the declared shape only sets compile cost, so each bucket compiles ONE shape.
 
     Any plan must give bucket b a shape >= its largest aligned prompt; extra shapes only
     add compile cost and spikes.  With K shapes across buckets, pick K of the bucket
     maxima minimising total compile cost (each bucket uses the smallest pick above its
     maximum) -- exact by dynamic programming over the sorted maxima.
+
+    With a fixed set of ``allowed`` shapes a bucket's need is the smallest allowed shape
+    covering its maximum, and the DP runs over those needs: a pick that is no bucket's
+    need can be lowered to the largest need it serves, so the DP stays exact (and its
+    compile cost a valid part of the bound) for the restricted problem.
     """
     need = [int(bm.hist.S.max()) for bm in bms]
+    if allowed is not None:
+        need = [int(round_up_to(n, allowed)) for n in need]
     values = sorted(set(need))
     cost = [float(compile_cost(v, bms[0].params)) for v in values]
     count = [need.count(v) for v in values]
@@ -124,14 +132,23 @@ def reference_shapes(bms: list[BucketModel], max_shapes: int) -> list[int]:
 def shape_setup(problem: Problem, fine: list[Histogram], options: PlannerOptions = PlannerOptions()) -> ShapeSetup:
     """Settle the shapes the search works with (see module docstring, step 2)."""
     bms = bucket_models(problem, fine)
+    allowed = usable(problem)
+    if allowed is not None and (not len(allowed) or max(int(h.S.max()) for h in fine) > allowed[-1]):
+        raise InfeasibleError(f"the longest aligned prompt {max(int(h.S.max()) for h in fine)} is longer than every "
+                              f"allowed shape ({', '.join(map(str, problem.allowed_shapes))})")
     if problem.mode == "reference":
-        ref = reference_shapes(bms, problem.max_shapes)
+        ref = reference_shapes(bms, problem.max_shapes, allowed)
         note = (f"reference mode: one compiled shape per bucket ({', '.join(map(str, ref))}); the declared "
                 "shape moves only compile cost, so more shapes never pay")
         return ShapeSetup(None, ref, [float(compile_cost(s, problem.params)) for s in ref], -np.inf, True, (note,))
     all_shapes = np.unique(np.concatenate([h.S for h in fine]))
     if problem.max_seq_len is not None:
         all_shapes = all_shapes[all_shapes <= problem.max_seq_len]
+    if allowed is not None:
+        # a batch's shape can always be lowered to the smallest allowed shape covering its longest member,
+        # which never raises a metric: those are the only candidates, so the relaxation's DP over them
+        # and the Lagrangian over their boxes bound the restricted problem
+        all_shapes = np.unique(round_up_to(all_shapes, allowed))
     choice = choose_shapes(bms, all_shapes, problem.max_shapes)
     log.info("%s mode: shape relaxation bound %.6e at shapes %s", problem.mode, choice.bound, list(choice.shapes))
     # few candidates: search them all (exact); many: at the relaxation's shapes, since a large

@@ -56,10 +56,15 @@ class Table:
 
 @dataclass(frozen=True)
 class Image:
-    """A PNG written beside the report (Markdown links it, HTML embeds it)."""
+    """A PNG written beside the report (Markdown links it, HTML embeds it).
+
+    ``data`` holds the PNG's bytes when it is not on disk yet (a writer that puts every
+    file down together), so the HTML can embed it all the same.
+    """
 
     path: Path
     caption: str
+    data: bytes | None = None
 
 
 Block = Heading | Paragraph | Table | Image
@@ -329,7 +334,7 @@ def to_html(blocks: Sequence[Block], title: str) -> str:
             body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in b.rows)
             out.append(f"<table><tr>{head}</tr>{body}</table>")
         else:
-            data = base64.b64encode(b.path.read_bytes()).decode("ascii")
+            data = base64.b64encode(b.data if b.data is not None else b.path.read_bytes()).decode("ascii")
             out.append(f"<figure><img alt='{e(b.caption)}' src='data:image/png;base64,{data}'>"
                        f"<figcaption>{e(b.caption)}</figcaption></figure>")
     return "\n".join(out) + "\n</body></html>\n"
@@ -353,11 +358,15 @@ def to_text(blocks: Sequence[Block]) -> str:
 
 
 def write_report(folder: Path, problem: Problem, hists: Sequence[Histogram], result: SweepResult,
-                 settings: SweepSettings) -> tuple[Path, Path]:
-    """Draw the pictures and write report.md and report.html into folder."""
+                 settings: SweepSettings, extra: Sequence[Block] = ()) -> tuple[Path, Path]:
+    """Draw the pictures and write report.md and report.html into folder (``extra`` blocks follow the
+    recommendation, e.g. the hold-out check)."""
     folder.mkdir(parents=True, exist_ok=True)
     images = figures(folder, problem, hists, result, recommend(result.rows, settings.tolerance))
     blocks = report_blocks(problem, hists, result, settings, images)
+    if extra:
+        at = next((i for i, b in enumerate(blocks) if isinstance(b, Image)), len(blocks))
+        blocks = [*blocks[:at], *extra, *blocks[at:]]
     md, page = folder / "report.md", folder / "report.html"
     md.write_text(to_markdown(blocks, folder), encoding="utf-8")
     page.write_text(to_html(blocks, f"Shape plan sweep: {settings.source}"), encoding="utf-8")

@@ -7,6 +7,7 @@ of trusting that a file exists.  Artists that tests look for carry a ``gid``.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -45,6 +46,13 @@ def save(fig: Figure, path: Path) -> Figure:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", metadata={"Software": None})
     return fig
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The PNG ``save`` would write, in memory (for writers that put several files down all-or-nothing)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return buf.getvalue()
 
 
 def planners_of(totals: Sequence[PlannerTotal]) -> list[str]:
@@ -111,14 +119,26 @@ def gen_edges(gmin: int, gmax: int, n: int = 40) -> np.ndarray:
 
 
 def plot_heatmap(problem: Problem, hists: Sequence[Histogram], batchings: Sequence[Batching] | None,
-                 path: Path) -> Figure:
+                 path: Path, shape_sets: Sequence[tuple[str, Sequence[int]]] = ()) -> Figure:
     """Request counts over (aligned prompt, gen_len), log colour, one panel per bucket, the chosen plan on top.
 
     Dashed vertical lines are the compiled shapes (seq_align); crosses are each
     batch's box corner (its longest member prompt, its G_max) -- the gen boundary
     every member of the batch decodes up to.  Traffic far below and left of a corner
-    is what pays padding.
+    is what pays padding.  ``shape_sets`` draws labelled sets of shapes besides (see
+    ``heatmap_figure``).
     """
+    return save(heatmap_figure(problem, hists, batchings, shape_sets), path)
+
+
+SET_STYLES = (("tab:orange", "-", 2.4), ("magenta", "--", 1.6), ("black", ":", 1.6), ("tab:cyan", "-.", 1.6))
+
+
+def heatmap_figure(problem: Problem, hists: Sequence[Histogram], batchings: Sequence[Batching] | None,
+                   shape_sets: Sequence[tuple[str, Sequence[int]]] = ()) -> Figure:
+    """The heatmap of ``plot_heatmap`` as a Figure; each of ``shape_sets`` (label, shapes) is drawn as vertical
+    lines in its own colour and style, labelled in the legend (gid ``shape-set-<i>``), so two shape sets --
+    today's and an optimised one -- can be read against the same traffic."""
     n = len(hists)
     fig = new_figure(6.5 * n, 5)
     axes = fig.subplots(1, n, squeeze=False)[0]
@@ -131,13 +151,29 @@ def plot_heatmap(problem: Problem, hists: Sequence[Histogram], batchings: Sequen
         fig.colorbar(mesh, ax=ax, label="requests (log scale)")
         if batchings is not None:
             draw_plan(ax, problem, b, batchings[b])
+        draw_shape_sets(ax, shape_sets, float(xedges[-1]))
+        if batchings is not None or shape_sets:
             ax.legend(fontsize=7, loc="upper right")
         ax.set_yscale("log")
         ax.set_ylim(max(1.0, yedges[0]), yedges[-1])
         ax.set_xlabel("aligned prompt length (tokens)")
         ax.set_ylabel("gen_len (tokens)")
         ax.set_title(f"{hist.name}: {hist.n_requests} requests, {len(hist)} cells")
-    return save(fig, path)
+    return fig
+
+
+def draw_shape_sets(ax, shape_sets: Sequence[tuple[str, Sequence[int]]], right: float) -> None:
+    """Each labelled shape set as vertical lines (one style per set); shapes beyond the traffic are pinned to the
+    right edge and named in the label, so a set's long tail is not silently cut off."""
+    for i, (label, shapes) in enumerate(shape_sets):
+        colour, style, width = SET_STYLES[i % len(SET_STYLES)]
+        shapes = sorted(int(s) for s in shapes)
+        beyond = [s for s in shapes if s > right]
+        text = f"{label} ({len(shapes)})" + (f"; beyond the chart: {', '.join(map(str, beyond))}" if beyond else "")
+        for j, s in enumerate(s for s in shapes if s <= right):
+            ax.axvline(float(s), color=colour, ls=style, lw=width, gid=f"shape-set-{i}", label=text if j == 0 else None)
+        if len(beyond) == len(shapes):
+            ax.axvline(right, color=colour, ls=style, lw=width, gid=f"shape-set-{i}", label=text)
 
 
 def draw_plan(ax, problem: Problem, b: int, batching: Batching) -> None:

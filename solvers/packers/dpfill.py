@@ -17,6 +17,7 @@ import numpy as np
 
 from model.cost.common import align
 from model.schema import Batching, Problem
+from model.shapeset import round_up_to, usable
 from solvers.packers.grouping import filled_batching
 from solvers.packers.shapecap import check_fits
 
@@ -63,6 +64,9 @@ def pack(problem: Problem) -> tuple[Batching, ...]:
     every = np.concatenate(aligned)
     if problem.max_seq_len is not None:
         every = np.minimum(every, problem.max_seq_len)
+    allowed = usable(problem)
+    if allowed is not None:  # with a fixed set, the DP picks among the allowed shapes covering some prompt
+        every = round_up_to(every, allowed)
     values, counts = np.unique(every, return_counts=True)
     shapes = pad_shapes(values, counts, problem.max_shapes)
     return tuple(filled_batching(b, s, s, problem) for b, s in

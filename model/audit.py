@@ -1,0 +1,87 @@
+"""``python -m model.audit``: what today's compiled shapes cost against optimised ones, on the same traffic.
+
+    python -m model.audit REQUESTS... --shapes-from CONFIG --shapes-format F [--limit-shapes K] [--report DIR]
+    python -m model.audit trace.csv --columns azure --shapes-from neuron.json --shapes-format nxdi --holdout 0.3
+
+Plans the requests twice with the same planner: under the shapes the serving config
+compiles (K = the config's size unless --limit-shapes) and under a free choice of as
+many shapes; prints cost (and device-hours in device mode), pad ratio, P95, sequential
+time and the number of compiled shapes side by side, and the saving.  With --holdout
+the optimised shapes are chosen on the first part of the traffic and both sides are
+judged on the held-out part.  --report DIR writes report.md, report.html and
+heatmap.png together (all or none).  Exit status: 0 both plans valid and within
+their limits; 1 a plan breaks a rule or limit; 2 bad input (e.g. a config whose
+largest shape is shorter than a prompt: the request is named); 3 infeasible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from model import pipeline
+from model.cli_common import add_input_args, add_limit_args, build_problem, run_main
+from model.deploy.audit import audit
+from model.deploy.flags import add_holdout_args, parse_fraction, shapes_from_file
+from model.deploy.present import audit_blocks, write_audit_report
+from model.errors import InputError
+from model.report.document import to_text
+from model.serving.formats import READERS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m model.audit", description=__doc__.split("\n")[0])
+    parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each (or --scenario)")
+    add_input_args(parser)
+    add_limit_args(parser)
+    parser.add_argument("--shapes-from", dest="config", type=Path, required=True,
+                        help="the serving config whose shapes are today's")
+    parser.add_argument("--shapes-format", dest="config_format", default="list",
+                        help=f"format of the config: {', '.join(READERS)} (default list)")
+    add_holdout_args(parser)
+    parser.add_argument("--solver", default=pipeline.MIP, help=f"planner: {', '.join(pipeline.solver_names())}")
+    parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per MIP solve (default 60)")
+    parser.add_argument("--max-batch-size", type=int, default=None, help="at most this many requests per batch")
+    parser.add_argument("--report", type=Path, help="folder for report.md, report.html and heatmap.png")
+    parser.add_argument("--quiet", action="store_true", help="no progress log")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="[%(relativeCreated)6.0f ms] %(message)s")
+    if not args.time_limit > 0:
+        raise InputError("--time-limit", None, None, f"must be positive, got {args.time_limit}")
+    if args.max_batch_size is not None and args.max_batch_size < 1:
+        raise InputError("--max-batch-size", None, None, f"must be a positive integer, got {args.max_batch_size}")
+    if args.solver not in pipeline.solver_names():
+        raise InputError("--solver", None, None,
+                         f"unknown solver {args.solver!r} ({', '.join(pipeline.solver_names())})")
+    fraction = parse_fraction(args.holdout)
+    config, warning = shapes_from_file(args.config, args.config_format)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO)
+    source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
+    result = audit(problem, config, args.limit_shapes, args.solver, args.backend, args.time_limit, fraction)
+    print(to_text(audit_blocks(result, source, str(args.config))))
+    if args.report:
+        md, page = write_audit_report(args.report, result, source, str(args.config))
+        print(f"wrote {md}, {page}, {args.report / 'heatmap.png'}")
+    if not result.ok:
+        print("FAIL: a plan breaks a rule or a limit")
+        return 1
+    return 0
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    run_main(main)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,72 @@
+"""Command-line pieces of the deployment checks: fixed shapes (``--shapes``, ``--shapes-from``) and the
+hold-out split (``--holdout``, ``--time-column``), shared by ``model.solve``, ``model.sweep``,
+``model.evaluate`` and ``model.audit``.  Parsing only: bad values are InputErrors (exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from model.errors import InputError
+from model.serving.formats import READERS, read_shapes
+from model.shapeset import parse_shapes
+
+DEFAULT_SHAPES_FORMAT = "list"
+
+
+def add_shape_args(parser: argparse.ArgumentParser) -> None:
+    """``--shapes`` / ``--shapes-from FILE [--shapes-format F]``: plan only with these shapes."""
+    parser.add_argument("--shapes", help="plan only with these shapes, e.g. 128,256,512 (multiples of 64; "
+                                         "the shape cap K still applies)")
+    parser.add_argument("--shapes-from", type=Path, help="plan only with the shapes a serving config compiles")
+    add_shapes_format_arg(parser)
+
+
+def add_shapes_format_arg(parser: argparse.ArgumentParser) -> None:
+    """``--shapes-format F``: how to read the shapes file (default ``list``)."""
+    parser.add_argument("--shapes-format", default=None,
+                        help=f"format of the shapes file: {', '.join(READERS)} (default {DEFAULT_SHAPES_FORMAT})")
+
+
+def add_holdout_args(parser: argparse.ArgumentParser) -> None:
+    """``--holdout FRACTION`` and ``--time-column NAME``."""
+    parser.add_argument("--holdout", help="hold out this fraction (0 < f < 1) of each bucket, the latest arrivals "
+                                          "(else the last in file order): choose shapes on the rest and check them "
+                                          "on it")
+    parser.add_argument("--time-column", help="arrival-time column (seconds or ISO 8601; Azure's TIMESTAMP is read "
+                                              "by itself)")
+
+
+def shapes_from_file(path: Path, fmt: str | None) -> tuple[tuple[int, ...], str | None]:
+    """The shapes a serving config compiles, and the rounding warning naming the lengths that moved (or None)."""
+    imported = read_shapes(path, fmt or DEFAULT_SHAPES_FORMAT)
+    return imported.shapes, imported.warning()
+
+
+def allowed_from_args(args: argparse.Namespace) -> tuple[tuple[int, ...] | None, str | None]:
+    """The allowed shapes the flags give (None: free choice), and a warning to print (or None)."""
+    text, path = getattr(args, "shapes", None), getattr(args, "shapes_from", None)
+    fmt = getattr(args, "shapes_format", None)
+    if text is not None and path is not None:
+        raise InputError("--shapes", None, None, "give --shapes or --shapes-from, not both")
+    if fmt is not None and path is None:
+        raise InputError("--shapes-format", None, None, "needs --shapes-from FILE")
+    if text is not None:
+        return parse_shapes(text), None
+    if path is not None:
+        return shapes_from_file(path, fmt)
+    return None, None
+
+
+def parse_fraction(text: str | None, flag: str = "--holdout") -> float | None:
+    """``--holdout``: a number strictly between 0 and 1 (None when not given)."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(flag, None, None, f"expected a fraction between 0 and 1, like 0.3, got {text!r}") from None
+    if not (math.isfinite(value) and 0 < value < 1):
+        raise InputError(flag, None, None, f"must lie strictly between 0 and 1, got {text!r}")
+    return value

@@ -1,0 +1,153 @@
+"""The deployment checks as report blocks (``model.report.document``): one content, three renderings.
+
+The command lines print ``to_text`` of these blocks; ``--report`` writes the same blocks
+as report.md and report.html (with the heatmap of both shape sets), every file put
+down together by ``model.load.plans.write_together``: all of them, or none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from model.cost.device import device_hours
+from model.deploy.audit import AuditResult, Side
+from model.deploy.holdout import Holdout
+from model.histogram.cells import build_histogram
+from model.load.plans import write_together
+from model.report.document import Block, Heading, Image, Paragraph, Table, to_html, to_markdown
+from model.report.plots import heatmap_figure, png_bytes
+from model.report.tables import fmt
+
+
+def pct(value: float | None) -> str:
+    """A relative difference as a signed percentage ("-" when unknown)."""
+    return "-" if value is None else f"{value:+.2%}"
+
+
+def shapes_text(shapes: Sequence[int]) -> str:
+    return " ".join(map(str, shapes)) if shapes else "-"
+
+
+def run_shapes(run) -> tuple[int, ...]:
+    if run is None:
+        return ()
+    return tuple(sorted({int(s) for r in run.evaluation.results if r.metrics for s in r.metrics.shapes}))
+
+
+# ---------------------------------------------------------------- hold-out
+
+
+def holdout_blocks(h: Holdout, heading: bool = True) -> list[Block]:
+    """The out-of-sample check: the split, a table (in sample, out of sample, against the held-out optimum)
+    and the one sentence to read."""
+    def cost(run) -> str:  # a run that breaks a rule or a limit is starred
+        return fmt(Holdout.cost(run)) + ("" if run is None or run.evaluation.ok else " *")
+
+    blocks: list[Block] = [Heading(f"Out of sample (K = {h.k})")] if heading else []
+    blocks.append(Paragraph(h.split.describe() + "; absolute limits scaled to each part's share of requests."))
+    rows = [(f"{h.solver}: shapes chosen on the first part", shapes_text(h.shapes), fmt(h.in_sample),
+             cost(h.fixed), pct(h.loss)),
+            (f"{h.solver}: held-out part's own shapes", shapes_text(run_shapes(h.own)), "-", cost(h.own),
+             "+0.00%" if h.own is not None else "-"),
+            ("pow2 rule", shapes_text(run_shapes(h.pow2)), fmt(h.pow2_in_sample), cost(h.pow2),
+             pct(h.pow2_excess))]
+    blocks.append(Table(("plan", "shapes", "cost, first part (in sample)", "cost, held-out part",
+                         "vs held-out optimum"), tuple(rows)))
+    blocks.append(Paragraph(holdout_sentence(h), lead="Out of sample: "))
+    if any(r is not None and not r.evaluation.ok for r in (h.fixed, h.own, h.pow2)):
+        blocks.append(Paragraph("* the plan breaks a rule or a limit of the held-out part.", lead="note: "))
+    blocks += [Paragraph(m, lead="note: ") for m in h.messages]
+    return blocks
+
+
+def holdout_sentence(h: Holdout) -> str:
+    if h.loss is None:
+        return "no comparison could be made (see the notes)."
+    bound = h.own_bound
+    capped = (f" (at most {h.loss_vs_bound:+.2%} against its certified lower bound {fmt(bound)})"
+              if bound is not None and h.loss_vs_bound is not None else "")
+    rule = (f"; the pow2 rule on the same part costs {h.pow2_excess:+.2%}" if h.pow2_excess is not None else "")
+    return (f"the shapes chosen on the first part cost {h.loss:+.2%} against the held-out part's own optimum"
+            f"{capped}{rule}.")
+
+
+def sweep_holdout_blocks(checks: Sequence[Holdout]) -> list[Block]:
+    """The out-of-sample check for every K of a sweep, one row each."""
+    if not checks:
+        return []
+    rows = tuple((str(h.k), shapes_text(h.shapes), fmt(h.in_sample), fmt(Holdout.cost(h.fixed)),
+                  fmt(Holdout.cost(h.own)), pct(h.loss), pct(h.loss_vs_bound), fmt(Holdout.cost(h.pow2)),
+                  pct(h.pow2_excess)) for h in checks)
+    blocks: list[Block] = [
+        Heading("Out of sample, per shape cap"),
+        Paragraph(checks[0].split.describe() + "; the sweep above ran on the first part. Each K's MIP shapes are "
+                  "then used on the held-out part, beside that part's own optimum and the pow2 rule."),
+        Table(("K", "shapes chosen", "in sample", "held-out, chosen shapes", "held-out optimum", "loss",
+               "loss vs bound", "pow2 held-out", "pow2 vs optimum"), rows)]
+    blocks += [Paragraph(f"K = {h.k}: {m}", lead="note: ") for h in checks for m in h.messages]
+    return blocks
+
+
+# ---------------------------------------------------------------- audit
+
+
+def side_cells(side: Side, device: bool) -> tuple[str, ...]:
+    cells = [side.label, fmt(side.cost)]
+    if device:
+        cells.append(f"{float(device_hours(side.cost)):.4g}" if side.cost is not None else "-")
+    cells += [fmt(side.pad_ratio, "pad_ratio"), fmt(side.p95_latency_ms), fmt(side.sequential_ms),
+              str(side.n_shapes), shapes_text(side.shapes), "yes" if side.ok else "NO"]
+    return tuple(cells)
+
+
+def audit_blocks(result: AuditResult, source: str, config_source: str) -> list[Block]:
+    """Today's shapes beside the optimised ones, the saving first."""
+    today, opt = result.sides
+    head = ["shapes", "cost"]
+    if result.device:
+        head.append("device-hours")
+    head += ["pad ratio", "P95 ms (worst bucket)", "sequential ms", "compiled shapes", "shape list", "meets limits"]
+    share = f" ({result.saving_share:.2%})" if result.saving_share is not None else ""
+    saving_row = ["saving (today - optimised)", fmt(result.saving) + share]
+    if result.device:
+        saving_row.append(f"{float(device_hours(result.saving)):.4g}" if result.saving is not None else "-")
+    saving_row += ["", "", "", "", "", ""]
+    n = sum(len(b) for b in result.problem.buckets)
+    where = ("the held-out part" if result.holdout is not None else "the same traffic")
+    blocks: list[Block] = [
+        Heading(f"Shape audit: {source}", 1),
+        Paragraph(saving_sentence(result), lead="Saving: "),
+        Paragraph(f"{n} requests in {len(result.problem.buckets)} bucket(s), cost model {result.problem.mode}, "
+                  f"planner {result.solver}, at most K = {result.k} shapes on both sides; today's shapes from "
+                  f"{config_source} ({len(result.config)}: {shapes_text(result.config)}), both judged on {where}."),
+        Table(tuple(head), (side_cells(today, result.device), side_cells(opt, result.device), tuple(saving_row)))]
+    if result.holdout is not None:
+        blocks += holdout_blocks(result.holdout)
+    return blocks
+
+
+def saving_sentence(result: AuditResult) -> str:
+    today, opt = result.sides
+    if result.saving is None:
+        return "no comparison (a side has no evaluated plan)."
+    unit = (f" ({float(device_hours(result.saving)):.4g} device-hours)" if result.device else "")
+    verb = "save" if result.saving >= 0 else "cost"
+    return (f"{opt.label} would {verb} {fmt(abs(result.saving))}{unit}, {abs(result.saving_share or 0):.2%} of "
+            f"today's cost {fmt(today.cost)}, with {opt.n_shapes} compiled shapes against today's {today.n_shapes}.")
+
+
+def write_audit_report(folder: Path, result: AuditResult, source: str, config_source: str) -> tuple[Path, Path]:
+    """report.md, report.html and heatmap.png (both shape sets over the traffic), written together."""
+    today, opt = result.sides
+    hists = [build_histogram(b) for b in result.problem.buckets]
+    fig = heatmap_figure(result.problem, hists, None, ((today.label, result.config), (opt.label, opt.shapes)))
+    png = folder / "heatmap.png"
+    image = Image(png, f"Requests over (aligned prompt, gen_len), log counts; lines: today's shapes (from "
+                       f"{config_source}) and the {opt.label}.", png_bytes(fig))
+    blocks = [*audit_blocks(result, source, config_source), Heading("Traffic and both shape sets"), image]
+    md, page = folder / "report.md", folder / "report.html"
+    write_together({md: [to_markdown(blocks, folder).encode("utf-8")],
+                    page: [to_html(blocks, f"Shape audit: {source}").encode("utf-8")],
+                    png: [image.data]})
+    return md, page

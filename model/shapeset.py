@@ -1,0 +1,94 @@
+"""A fixed set of allowed shapes (``Problem.allowed_shapes``): parsing, the fit check, rounding up.
+
+A serving stack that is already deployed compiles a known list of sequence lengths;
+planning "under today's shapes" means every batch must declare one of them.  The MIP
+(``model.planning.stages``), every packer (``solvers.packers.shapecap``) and the
+evaluator (``model.evaluation.validate``) all read the set through ``usable`` here, so
+"which shapes may a plan declare" has one answer.  The shape cap K still applies on
+top: a plan uses at most K of the allowed shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from model.cost.common import GRANULARITY, align
+from model.errors import InputError
+from model.schema import Problem
+
+MAX_SHAPE = 1 << 20  # the longest request length accepted (model.load.requests.MAX_LEN): a larger shape is a typo
+
+
+def checked(values: Iterable[int], source: str = "--shapes") -> tuple[int, ...]:
+    """Sorted distinct shapes, each a positive multiple of 64 (an InputError naming the first that is not)."""
+    out = set()
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < GRANULARITY or v % GRANULARITY \
+                or v > MAX_SHAPE:
+            raise InputError(source, None, None,
+                             f"a shape must be a positive multiple of {GRANULARITY} (at most {MAX_SHAPE}), got {v!r}")
+        out.add(int(v))
+    if not out:
+        raise InputError(source, None, None, "no shapes given")
+    return tuple(sorted(out))
+
+
+def parse_shapes(text: str, source: str = "--shapes") -> tuple[int, ...]:
+    """``--shapes 128,256,512``: comma-separated positive multiples of 64; an empty element is an error."""
+    tokens = text.split(",")
+    values = []
+    for token in tokens:
+        token = token.strip()
+        if not token:
+            raise InputError(source, None, None, f"expected shapes like 128,256,512, got an empty element in {text!r}")
+        try:
+            values.append(int(token, 10))
+        except ValueError:
+            raise InputError(source, None, None,
+                             f"expected shapes like 128,256,512 (integers), got {token!r}") from None
+    return checked(values, source)
+
+
+def usable(problem: Problem) -> np.ndarray | None:
+    """The allowed shapes a plan of this problem may declare (those within ``max_seq_len``), or None (free)."""
+    if problem.allowed_shapes is None:
+        return None
+    shapes = np.asarray(sorted(problem.allowed_shapes), dtype=np.int64)
+    if problem.max_seq_len is not None:
+        shapes = shapes[shapes <= problem.max_seq_len]
+    return shapes
+
+
+def round_up_to(values, allowed: np.ndarray) -> np.ndarray:
+    """Each value replaced by the smallest allowed shape >= it (every value must be <= the largest)."""
+    values = np.asarray(values, dtype=np.int64)
+    return allowed[np.searchsorted(allowed, values, side="left")]
+
+
+def check_fits(problem: Problem) -> None:
+    """Every aligned prompt must fit the largest usable allowed shape; else an InputError naming the
+    first request (file:line) that does not, with how many do not and the longest prompt."""
+    allowed = usable(problem)
+    if allowed is None:
+        return
+    top = int(allowed[-1]) if len(allowed) else 0
+    dropped = (f" (shapes above max_seq_len {problem.max_seq_len} left out)"
+               if len(allowed) < len(problem.allowed_shapes) else "")
+    for b in problem.buckets:
+        over = align(b.prompt_len) > top
+        if over.any():
+            k = int(over.argmax())
+            raise InputError(b.source, int(b.lines[k]), "prompt_len",
+                             f"{int(b.prompt_len[k])} (aligned {int(align(b.prompt_len[k]))}) does not fit the "
+                             f"largest allowed shape {top}{dropped}: {int(over.sum())} request(s) of this file do "
+                             f"not, the longest prompt is {int(b.prompt_len.max())}")
+
+
+def outside(shapes: Iterable[int], problem: Problem) -> list[int]:
+    """The shapes among ``shapes`` that the problem's allowed set does not contain (empty when free)."""
+    if problem.allowed_shapes is None:
+        return []
+    allowed = set(problem.allowed_shapes)
+    return sorted({int(s) for s in shapes} - allowed)
