@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     results, global_problems = evaluate_plans(problem, plans)
     print(f"cost model: {problem.mode}; shape cap K = {problem.max_shapes} per bucket and across all buckets")
     for result, f in zip(results, plan_files, strict=True):
-        print(bucket_table(result, {"plan": str(f)}))
+        print(bucket_table(result, {"plan": str(f)}, problem.params))
     print(verdict(results, global_problems))
     return 0 if all(r.ok for r in results) and not global_problems else 1
 

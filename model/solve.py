@@ -29,7 +29,7 @@ from model.deploy.present import holdout_blocks
 from model.errors import InputError
 from model.report.compare import compare_table
 from model.report.document import to_text
-from model.report.tables import bucket_table, fmt, verdict
+from model.report.tables import bucket_table, device_units, fmt, verdict
 
 log = logging.getLogger("shapeplan")
 
@@ -73,8 +73,11 @@ def main(argv: list[str] | None = None) -> int:
             lb = rep.bucket_bounds[i]
             gap = (result.metrics.cost - lb) / result.metrics.cost if result.metrics else None
             extra["lower bound"] = f"{fmt(lb)} (gap {gap:.3%})" if gap is not None else fmt(lb)
-        print(bucket_table(result, extra))
+        print(bucket_table(result, extra, problem.params))
     total = sum(r.metrics.cost for r in results if r.metrics)
+    units = device_units(total, problem.params)
+    if units:
+        print(f"total device time: {fmt(total)} ms = {units}")
     if rep.bound is not None and rep.objective is not None:
         print(f"total: cost {fmt(total)}, lower bound {fmt(rep.bound)}, gap {rep.gap:.3%}, time {run.wall_s:.1f} s")
     else:

@@ -29,7 +29,7 @@ from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble
 from model.histogram.cells import build_histogram
 from model.planning.diagnose import explain_infeasible
-from model.planning.flow import all_shapes, flow_search, shape_relaxation
+from model.planning.flow import all_shapes, flow_search, shape_levels, shape_relaxation
 from model.planning.options import PlannerOptions
 from model.planning.runs import device_start
 from model.planning.stages import greedy_plan, search, shape_setup, spike_reserves
@@ -102,7 +102,8 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
         starts = [np.asarray(shape_relaxation(problem, fine).shapes)]
         if greedy is not None:
             starts.append(np.unique(np.concatenate([bt.shape_of for bt in greedy])))
-        greedy = device_start(problem, starts, all_shapes(problem, fine), t0 + options.start_share * time_limit)
+        greedy = device_start(problem, starts, all_shapes(problem, fine), shape_levels(problem, fine, options),
+                              t0 + options.start_share * time_limit)
     first, mip_ok, attempt_problem = None, None, problem
     reserves = spike_reserves(problem, fine)
     for attempt in range(options.max_repairs + 1):

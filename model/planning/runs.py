@@ -161,11 +161,58 @@ def improve_shapes(problem: Problem, shapes: np.ndarray, candidates: np.ndarray,
     return shapes
 
 
-def device_start(problem: Problem, starts: list[np.ndarray], candidates: np.ndarray, deadline: float
-                 ) -> tuple[Batching, ...]:
-    """The planner's start in device mode: the best of the given shape sets, every request on the smallest
+def interval_costs(problem: Problem, candidates: np.ndarray, deadline: float) -> np.ndarray | None:
+    """cost[lo+1, hi]: the requests with aligned prompt in (candidates[lo], candidates[hi]] (every bucket)
+    run at candidates[hi], filled to capacity in gen order (``filled_cost``), plus one compile per bucket
+    that has any; None if the deadline passes first."""
+    T = len(candidates)
+    cost = np.full((T + 1, T), np.inf)
+    aligned = [align(b.prompt_len) for b in problem.buckets]
+    for hi in range(T):
+        top = int(candidates[hi])
+        for lo in range(-1, hi):
+            low = int(candidates[lo]) if lo >= 0 else 0
+            total = 0.0
+            for a, bucket in zip(aligned, problem.buckets, strict=True):
+                sel = (a > low) & (a <= top)
+                if sel.any():
+                    total += filled_cost(np.sort(bucket.gen_len[sel]), top, problem.params,
+                                         problem.max_batch_size) + problem.params.compile_ms
+            cost[lo + 1, hi] = total
+            if time.perf_counter() > deadline:
+                return None
+    return cost
+
+
+def best_shapes(cost: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
+    """At most k candidates (the largest included) minimising the sum of interval costs: exact DP."""
+    T = len(candidates)
+    f = [cost[0]]
+    back = [np.full(T, -1)]
+    for _ in range(1, min(k, T)):
+        cand = f[-1][:, None] + cost[1:, :]
+        cand[np.tril_indices(T)] = np.inf  # lo < hi
+        back.append(np.argmin(cand, axis=0))
+        f.append(cand[back[-1], np.arange(T)])
+    top = T - 1
+    n = int(np.argmin([fk[top] for fk in f]))
+    picks, hi = [top], top
+    for kk in range(n, 0, -1):
+        hi = int(back[kk][hi])
+        picks.append(hi)
+    return candidates[np.sort(np.asarray(picks))]
+
+
+def device_start(problem: Problem, starts: list[np.ndarray], candidates: np.ndarray, coarse: np.ndarray,
+                 deadline: float) -> tuple[Batching, ...]:
+    """The planner's start in device mode: the best of the given shape sets and of an exact interval DP
+    over the ``coarse`` candidates (when it finishes in half the time), every request on the smallest
     chosen shape covering it and each shape's requests batched exactly (``optimal_runs``), then improved
-    by moving one shape at a time among the candidates until the deadline."""
+    by moving or dropping one shape at a time among the candidates until the deadline."""
+    now = time.perf_counter()
+    cost = interval_costs(problem, coarse, now + 0.5 * max(0.0, deadline - now))
+    if cost is not None:
+        starts = [*starts, best_shapes(cost, coarse, problem.max_shapes)]
     best = min(starts, key=lambda sh: total_cost(problem, sh))
     return runs_batching(problem, improve_shapes(problem, best, candidates, deadline))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from model.cost.device import DeviceProfile, device_hours
+from model.cost.metrics import Coefficients
 from model.schema import BucketResult, Violation
 
 METRIC_ROWS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms")
@@ -18,8 +20,22 @@ def fmt(value: float | None, name: str = "") -> str:
     return f"{value:.4e}"
 
 
-def bucket_table(result: BucketResult, extra: dict[str, str] | None = None) -> str:
-    """One bucket's table: each metric, its limit, the margin, and whether it holds."""
+def device_units(ms: float, params: Coefficients | None) -> str:
+    """Device mode's cost as people plan it: device-hours beside the ms, and money where the profile has a
+    price per device-hour ("" in the analytic modes, whose cost has no unit)."""
+    if not isinstance(params, DeviceProfile):
+        return ""
+    hours = float(device_hours(ms))
+    text = f"{hours:,.4g} device-hours"
+    if params.cost_per_device_hour is not None:
+        text += f", {hours * params.cost_per_device_hour:,.2f} at {params.cost_per_device_hour:g} per device-hour"
+    return text
+
+
+def bucket_table(result: BucketResult, extra: dict[str, str] | None = None,
+                 params: Coefficients | None = None) -> str:
+    """One bucket's table: each metric, its limit, the margin, and whether it holds (device mode: the
+    cost in device-hours too)."""
     lines = [f"bucket {result.name}"]
     m = result.metrics
     if m is not None:
@@ -38,6 +54,9 @@ def bucket_table(result: BucketResult, extra: dict[str, str] | None = None) -> s
                              f"{sign + fmt(c.margin, name):>14}  {'yes' if c.ok else 'NO'}")
         lines.append(f"  breakdown: prefill {fmt(m.prefill_cost)}, decode {fmt(m.decode_cost)}, "
                      f"overhead {fmt(m.overhead_cost)}, compile {fmt(m.compile_cost)}")
+        units = device_units(m.cost, params)
+        if units:
+            lines.append(f"  device time: {fmt(m.cost)} ms = {units}")
     for key, value in (extra or {}).items():
         lines.append(f"  {key}: {value}")
     for v in result.violations:
