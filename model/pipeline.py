@@ -8,6 +8,7 @@ records (``Planned``, ``Plan``, ``Evaluation``, ``Run``) come out.
 
 from __future__ import annotations
 
+import importlib.resources
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,9 @@ from model.schema import (
 )
 from solvers.packers import PACKERS
 
-DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "data" / "default" / "scenario.toml"
+# The embedded default scenario: package data of the top-level ``data`` package, so it is found the same
+# way in a source tree, an editable install and an installed wheel (pyproject.toml ships data/default/*).
+DEFAULT_SCENARIO = Path(str(importlib.resources.files("data") / "default" / "scenario.toml"))
 MIP = "mip"
 
 
