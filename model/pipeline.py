@@ -172,12 +172,16 @@ def compare_run(problem: Problem, solver: str) -> Evaluation | str:
 
 
 def plan_path(out_dir: Path, bucket_name: str) -> Path:
-    """Where the plan of a bucket lives in an output folder."""
+    """Where the plan of a bucket lives in an output folder (names are plain: see ``model.load.names``)."""
     return out_dir / f"plan_{bucket_name}.jsonl"
 
 
 def write(out_dir: Path, problem: Problem, plans: tuple[Plan, ...]) -> tuple[Path, ...]:
-    """Write every bucket's plan into ``out_dir`` together: all replaced, or none changed."""
+    """Write every bucket's plan into ``out_dir`` together: all replaced, or none changed.
+
+    Nothing is ever written outside ``out_dir``: the loaders refuse names that are not plain, and
+    ``write_plans`` checks again that every target lies directly inside the folder.
+    """
     paths = tuple(plan_path(out_dir, b.name) for b in problem.buckets)
-    write_plans(dict(zip(paths, plans, strict=True)))
+    write_plans(dict(zip(paths, plans, strict=True)), inside=out_dir)
     return paths

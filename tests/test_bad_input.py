@@ -79,6 +79,14 @@ def scenario_case(id: str, toml: str, error: str) -> Case:
                 error, bucket="b1", loader=False)
 
 
+def named(name_toml: str) -> str:
+    """A one-bucket scenario over req.jsonl whose bucket name is the given TOML value (line 4)."""
+    return f"max_shapes = 8\n\n[[bucket]]\nname = {name_toml}\nrequests = \"req.jsonl\"\n"
+
+
+NAME_RULE = "is not plain (letters, digits, '-', '_' and '.', not starting with '.', at most 100 characters)"
+FILE_NAME_HINT = "; rename the file or use a scenario with a plain bucket name"
+
 ROW_A = '{"request_id": "a", "prompt_len": 10, "gen_len": 5}'
 
 CASES = [
@@ -171,6 +179,22 @@ CASES = [
                   "s.toml:2: malformed TOML: Expected ']]' at the end of an array declaration (column 9)"),
     scenario_case("scenario-missing-requests", scenario().replace("req.jsonl", "gone.jsonl"),
                   "gone.jsonl: cannot read: No such file or directory"),
+    # bucket names become plan file names: only plain ones (nothing may be written outside --out)
+    scenario_case("name-escapes-out", named('"x/../../victim/out/plan_b1"'),
+                  f"s.toml:4: field 'bucket.name': bucket name 'x/../../victim/out/plan_b1' {NAME_RULE}"),
+    scenario_case("name-with-slash", named('"sub/b1"'), f"s.toml:4: field 'bucket.name': bucket name 'sub/b1' {NAME_RULE}"),
+    scenario_case("name-dot-dot", named('".."'), f"s.toml:4: field 'bucket.name': bucket name '..' {NAME_RULE}"),
+    scenario_case("name-absolute", named('"/tmp/evil"'),
+                  f"s.toml:4: field 'bucket.name': bucket name '/tmp/evil' {NAME_RULE}"),
+    scenario_case("name-hidden", named('".b1"'), f"s.toml:4: field 'bucket.name': bucket name '.b1' {NAME_RULE}"),
+    scenario_case("name-nul-byte", named('"b\\u0000x"'),
+                  f"s.toml:4: field 'bucket.name': bucket name 'b\\x00x' {NAME_RULE}"),
+    scenario_case("name-too-long", named('"' + "n" * 101 + '"'),
+                  f"s.toml:4: field 'bucket.name': bucket name '{'n' * 101}' {NAME_RULE}"),
+    solve_case("file-name-not-plain", "my plan.jsonl", GOOD,
+               f"my plan.jsonl: bucket name 'my plan' taken from this file's name {NAME_RULE}{FILE_NAME_HINT}"),
+    solve_case("file-name-hidden", ".req.jsonl", GOOD,
+               f".req.jsonl: bucket name '.req' taken from this file's name {NAME_RULE}{FILE_NAME_HINT}"),
     # plan files (evaluate)
     eval_case("plan-shape-keys", shape_plan('{"seq_align": 128, "heads": 32, "hidden_align": 4096}'),
               "plan.jsonl:2: field 'shape': must hold exactly seq_align, heads_align, hidden_align "

@@ -192,8 +192,24 @@ def joined_text(strings: pa.Array) -> str:
     return joined_bytes(strings).decode("utf-8")
 
 
-def write_plans(plans: dict[Path, Plan]) -> None:
+def check_inside(targets: Iterable[Path], folder: Path) -> None:
+    """Every target must be a plain file name directly inside folder (symlinks in the folder's path resolved).
+
+    The last line of defence against a plan landing elsewhere: raised before anything is staged.
+    """
+    home = Path(folder).resolve()
+    for target in targets:
+        target = Path(target)
+        name = target.name
+        if (target.parent.resolve() != home or name in ("", ".", "..") or "\x00" in name
+                or "/" in name or os.sep in name):
+            raise InputError(str(target), None, None, f"refusing to write outside the output folder {folder}")
+
+
+def write_plans(plans: dict[Path, Plan], inside: Path | None = None) -> None:
     """Write several plans so that either all of them land or none changes.
+
+    With ``inside``, every target must lie directly in that folder (else nothing is written).
 
     Each goes to a temporary file in its target folder first and is flushed to disk.
     Only then are they renamed over their targets; an existing target is first
@@ -206,6 +222,8 @@ def write_plans(plans: dict[Path, Plan]) -> None:
     backups: dict[Path, Path | None] = {}
     done: list[Path] = []
     current = next(iter(plans), Path("."))
+    if inside is not None:
+        check_inside(plans, inside)
     try:
         for current, plan in plans.items():
             staged.append((_stage(current, plan_chunks(plan)), current))

@@ -24,6 +24,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from model.errors import InputError
+from model.load.names import check_name
 from model.schema import Bucket
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv",
@@ -102,6 +103,8 @@ def load_requests(path: str | Path, name: str | None = None, columns: Columns | 
     non-integer, non-positive or absurdly large lengths, and duplicate ids.
     """
     path = Path(path)
+    if name is None:  # the bucket is named after the file, and the name becomes a plan file's name
+        name = check_name(path.stem, str(path), None, None, derived=True)
     kind = detect_format(path, fmt)
     raw = _read_bytes(path)
     if kind == "jsonl":
@@ -113,7 +116,7 @@ def load_requests(path: str | Path, name: str | None = None, columns: Columns | 
     else:
         frame, lines, columns = _read_parquet(path, raw, columns)
         pending = None
-    return _to_bucket(path, name or path.stem, frame, lines, columns, pending)
+    return _to_bucket(path, name, frame, lines, columns, pending)
 
 
 def _read_bytes(path: Path) -> bytes:

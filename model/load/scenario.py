@@ -18,6 +18,7 @@ from pathlib import Path
 from model.cost.analytic import CostParams
 from model.cost.common import MODES
 from model.errors import InputError
+from model.load.names import check_name
 from model.load.requests import PRESETS, Columns, load_requests
 from model.schema import Limits, Scenario
 
@@ -128,6 +129,7 @@ def load_scenario(path: str | Path, load: bool = True) -> Scenario:
         for key in ("name", "requests"):
             if not isinstance(raw.get(key), str) or not raw.get(key):
                 raise InputError(src, line, f"bucket.{key}", "missing (a non-empty string is required)")
+        check_name(raw["name"], src, _key_line(text, "name", i) or line, "bucket.name")
         if raw["name"] in names:
             raise InputError(src, line, "bucket.name", f"duplicate bucket name {raw['name']!r}")
         names.append(raw["name"])
