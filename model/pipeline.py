@@ -13,8 +13,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.cost.analytic import CostParams
-from model.cost.common import Mode
+import numpy as np
+
+from model.cost.analytic import CostParams, compile_cost, decode_cost, member_latency, prefill_cost
+from model.cost.common import Mode, align
 from model.errors import InfeasibleError, InputError
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble
@@ -59,6 +61,7 @@ class InputSpec:
     mode: Mode | None = None
     max_batch_size: int | None = None
     max_seq_len: int | None = None
+    params_source: str | None = None  # the file ``params`` came from, named if its costs overflow
 
 
 def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple[Problem, Scenario | None]:
@@ -84,7 +87,45 @@ def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple
                           mode=spec.mode or "reference", max_batch_size=spec.max_batch_size,
                           max_seq_len=spec.max_seq_len)
     check_seq_len(problem)
+    if spec.params is not None or scenario is not None:
+        check_cost_range(problem, spec.params_source if spec.params is not None else str(scenario.path))
     return problem, scenario
+
+
+OVERFLOW = "costs overflow float64 with these coefficients"
+
+
+def check_cost_range(problem: Problem, source: str) -> None:
+    """Every plan of these requests must cost (and take) a finite amount under these coefficients.
+
+    Bounds the most expensive plan any planner could return -- every request alone in a batch
+    at the largest shape a planner may declare (the max_seq_len, or the largest aligned prompt
+    rounded up to a power of two), plus a compile per shape -- and refuses coefficients for
+    which that bound is inf or NaN: planning and evaluation would otherwise compare infinities.
+    """
+    n = sum(len(b) for b in problem.buckets)
+    s_top = max(int(align(b.prompt_len).max()) for b in problem.buckets)
+    s_hi = max(1 << (s_top - 1).bit_length(), problem.max_seq_len or 0)
+    g_hi = max(int(b.gen_len.max()) for b in problem.buckets)
+    p, shapes = problem.params, min(problem.max_shapes, n)
+    with np.errstate(over="ignore", invalid="ignore"):
+        cost = n * (prefill_cost(s_hi, p) + decode_cost(s_hi, g_hi, p) + p.Kbatch_overhead_cost) \
+            + shapes * compile_cost(s_hi, p)
+        time_ms = n * member_latency(s_hi, s_hi, g_hi, p) + shapes * p.Tshape_compile_ms
+    for what, value in (("cost", cost), ("latency", time_ms)):
+        if not np.isfinite(value):
+            raise InputError(source, None, None, f"{OVERFLOW}: a plan of these requests could have {what} {value}")
+
+
+def check_finite_metrics(evaluation: Evaluation, source: str) -> None:
+    """The evaluator's numbers must be finite (a safety net behind ``check_cost_range``)."""
+    for r in evaluation.results:
+        if r.metrics is None:
+            continue
+        for name in ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms"):
+            value = getattr(r.metrics, name)
+            if not np.isfinite(value):
+                raise InputError(source, None, None, f"{OVERFLOW}: bucket {r.name} has {name} {value}")
 
 
 def check_unique_names(buckets: tuple[Bucket, ...]) -> None:

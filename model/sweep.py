@@ -78,8 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if args.time_limit <= 0:
         raise InputError("--time-limit", None, None, f"must be positive, got {args.time_limit}")
-    if args.max_batch_size is not None and args.max_batch_size < 1:
-        raise InputError("--max-batch-size", None, None, f"must be a positive integer, got {args.max_batch_size}")
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO)
     ks = parse_ks(args.k) if args.k else (args.limit_shapes,) if args.limit_shapes else tuple(range(1, 17))
     factors = parse_factors(args.factors) if args.sweep_limit else (1.0,)

@@ -79,6 +79,12 @@ def scenario_case(id: str, toml: str, error: str) -> Case:
                 error, bucket="b1", loader=False)
 
 
+def params_case(id: str, toml: str, error: str, *extra: str) -> Case:
+    """solve req.jsonl --cost-params c.toml on good requests."""
+    return Case(id, {"req.jsonl": GOOD, "c.toml": toml},
+                ("req.jsonl", "--cost-params", "c.toml", "--solver", "cells", "--out", "out", *extra), error, loader=False)
+
+
 def named(name_toml: str) -> str:
     """A one-bucket scenario over req.jsonl whose bucket name is the given TOML value (line 4)."""
     return f"max_shapes = 8\n\n[[bucket]]\nname = {name_toml}\nrequests = \"req.jsonl\"\n"
@@ -158,9 +164,9 @@ CASES = [
                "--max-seq-len", "64", loader=False),
     solve_case("max-seq-len-not-multiple-of-64", "req.jsonl", GOOD,
                "--max-seq-len: must be a positive multiple of 64, got 100", "--max-seq-len", "100", loader=False),
-    solve_case("negative-limit-flag", "req.jsonl", GOOD, "--max-pad-ratio: must be a non-negative number, got -0.1",
+    solve_case("negative-limit-flag", "req.jsonl", GOOD, "--max-pad-ratio: must be a finite non-negative number, got -0.1",
                "--max-pad-ratio=-0.1", loader=False),
-    solve_case("nan-limit-flag", "req.jsonl", GOOD, "--max-cost: must be a non-negative number, got nan",
+    solve_case("nan-limit-flag", "req.jsonl", GOOD, "--max-cost: must be a finite non-negative number, got nan",
                "--max-cost", "nan", loader=False),
     solve_case("zero-shapes", "req.jsonl", GOOD, "--limit-shapes: must be a positive integer, got 0",
                "--limit-shapes", "0", loader=False),
@@ -168,7 +174,7 @@ CASES = [
                "--columns: expected a preset (default, azure) or PROMPT,GEN[,ID], got 'onlyone'",
                "--columns", "onlyone", loader=False),
     scenario_case("scenario-negative-pad-limit", scenario("max_cost = 1e9", "max_pad_ratio = -0.1"),
-                  "s.toml:7: field 'bucket.max_pad_ratio': must be a non-negative number, got -0.1"),
+                  "s.toml:7: field 'bucket.max_pad_ratio': must be a finite non-negative number, got -0.1"),
     scenario_case("scenario-unknown-top-key", scenario(top="max_shapes = 8\nmax_shapez = 3"),
                   "s.toml:2: field 'max_shapez': unknown scenario key"),
     scenario_case("scenario-unknown-bucket-key", scenario("max_pad = 0.1"),
@@ -179,6 +185,50 @@ CASES = [
                   "s.toml:2: malformed TOML: Expected ']]' at the end of an array declaration (column 9)"),
     scenario_case("scenario-missing-requests", scenario().replace("req.jsonl", "gone.jsonl"),
                   "gone.jsonl: cannot read: No such file or directory"),
+    # numbers must be finite (and counts sane): NaN and inf never reach the planner
+    params_case("cost-param-nan", "Kp_attn = 1.0\nKd_attn = nan\n", "c.toml:2: field 'Kd_attn': expected a finite non-negative number, got nan"),
+    params_case("cost-param-inf-in-table", "# costs\n[cost_model]\nKp_attn = inf\n",
+                "c.toml:3: field 'Kp_attn': expected a finite non-negative number, got inf"),
+    params_case("cost-param-negative-inf", "Tp_attn = -inf\n", "c.toml:1: field 'Tp_attn': expected a finite non-negative number, got -inf"),
+    params_case("cost-param-hidden-fraction", "hidden = 1.5\n", "c.toml:1: field 'hidden': expected a positive integer, got 1.5"),
+    params_case("cost-param-unknown-key-line", "Kp_attn = 1\nKp_atn = 2\n", "c.toml:2: field 'Kp_atn': unknown cost-model coefficient"),
+    params_case("cost-param-malformed", "Kp_attn = \n", "c.toml:1: malformed TOML: Invalid value (column 11)"),
+    params_case("cost-overflows-float64", "Kd_attn = 1e308\n",
+                "c.toml: costs overflow float64 with these coefficients: a plan of these requests could have cost inf"),
+    params_case("latency-overflows-float64", "Tshape_compile_ms = 1.7e308\nTbatch_overhead_ms = 1.7e308\n",
+                "c.toml: costs overflow float64 with these coefficients: a plan of these requests could have latency inf"),
+    scenario_case("scenario-cost-model-inf", scenario(top="max_shapes = 8\n[cost_model]\nKp_attn = inf"),
+                  "s.toml:3: field 'cost_model.Kp_attn': expected a finite non-negative number, got inf"),
+    scenario_case("scenario-inline-cost-model-nan", scenario(top="max_shapes = 8\ncost_model = { Kd_attn = nan }"),
+                  "s.toml:2: field 'cost_model.Kd_attn': expected a finite non-negative number, got nan"),
+    scenario_case("scenario-cost-overflow", scenario(top="max_shapes = 8\ncost_model = { Kshape_attn = 1e308 }"),
+                  "s.toml: costs overflow float64 with these coefficients: a plan of these requests could have cost inf"),
+    solve_case("limit-flag-inf", "req.jsonl", GOOD, "--max-sequential-ms: must be a finite non-negative number, got inf",
+               "--max-sequential-ms", "inf", loader=False),
+    scenario_case("scenario-limit-inf", scenario("max_cost = inf"),
+                  "s.toml:6: field 'bucket.max_cost': must be a finite non-negative number, got inf"),
+    scenario_case("scenario-limit-nan", scenario("max_p95_latency_ms = nan"),
+                  "s.toml:6: field 'bucket.max_p95_latency_ms': must be a finite non-negative number, got nan"),
+    solve_case("huge-max-batch-size", "req.jsonl", GOOD, f"--max-batch-size: must be at most 2147483647, got {10**20}",
+               "--max-batch-size", str(10**20), loader=False),
+    solve_case("zero-max-batch-size", "req.jsonl", GOOD, "--max-batch-size: must be a positive integer, got 0",
+               "--max-batch-size", "0", loader=False),
+    solve_case("huge-limit-shapes", "req.jsonl", GOOD, f"--limit-shapes: must be at most 16384, got {10**20}",
+               "--limit-shapes", str(10**20), loader=False),
+    solve_case("huge-max-seq-len", "req.jsonl", GOOD, f"--max-seq-len: must be at most 1048576, got {64 * 2**64}",
+               "--max-seq-len", str(64 * 2**64), loader=False),
+    scenario_case("scenario-huge-max-shapes", scenario(top="max_shapes = 9223372036854775807"),
+                  "s.toml:1: field 'max_shapes': must be at most 16384, got 9223372036854775807"),
+    scenario_case("scenario-huge-max-seq-len", scenario(top="max_shapes = 8\nmax_seq_len = 1048640"),
+                  "s.toml:2: field 'max_seq_len': must be at most 1048576, got 1048640"),
+    scenario_case("scenario-huge-max-batch-size", scenario(top="max_shapes = 8\nmax_batch_size = 2147483648"),
+                  "s.toml:2: field 'max_batch_size': must be at most 2147483647, got 2147483648"),
+    Case("evaluation-overflows-float64", {"req.jsonl": GOOD, "plan.jsonl": shape_plan(
+        '{"seq_align": 1048576, "heads_align": 32, "hidden_align": 4096}').replace('"seq_align": 128', '"seq_align": 1048576'),
+        "c.toml": "Kshape_attn = 1e300\n"}, ("req.jsonl", "plan.jsonl", "--cost-params", "c.toml"),
+         "plan.jsonl: costs overflow float64 with these coefficients: bucket req has cost inf", module="evaluate", loader=False),
+    eval_case("plan-seq-align-huge", shape_plan('{"seq_align": 4611686018427387904, "heads_align": 32, "hidden_align": 4096}'),
+              "plan.jsonl:2: field 'shape.seq_align': must be at most 1048576, got 4611686018427387904"),
     # bucket names become plan file names: only plain ones (nothing may be written outside --out)
     scenario_case("name-escapes-out", named('"x/../../victim/out/plan_b1"'),
                   f"s.toml:4: field 'bucket.name': bucket name 'x/../../victim/out/plan_b1' {NAME_RULE}"),

@@ -16,7 +16,7 @@ import pyarrow.json as pajson
 
 from model.cost.common import GRANULARITY, HEADS, HIDDEN
 from model.errors import InputError
-from model.load.requests import line_numbers
+from model.load.requests import MAX_LEN, line_numbers
 from model.schema import Plan
 
 SHAPE_KEYS = ("seq_align", "heads_align", "hidden_align")
@@ -68,7 +68,8 @@ def _read_plan_fast(raw: bytes, lines: np.ndarray, source: str) -> Plan | None:
     if shape.null_count or any(f.null_count or not pa.types.is_int64(f.type) for f in fields.values()):
         return None
     seq, heads, hidden = (np.asarray(fields[k].to_numpy()) for k in SHAPE_KEYS)
-    if not ((heads == HEADS).all() and (hidden == HIDDEN).all() and (seq > 0).all() and (seq % GRANULARITY == 0).all()):
+    if not ((heads == HEADS).all() and (hidden == HIDDEN).all() and (seq > 0).all() and (seq % GRANULARITY == 0).all()
+            and (seq <= MAX_LEN).all()):
         return None
     rid, bid = (np.asarray(c.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object) for c in ids)
     return Plan(rid, bid, seq.astype(np.int64), source, lines)
@@ -130,6 +131,8 @@ def _plan_record(source: str, number: int, line: str) -> dict:
     s = shape["seq_align"]
     if not _exact_int(s) or s <= 0 or s % GRANULARITY:
         raise InputError(source, number, "shape.seq_align", f"must be a positive multiple of {GRANULARITY}, got {s!r}")
+    if s > MAX_LEN:  # no request is longer, and larger shapes would overflow the cost model's int64 sums
+        raise InputError(source, number, "shape.seq_align", f"must be at most {MAX_LEN}, got {s}")
     return rec
 
 

@@ -11,125 +11,74 @@ to the scenario), optional limits ``max_cost``, ``max_pad_ratio``,
 
 from __future__ import annotations
 
-import re
-import tomllib
+import math
 from pathlib import Path
 
 from model.cost.analytic import CostParams
-from model.cost.common import MODES
+from model.cost.common import GRANULARITY, MODES
 from model.errors import InputError
 from model.load.names import check_name
-from model.load.requests import PRESETS, Columns, load_requests
+from model.load.requests import MAX_LEN, PRESETS, Columns, load_requests
+from model.load.toml_text import key_line, read_toml, table_line
 from model.schema import Limits, Scenario
 
 TOP_KEYS = {"max_shapes", "mode", "max_seq_len", "max_batch_size", "cost_model", "bucket", "name", "description"}
 LIMIT_KEYS = ("max_cost", "max_pad_ratio", "max_p95_latency_ms", "max_sequential_ms")
+# Settings above these are absurd, not generous: a shape is at most the longest request
+# (MAX_LEN tokens), so there are at most MAX_LEN / 64 distinct shapes; a batch size beyond
+# int32 is rejected before it reaches an array or a solver.
+MAX_SEQ_LEN = MAX_LEN
+MAX_SHAPES = MAX_LEN // GRANULARITY
+MAX_BATCH = 2**31 - 1
 BUCKET_KEYS = {"name", "requests", "format", "prompt_column", "gen_column", "id_column", "columns", *LIMIT_KEYS}
 
 
-def _toml_lines(text: str) -> list[tuple[int, int | None, str, str]]:
-    """(line, table, kind, name) for every header and ``key =`` line of a TOML text.
-
-    ``table`` is None at the top level, k inside the k-th ``[[bucket]]`` and -1 in any
-    other table; ``kind`` is "header" or "key".  Lets errors point at the exact line
-    of the key in ITS table (the second bucket's ``max_cost``, not the first's).
-    Best effort: keys inside multi-line values or inline tables are not followed.
-    """
-    out: list[tuple[int, int | None, str, str]] = []
-    current: int | None = None
-    buckets = -1
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if stripped.startswith("["):
-            header = stripped.split("#", 1)[0].strip()
-            name = header.strip("[]").strip()
-            is_bucket = header.startswith("[[") and name == "bucket"
-            buckets += is_bucket
-            out.append((number, current, "header", name))
-            current = buckets if is_bucket else -1
-        elif "=" in stripped and not stripped.startswith("#"):
-            out.append((number, current, "key", stripped.split("=", 1)[0].strip().strip('"')))
-    return out
-
-
-def _key_line(text: str, key: str, table: int | None = None) -> int | None:
-    """Line of ``key = ...`` in the top level (or a top-level ``[key]`` header) or in bucket ``table``."""
-    for number, where, kind, name in _toml_lines(text):
-        if name == key and where == table and (kind == "key" or table is None):
-            return number
-    return None
-
-
-def _table_line(text: str, index: int) -> int | None:
-    """Line of the index-th ``[[bucket]]`` header, where bucket-level errors point."""
-    headers = [number for number, _, kind, name in _toml_lines(text) if kind == "header" and name == "bucket"]
-    return headers[index] if index < len(headers) else None
-
-
-def _positive_int(path: str, text: str, key: str, value) -> int:
-    """A top-level count such as max_shapes: an integer >= 1 (booleans are not counts)."""
+def _positive_int(path: str, text: str, key: str, value, most: int) -> int:
+    """A top-level count such as max_shapes: an integer from 1 to ``most`` (booleans are not counts)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(path, _key_line(text, key), key, f"must be a positive integer, got {value!r}")
+        raise InputError(path, key_line(text, key), key, f"must be a positive integer, got {value!r}")
+    if value > most:
+        raise InputError(path, key_line(text, key), key, f"must be at most {most}, got {value}")
     return value
-
-
-def _toml_error(path: Path, exc: tomllib.TOMLDecodeError) -> InputError:
-    """A TOML syntax error with its line moved into the file:line prefix.
-
-    Python 3.11's tomllib only says "(at line N, column M)" inside the message.
-    """
-    message = str(exc)
-    m = re.search(r" \(at line (\d+), column (\d+)\)$", message)
-    if m is None:
-        return InputError(str(path), getattr(exc, "lineno", None), None, f"malformed TOML: {message}")
-    return InputError(str(path), int(m.group(1)), None,
-                      f"malformed TOML: {message[:m.start()]} (column {m.group(2)})")
 
 
 def load_scenario(path: str | Path, load: bool = True) -> Scenario:
     """Parse a scenario and (by default) load and validate every bucket's requests."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(str(path), None, None, f"cannot read: {exc.strerror or exc}") from exc
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise _toml_error(path, exc) from None
+    text, data = read_toml(path)
     src = str(path)
     for key in data:
         if key not in TOP_KEYS:
-            raise InputError(src, _key_line(text, key), key, "unknown scenario key")
+            raise InputError(src, key_line(text, key), key, "unknown scenario key")
     if "max_shapes" not in data:
         raise InputError(src, None, "max_shapes", "missing")
-    max_shapes = _positive_int(src, text, "max_shapes", data["max_shapes"])
+    max_shapes = _positive_int(src, text, "max_shapes", data["max_shapes"], MAX_SHAPES)
     mode = data.get("mode", "reference")
     if mode not in MODES:
-        raise InputError(src, _key_line(text, "mode"), "mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
+        raise InputError(src, key_line(text, "mode"), "mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
     max_seq_len = data.get("max_seq_len")
     if max_seq_len is not None:
-        max_seq_len = _positive_int(src, text, "max_seq_len", max_seq_len)
+        max_seq_len = _positive_int(src, text, "max_seq_len", max_seq_len, MAX_SEQ_LEN)
         if max_seq_len % 64:
-            raise InputError(src, _key_line(text, "max_seq_len"), "max_seq_len",
+            raise InputError(src, key_line(text, "max_seq_len"), "max_seq_len",
                              f"must be a multiple of 64, got {max_seq_len}")
     max_batch = data.get("max_batch_size")
     if max_batch is not None:
-        max_batch = _positive_int(src, text, "max_batch_size", max_batch)
-    params = _cost_params(path, data.get("cost_model"))
+        max_batch = _positive_int(src, text, "max_batch_size", max_batch, MAX_BATCH)
+    params = _cost_params(path, text, data.get("cost_model"))
     buckets_raw = data.get("bucket")
     if not isinstance(buckets_raw, list) or not buckets_raw:
         raise InputError(src, None, "bucket", "at least one [[bucket]] table is required")
     names, buckets, limits = [], [], []
     for i, raw in enumerate(buckets_raw):
-        line = _table_line(text, i)
+        line = table_line(text, i)
         for key in raw:
             if key not in BUCKET_KEYS:
-                raise InputError(src, _key_line(text, key, i) or line, f"bucket.{key}", "unknown bucket key")
+                raise InputError(src, key_line(text, key, i) or line, f"bucket.{key}", "unknown bucket key")
         for key in ("name", "requests"):
             if not isinstance(raw.get(key), str) or not raw.get(key):
                 raise InputError(src, line, f"bucket.{key}", "missing (a non-empty string is required)")
-        check_name(raw["name"], src, _key_line(text, "name", i) or line, "bucket.name")
+        check_name(raw["name"], src, key_line(text, "name", i) or line, "bucket.name")
         if raw["name"] in names:
             raise InputError(src, line, "bucket.name", f"duplicate bucket name {raw['name']!r}")
         names.append(raw["name"])
@@ -143,7 +92,7 @@ def load_scenario(path: str | Path, load: bool = True) -> Scenario:
 
 
 def _limits(src: str, text: str, index: int, raw: dict) -> Limits:
-    """Limits of the index-th bucket; each must be a non-negative number (NaN is not one).
+    """Limits of the index-th bucket; each must be a finite non-negative number (not NaN, not inf).
 
     A negative limit can never be met (every metric is >= 0), so it is bad input
     rather than an infeasible problem.
@@ -152,9 +101,9 @@ def _limits(src: str, text: str, index: int, raw: dict) -> Limits:
     for key in LIMIT_KEYS:
         if key in raw:
             v = raw[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != v:
-                raise InputError(src, _key_line(text, key, index) or _table_line(text, index), f"bucket.{key}",
-                                 f"must be a non-negative number, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+                raise InputError(src, key_line(text, key, index) or table_line(text, index), f"bucket.{key}",
+                                 f"must be a finite non-negative number, got {v!r}")
             values[key] = float(v)
     return Limits(**values)
 
@@ -172,11 +121,13 @@ def _columns(src: str, line: int | None, raw: dict) -> Columns | None:
                    raw.get("id_column"))
 
 
-def _cost_params(path: Path, spec) -> CostParams:
+def _cost_params(path: Path, text: str, spec) -> CostParams:
+    """The scenario's ``cost_model``: a path to a TOML file of coefficients, or a table of them."""
     if spec is None:
         return CostParams()
     if isinstance(spec, str):
         return CostParams.from_toml(path.parent / spec)
     if isinstance(spec, dict):
-        return CostParams.from_mapping(spec, f"{path} [cost_model]")
-    raise InputError(str(path), None, "cost_model", "must be a table or a path to a TOML file")
+        return CostParams.from_mapping(spec, str(path), lambda key: key_line(text, key, "cost_model")
+                                       or key_line(text, "cost_model"), prefix="cost_model.")
+    raise InputError(str(path), key_line(text, "cost_model"), "cost_model", "must be a table or a path to a TOML file")
