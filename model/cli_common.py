@@ -78,7 +78,8 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
 
 
 def run_main(main) -> None:
-    """Run an entry point: bad input -> one line on stderr and exit 2; infeasible -> exit 3."""
+    """Run an entry point: bad input -> one line on stderr and exit 2; infeasible -> exit 3;
+    Ctrl-C (KeyboardInterrupt) anywhere -> one line and exit 130, never a traceback."""
     try:
         sys.exit(main())
     except InputError as exc:
@@ -87,3 +88,6 @@ def run_main(main) -> None:
     except InfeasibleError as exc:
         print(f"infeasible: {exc}", file=sys.stderr)
         sys.exit(3)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -9,14 +9,17 @@ run starts with a good plan already in the output folder and checks that its byt
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from model import evaluate, solve
+from model import evaluate, solve, sweep
 from model.cli_common import run_main
 from model.errors import InputError
 from model.load.requests import load_requests
@@ -79,6 +82,19 @@ def scenario_case(id: str, toml: str, error: str) -> Case:
                 error, bucket="b1", loader=False)
 
 
+def sweep_case(id: str, error: str, *extra: str, files: dict[str, str | bytes] | None = None) -> Case:
+    """sweep req.jsonl --solvers greedy with extra flags (validated before any work or write)."""
+    return Case(id, {"req.jsonl": GOOD, **(files or {})}, ("req.jsonl", "--solvers", "greedy", "--quiet", *extra),
+                error, module="sweep", loader=False)
+
+
+def parquet(**columns) -> bytes:
+    """A Parquet file's bytes holding the given columns (lists of Python values, types inferred by pyarrow)."""
+    sink = io.BytesIO()
+    pq.write_table(pa.table({k: pa.array(v) for k, v in columns.items()}), sink)
+    return sink.getvalue()
+
+
 def params_case(id: str, toml: str, error: str, *extra: str) -> Case:
     """solve req.jsonl --cost-params c.toml on good requests."""
     return Case(id, {"req.jsonl": GOOD, "c.toml": toml},
@@ -102,7 +118,7 @@ CASES = [
     solve_case("not-an-object", "bad.jsonl", jsonl(ROW_A, "[1, 2, 3]"),
                "bad.jsonl:2: expected a JSON object, got an array"),
     solve_case("nan-literal", "bad.jsonl", jsonl(ROW_A, '{"request_id": "b", "prompt_len": NaN, "gen_len": 5}'),
-               "bad.jsonl:2: field 'prompt_len': expected an integer, got nan"),
+               "bad.jsonl:2: malformed JSON: NaN is not valid JSON"),  # the strict pass reads every float column
     # fields
     solve_case("missing-field-after-blank-lines", "bad.jsonl", jsonl(ROW_A, "", "  ", '{"request_id": "b", "prompt_len": 10}'),
                "bad.jsonl:4: field 'gen_len': missing"),
@@ -122,7 +138,7 @@ CASES = [
                "bad.jsonl:2: field 'prompt_len': must be a positive integer, got -3"),
     solve_case("length-overflows-int64", "bad.jsonl",
                jsonl(ROW_A, '{"request_id": "b", "prompt_len": 99999999999999999999, "gen_len": 5}'),
-               "bad.jsonl:2: field 'prompt_len': must be at most 1048576, got 1e+20"),
+               "bad.jsonl:2: field 'prompt_len': must be at most 1048576, got 99999999999999999999"),
     solve_case("first-bad-line-wins", "bad.jsonl",
                jsonl('{"request_id": "a", "prompt_len": 10, "gen_len": 0}', '{"request_id": "b", "prompt_len": -1, "gen_len": 5}'),
                "bad.jsonl:1: field 'gen_len': must be a positive integer, got 0"),
@@ -245,6 +261,65 @@ CASES = [
                f"my plan.jsonl: bucket name 'my plan' taken from this file's name {NAME_RULE}{FILE_NAME_HINT}"),
     solve_case("file-name-hidden", ".req.jsonl", GOOD,
                f".req.jsonl: bucket name '.req' taken from this file's name {NAME_RULE}{FILE_NAME_HINT}"),
+    # text that is not Unicode, types that are not ids or lengths: one line, never a traceback
+    solve_case("lone-surrogate-id", "bad.jsonl", jsonl(ROW_A, '{"request_id": "\\ud800", "prompt_len": 10, "gen_len": 5}'),
+               "bad.jsonl:2: field 'request_id': not valid Unicode (a lone surrogate in '\\ud800')"),
+    solve_case("lone-surrogate-key", "bad.jsonl", jsonl('{"request_id": "a", "prompt_len": 10, "gen_len": 5, "\\udfff": 1}'),
+               "bad.jsonl:1: key '\\udfff' is not valid Unicode (a lone surrogate)"),
+    solve_case("parquet-list-id", "bad.parquet", parquet(request_id=[[1], [1]], prompt_len=[10, 20], gen_len=[5, 6]),
+               "bad.parquet:1: field 'request_id': expected a string or integer id, got [1]"),
+    solve_case("parquet-struct-id", "bad.parquet", parquet(request_id=[{"a": 1}], prompt_len=[10], gen_len=[5]),
+               "bad.parquet:1: field 'request_id': expected a string or integer id, got {'a': 1}"),
+    solve_case("parquet-text-length", "bad.parquet", parquet(request_id=["a", "b"], prompt_len=[10, 20], gen_len=["5", "6"]),
+               "bad.parquet:1: field 'gen_len': expected an integer, got '5'"),
+    solve_case("parquet-bytes-length", "bad.parquet", parquet(request_id=["a"], prompt_len=[b"10"], gen_len=[5]),
+               "bad.parquet:1: field 'prompt_len': expected an integer, got b'10'"),
+    solve_case("parquet-list-length", "bad.parquet", parquet(request_id=["a"], prompt_len=[[10]], gen_len=[5]),
+               "bad.parquet:1: field 'prompt_len': expected an integer, got [10]"),
+    # lengths are integers as written: no text, no exponent (12.0 is accepted: see test_load)
+    solve_case("length-text-12", "bad.jsonl", jsonl(ROW_A, '{"request_id": "b", "prompt_len": "12", "gen_len": 5}'),
+               "bad.jsonl:2: field 'prompt_len': expected an integer, got '12'"),
+    solve_case("length-exponent", "bad.jsonl", jsonl(ROW_A, '{"request_id": "b", "prompt_len": 1e3, "gen_len": 5}'),
+               "bad.jsonl:2: field 'prompt_len': expected an integer, got 1e3"),
+    solve_case("length-exponent-fraction", "bad.jsonl", jsonl('{"request_id": "b", "prompt_len": 10, "gen_len": 1.5E1}'),
+               "bad.jsonl:1: field 'gen_len': expected an integer, got 1.5E1"),
+    solve_case("id-exponent", "bad.jsonl", jsonl(ROW_A, '{"request_id": 1e3, "prompt_len": 10, "gen_len": 5}'),
+               "bad.jsonl:2: field 'request_id': expected a string or integer id, got 1e3"),
+    solve_case("csv-exponent", "bad.csv", "request_id,prompt_len,gen_len\na,10,5\nb,1e3,5\n",
+               "bad.csv:3: field 'prompt_len': expected an integer, got '1e3'"),
+    solve_case("csv-leading-space", "bad.csv", "request_id,prompt_len,gen_len\na,10,5\nb,10, 12\n",
+               "bad.csv:3: field 'gen_len': expected an integer, got ' 12'"),
+    solve_case("csv-fraction", "bad.csv", "request_id,prompt_len,gen_len\na,10.5,5\n",
+               "bad.csv:2: field 'prompt_len': expected an integer, got '10.5'"),
+    solve_case("csv-plus-sign", "bad.csv", "request_id,prompt_len,gen_len\na,+10,5\n",
+               "bad.csv:2: field 'prompt_len': expected an integer, got '+10'"),
+    solve_case("csv-empty-cell", "bad.csv", "request_id,prompt_len,gen_len\na,10,5\nb,,5\n",
+               "bad.csv:3: field 'prompt_len': missing"),
+    # a key given twice in one record (JSON leaves it open; Python kept the last) is refused everywhere
+    solve_case("duplicate-key", "bad.jsonl", jsonl(ROW_A, '{"request_id": "b", "prompt_len": 10, "gen_len": 5, "gen_len": 6}'),
+               "bad.jsonl:2: field 'gen_len': duplicate key: given twice in one record"),
+    solve_case("duplicate-unknown-key", "bad.jsonl", jsonl('{"request_id": "b", "x": 1, "prompt_len": 10, "x": 2, "gen_len": 5}'),
+               "bad.jsonl:1: field 'x': duplicate key: given twice in one record"),
+    eval_case("plan-duplicate-key", GOOD_PLAN.replace('"batch_id": "b-1"', '"batch_id": "b-1", "batch_id": "b-2"', 1),
+              "plan.jsonl:1: field 'batch_id': duplicate key: given twice in one record"),
+    eval_case("plan-duplicate-shape-key", shape_plan('{"seq_align": 128, "seq_align": 192, "heads_align": 32, "hidden_align": 4096}'),
+              "plan.jsonl:2: field 'seq_align': duplicate key: given twice in one record"),
+    eval_case("plan-lone-surrogate-id", GOOD_PLAN.replace('"request_id": "b"', '"request_id": "\\ud800"'),
+              "plan.jsonl:2: field 'request_id': not valid Unicode (a lone surrogate in '\\ud800')"),
+    # the sweep checks its flags before loading, solving or writing anything
+    sweep_case("sweep-negative-tolerance", "--tolerance: must be a finite non-negative share, got -1.0", "--tolerance", "-1"),
+    sweep_case("sweep-nan-tolerance", "--tolerance: must be a finite non-negative share, got nan", "--tolerance", "nan"),
+    sweep_case("sweep-report-is-a-file", "--report: rep.txt is a file; give a folder for report.md, report.html and the PNGs",
+               "--report", "rep.txt", files={"rep.txt": "not a folder\n"}),
+    sweep_case("sweep-out-is-a-folder", "--out: out is a folder; give the path of the CSV file to write", "--out", "out"),
+    sweep_case("sweep-out-below-a-file", "--out: rep.txt is not a folder", "--out", "rep.txt/sweep.csv",
+               files={"rep.txt": "a file\n"}),
+    sweep_case("sweep-empty-k", "--k: expected K values like 1-16 or 2,4,8, got ''", "--k="),
+    sweep_case("sweep-huge-k", "--k: K must be at most 16384, got 100000", "--k", "1-100000"),
+    sweep_case("sweep-factors-without-limit", "--factors: needs --sweep-limit (the limit the factors scale)",
+               "--factors", "0.5,1"),
+    sweep_case("sweep-bad-tolerance-before-bad-input", "--tolerance: must be a finite non-negative share, got inf",
+               "--tolerance", "inf", "--scenario", "missing.toml"),
     # plan files (evaluate)
     eval_case("plan-shape-keys", shape_plan('{"seq_align": 128, "heads": 32, "hidden_align": 4096}'),
               "plan.jsonl:2: field 'shape': must hold exactly seq_align, heads_align, hidden_align "
@@ -264,7 +339,7 @@ CASES = [
          "<command line>: expected REQUESTS PLAN pairs (an even number of paths)", module="evaluate", loader=False),
 ]
 
-MODULES = {"solve": solve.main, "evaluate": evaluate.main}
+MODULES = {"solve": solve.main, "evaluate": evaluate.main, "sweep": sweep.main}
 
 
 def lay_out(tmp: Path, case: Case) -> dict[str, bytes]:

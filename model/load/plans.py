@@ -16,7 +16,7 @@ import pyarrow.json as pajson
 
 from model.cost.common import GRANULARITY, HEADS, HIDDEN
 from model.errors import InputError
-from model.load.requests import MAX_LEN, line_numbers
+from model.load.requests import MAX_LEN, JsonFieldError, line_numbers, strict_json
 from model.schema import Plan
 
 SHAPE_KEYS = ("seq_align", "heads_align", "hidden_align")
@@ -105,9 +105,13 @@ def _exact_int(value) -> bool:
 def _plan_record(source: str, number: int, line: str) -> dict:
     """One plan line parsed and checked on its own, or an InputError naming line and field."""
     try:
-        rec = json.loads(line)
+        rec = strict_json(line, numbers=False)
     except json.JSONDecodeError as exc:
         raise InputError(source, number, None, f"malformed JSON: {exc.msg} (column {exc.colno})") from None
+    except JsonFieldError as exc:
+        raise InputError(source, number, exc.field, exc.message) from None
+    except ValueError as exc:  # NaN / Infinity
+        raise InputError(source, number, None, f"malformed JSON: {exc}") from None
     if not isinstance(rec, dict):
         raise InputError(source, number, None, "expected a JSON object")
     for key in RECORD_KEYS:
