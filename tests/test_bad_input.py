@@ -276,6 +276,20 @@ CASES = [
                "bad.parquet:1: field 'prompt_len': expected an integer, got b'10'"),
     solve_case("parquet-list-length", "bad.parquet", parquet(request_id=["a"], prompt_len=[[10]], gen_len=[5]),
                "bad.parquet:1: field 'prompt_len': expected an integer, got [10]"),
+    solve_case("invalid-utf8-in-a-key", "bad.jsonl", ROW_A.encode() + b'\n{"\xffequest_id": "b", "prompt_len": 1, "gen_len": 1}\n',
+               "bad.jsonl:2: not UTF-8 text (byte 0xff at column 3)"),  # found by test_fuzz_input: pyarrow crashed
+    solve_case("invalid-utf8-csv", "bad.csv", b"request_id,prompt_len,gen_len\na\xc3,10,5\n",
+               "bad.csv:2: not UTF-8 text (byte 0xc3 at column 2)"),
+    eval_case("plan-invalid-utf8", GOOD_PLAN.replace('"b-1"', '"b-\udcff"', 1).encode("utf-8", "surrogateescape"),
+              "plan.jsonl:1: not UTF-8 text (byte 0xff at column 36)"),
+    scenario_case("scenario-nul-in-requests-path", scenario().replace('"req.jsonl"', '"req\\u0000.jsonl"'),
+                  "req\\x00.jsonl: cannot read: embedded null byte"),
+    scenario_case("scenario-newline-in-requests-path", scenario().replace('"req.jsonl"', '"a\\nb.jsonl"'),
+                  "a\\nb.jsonl: cannot read: No such file or directory"),  # still one line
+    scenario_case("scenario-columns-not-a-string", scenario('columns = ["azure"]'),
+                  "s.toml:6: field 'bucket.columns': expected a non-empty string, got ['azure']"),
+    scenario_case("scenario-bucket-not-a-table", "max_shapes = 8\nbucket = [1]\n",
+                  "s.toml:2: field 'bucket': at least one [[bucket]] table is required"),
     # lengths are integers as written: no text, no exponent (12.0 is accepted: see test_load)
     solve_case("length-text-12", "bad.jsonl", jsonl(ROW_A, '{"request_id": "b", "prompt_len": "12", "gen_len": 5}'),
                "bad.jsonl:2: field 'prompt_len': expected an integer, got '12'"),

@@ -16,7 +16,7 @@ import pyarrow.json as pajson
 
 from model.cost.common import GRANULARITY, HEADS, HIDDEN
 from model.errors import InputError
-from model.load.requests import MAX_LEN, JsonFieldError, line_numbers, strict_json
+from model.load.requests import MAX_LEN, JsonFieldError, check_utf8, line_numbers, strict_json
 from model.schema import Plan
 
 SHAPE_KEYS = ("seq_align", "heads_align", "hidden_align")
@@ -43,9 +43,12 @@ def read_plan(path: str | Path) -> Plan:
         raw = path.read_bytes()
     except OSError as exc:
         raise InputError(str(path), None, None, f"cannot read: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a NUL in the path
+        raise InputError(str(path), None, None, f"cannot read: {exc}") from None
     lines = line_numbers(raw)
     if len(lines) == 0:
         raise InputError(str(path), None, None, "empty plan")
+    check_utf8(path, raw)
     fast = _read_plan_fast(raw, lines, str(path))
     return fast if fast is not None else _read_plan_slow(path, raw)
 

@@ -8,6 +8,7 @@ it is always the FIRST bad line of the file, so fixing errors top to bottom work
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -127,6 +128,27 @@ def _read_bytes(path: Path) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise InputError(str(path), None, None, f"cannot read: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a NUL in the path (from a scenario: the command line cannot carry one)
+        raise InputError(str(path), None, None, f"cannot read: {exc}") from None
+
+
+def check_utf8(path: Path | str, raw: bytes, chunk: int = 1 << 24) -> None:
+    """Text input must be UTF-8: the first bad byte is named with its line and column.
+
+    Checked in chunks by an incremental decoder, so a large file costs no more memory
+    than one chunk (pyarrow would otherwise pass bad bytes on to crash later, or replace them).
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    for lo in range(0, len(raw), chunk):
+        held = len(decoder.getstate()[0])  # bytes of a character left unfinished by the previous chunk
+        try:
+            decoder.decode(raw[lo:lo + chunk], final=lo + chunk >= len(raw))
+        except UnicodeDecodeError as exc:
+            at = min(lo - held + exc.start, len(raw) - 1)
+            line = raw.count(b"\n", 0, at) + 1
+            column = at - (raw.rfind(b"\n", 0, at) + 1) + 1
+            raise InputError(str(path), line, None,
+                             f"not UTF-8 text (byte 0x{raw[at]:02x} at column {column})") from None
 
 
 def _auto_columns(names: list[str]) -> Columns:
@@ -166,6 +188,7 @@ def _read_jsonl(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame,
     lines = line_numbers(raw)
     if len(lines) == 0:
         raise InputError(str(path), None, None, "no requests (empty file)")
+    check_utf8(path, raw)
     try:
         table = pajson.read_json(pa.BufferReader(raw),
                                  read_options=pajson.ReadOptions(block_size=1 << 24))
@@ -283,6 +306,7 @@ def _read_csv(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame, n
     if len(lines) < 2:
         raise InputError(str(path), None, None, "no requests (empty file)" if len(lines) == 0
                          else "no requests (only a header)")
+    check_utf8(path, raw)
     types = {c: pa.string() for c in columns.wanted()}  # ids stay text ("007"); lengths are checked as text below
     try:
         table = pacsv.read_csv(pa.BufferReader(raw), convert_options=pacsv.ConvertOptions(

@@ -12,6 +12,7 @@ to the scenario), optional limits ``max_cost``, ``max_pad_ratio``,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 from model.cost.analytic import CostParams
@@ -67,8 +68,8 @@ def load_scenario(path: str | Path, load: bool = True) -> Scenario:
         max_batch = _positive_int(src, text, "max_batch_size", max_batch, MAX_BATCH)
     params = _cost_params(path, text, data.get("cost_model"))
     buckets_raw = data.get("bucket")
-    if not isinstance(buckets_raw, list) or not buckets_raw:
-        raise InputError(src, None, "bucket", "at least one [[bucket]] table is required")
+    if not isinstance(buckets_raw, list) or not buckets_raw or not all(isinstance(b, dict) for b in buckets_raw):
+        raise InputError(src, key_line(text, "bucket"), "bucket", "at least one [[bucket]] table is required")
     names, buckets, limits = [], [], []
     for i, raw in enumerate(buckets_raw):
         line = table_line(text, i)
@@ -84,8 +85,8 @@ def load_scenario(path: str | Path, load: bool = True) -> Scenario:
         names.append(raw["name"])
         limits.append(_limits(src, text, i, raw))
         if load:
-            buckets.append(load_requests(path.parent / raw["requests"], raw["name"], _columns(src, line, raw),
-                                         raw.get("format")))
+            columns = _columns(src, lambda key, i=i: key_line(text, key, i) or line, raw)
+            buckets.append(load_requests(path.parent / raw["requests"], raw["name"], columns, raw.get("format")))
     return Scenario(path=path, max_shapes=max_shapes, names=tuple(names), buckets=tuple(buckets),
                     limits=tuple(limits), params=params, mode=mode, max_seq_len=max_seq_len,
                     max_batch_size=max_batch)
@@ -108,11 +109,15 @@ def _limits(src: str, text: str, index: int, raw: dict) -> Limits:
     return Limits(**values)
 
 
-def _columns(src: str, line: int | None, raw: dict) -> Columns | None:
+def _columns(src: str, line_of: Callable[[str], int | None], raw: dict) -> Columns | None:
     """Column mapping from ``columns = "azure"`` or explicit ``*_column`` keys (None: auto)."""
+    for key in ("format", "columns", "prompt_column", "gen_column", "id_column"):
+        if key in raw and (not isinstance(raw[key], str) or not raw[key]):
+            raise InputError(src, line_of(key), f"bucket.{key}", f"expected a non-empty string, got {raw[key]!r}")
     if "columns" in raw:
         if raw["columns"] not in PRESETS:
-            raise InputError(src, line, "bucket.columns", f"unknown preset {raw['columns']!r} ({', '.join(PRESETS)})")
+            raise InputError(src, line_of("columns"), "bucket.columns",
+                             f"unknown preset {raw['columns']!r} ({', '.join(PRESETS)})")
         return PRESETS[raw["columns"]]
     if not any(k in raw for k in ("prompt_column", "gen_column", "id_column")):
         return None
