@@ -10,6 +10,7 @@ from pathlib import Path
 from model.cost.analytic import CostParams
 from model.cost.common import GRANULARITY, MODES
 from model.errors import InfeasibleError, InputError
+from model.load.profile import load_profile
 from model.load.scenario import MAX_BATCH, MAX_SEQ_LEN, MAX_SHAPES
 from model.pipeline import InputSpec, load_problem
 from model.schema import LIMIT_KEYS, Limits, Problem, Scenario
@@ -21,7 +22,10 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--columns", help="column mapping: 'azure' or PROMPT,GEN[,ID] (CSV/Parquet inputs)")
     parser.add_argument("--format", choices=("jsonl", "csv", "parquet"), help="input format (default: by suffix)")
     parser.add_argument("--cost-model", choices=MODES, default=None,
-                        help="reference (default) or strict (declared shape is paid for)")
+                        help="reference (default), strict (declared shape is paid for) or device "
+                             "(measured step times of --device-profile)")
+    parser.add_argument("--device-profile", type=Path,
+                        help="device profile TOML ([device] table, see data/profiles/): device mode")
     parser.add_argument("--cost-params", type=Path, help="TOML file overriding cost-model coefficients")
     parser.add_argument("--limit-shapes", type=int, default=None, help="at most K shapes across all buckets")
     parser.add_argument("--max-seq-len", type=int, default=None, help="largest shape the accelerator allows")
@@ -70,8 +74,9 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
     check_count("--max-batch-size", getattr(args, "max_batch_size", None), MAX_BATCH)
     limits = limits if limits is not None else cli_limits(args)
     params = CostParams.from_toml(args.cost_params) if args.cost_params else None
+    device = load_profile(args.device_profile) if getattr(args, "device_profile", None) else None
     spec = InputSpec(files=tuple(files), scenario=args.scenario, columns=args.columns, fmt=args.format,
-                     limits=limits, max_shapes=args.limit_shapes, params=params, mode=args.cost_model,
+                     limits=limits, max_shapes=args.limit_shapes, params=params, device=device, mode=args.cost_model,
                      max_batch_size=getattr(args, "max_batch_size", None), max_seq_len=args.max_seq_len,
                      params_source=str(args.cost_params) if args.cost_params else None)
     return load_problem(spec, default_scenario)

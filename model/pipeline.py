@@ -17,6 +17,7 @@ import numpy as np
 
 from model.cost.analytic import CostParams, compile_cost, decode_cost, member_latency, prefill_cost
 from model.cost.common import Mode, align
+from model.cost.device import DeviceProfile
 from model.errors import InfeasibleError, InputError
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble
@@ -58,6 +59,7 @@ class InputSpec:
     limits: Limits = Limits()
     max_shapes: int | None = None
     params: CostParams | None = None
+    device: DeviceProfile | None = None
     mode: Mode | None = None
     max_batch_size: int | None = None
     max_seq_len: int | None = None
@@ -71,9 +73,15 @@ def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple
     one by one, so a flag tightens a scenario without silently being ignored.
     """
     scenario = None
+    mode, params = coefficients_of(spec)
     if spec.scenario is not None or (not spec.files and default_scenario is not None):
         scenario = load_scenario(spec.scenario or default_scenario)
-        problem = scenario.problem(max_shapes=spec.max_shapes, params=spec.params, mode=spec.mode,
+        if mode is not None and params is None and (mode == "device") != (scenario.mode == "device"):
+            raise InputError("--cost-model", None, None,
+                             "--cost-model device needs --device-profile FILE.toml" if mode == "device" else
+                             f"the scenario prices plans in device mode; --cost-model {mode} needs --cost-params "
+                             "or no scenario device profile")
+        problem = scenario.problem(max_shapes=spec.max_shapes, params=params, mode=mode,
                                    max_batch_size=spec.max_batch_size, max_seq_len=spec.max_seq_len,
                                    limits=tuple(lim.overridden_by(spec.limits) for lim in scenario.limits))
     else:
@@ -82,9 +90,11 @@ def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple
         columns = Columns.parse(spec.columns) if spec.columns else None
         buckets = tuple(load_requests(f, None, columns, spec.fmt) for f in spec.files)
         check_unique_names(buckets)
+        if mode == "device" and params is None:
+            raise InputError("--cost-model", None, None, "--cost-model device needs --device-profile FILE.toml")
         problem = Problem(buckets=buckets, limits=tuple(spec.limits for _ in buckets),
-                          max_shapes=spec.max_shapes or 8, params=spec.params or CostParams(),
-                          mode=spec.mode or "reference", max_batch_size=spec.max_batch_size,
+                          max_shapes=spec.max_shapes or 8, params=params or CostParams(),
+                          mode=mode or "reference", max_batch_size=spec.max_batch_size,
                           max_seq_len=spec.max_seq_len)
     check_seq_len(problem)
     if spec.params is not None or scenario is not None:
@@ -103,6 +113,8 @@ def check_cost_range(problem: Problem, source: str) -> None:
     rounded up to a power of two), plus a compile per shape -- and refuses coefficients for
     which that bound is inf or NaN: planning and evaluation would otherwise compare infinities.
     """
+    if not isinstance(problem.params, CostParams):  # device profiles are checked finite by their own loader
+        return
     n = sum(len(b) for b in problem.buckets)
     s_top = max(int(align(b.prompt_len).max()) for b in problem.buckets)
     s_hi = max(1 << (s_top - 1).bit_length(), problem.max_seq_len or 0)
@@ -126,6 +138,24 @@ def check_finite_metrics(evaluation: Evaluation, source: str) -> None:
             value = getattr(r.metrics, name)
             if not np.isfinite(value):
                 raise InputError(source, None, None, f"{OVERFLOW}: bucket {r.name} has {name} {value}")
+
+
+def coefficients_of(spec: InputSpec) -> tuple[Mode | None, CostParams | DeviceProfile | None]:
+    """The mode and coefficients the flags ask for (None: keep the scenario's or the default).
+
+    A device profile selects device mode; beside ``--cost-model reference|strict`` or
+    ``--cost-params`` it is a contradiction, and so are cost params in device mode.
+    """
+    if spec.device is not None:
+        if spec.mode not in (None, "device"):
+            raise InputError("--device-profile", None, None,
+                             f"a device profile prices plans in device mode, not --cost-model {spec.mode}")
+        if spec.params is not None:
+            raise InputError("--cost-params", None, None, "cost params do not apply in device mode")
+        return "device", spec.device
+    if spec.mode == "device" and spec.params is not None:
+        raise InputError("--cost-params", None, None, "cost params do not apply in device mode")
+    return spec.mode, spec.params
 
 
 def check_unique_names(buckets: tuple[Bucket, ...]) -> None:

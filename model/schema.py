@@ -9,7 +9,7 @@ import numpy as np
 
 from model.cost.analytic import CostParams
 from model.cost.common import Mode
-from model.cost.metrics import Metrics
+from model.cost.metrics import Coefficients, Metrics, check_mode
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,10 +93,13 @@ class Problem:
     buckets: tuple[Bucket, ...]
     limits: tuple[Limits, ...]
     max_shapes: int = 8
-    params: CostParams = field(default_factory=CostParams)
+    params: Coefficients = field(default_factory=CostParams)  # a DeviceProfile in device mode
     mode: Mode = "reference"
     max_batch_size: int | None = None
     max_seq_len: int | None = None
+
+    def __post_init__(self) -> None:
+        check_mode(self.params, self.mode)
 
     def with_shapes(self, k: int) -> Problem:
         """The same problem under another shape cap (sweeps reuse loaded buckets)."""
@@ -139,13 +142,13 @@ class Scenario:
     names: tuple[str, ...]
     buckets: tuple[Bucket, ...]
     limits: tuple[Limits, ...]
-    params: CostParams = field(default_factory=CostParams)
+    params: Coefficients = field(default_factory=CostParams)  # a DeviceProfile in device mode
     mode: Mode = "reference"
     max_seq_len: int | None = None
     max_batch_size: int | None = None
 
     def problem(self, **overrides) -> Problem:
-        """The planning problem this scenario describes, with CLI overrides applied."""
+        """The planning problem this scenario describes, with CLI overrides applied (None = keep)."""
         kw = dict(buckets=self.buckets, limits=self.limits, max_shapes=self.max_shapes,
                   params=self.params, mode=self.mode, max_batch_size=self.max_batch_size,
                   max_seq_len=self.max_seq_len)

@@ -2,7 +2,7 @@
 
     python scripts/bench_load.py [--rows 1000000] [--packer cells] [--seed 1]
 
-Writes a synthetic JSONL bucket (chat-like traffic from ``model.synth``) into a
+Writes a synthetic JSONL bucket (chat-like traffic from ``model.load.synth``) into a
 temporary folder, then times in one process:
 1. ``model.load.load_requests`` beside a plain ``pandas.read_json(lines=True)`` of the
    same file -- the loader validates every field and keeps line numbers, so the

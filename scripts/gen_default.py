@@ -4,7 +4,7 @@
     python scripts/gen_default.py --check    # also fails unless the greedy packer meets the limits
 
 Two buckets of 800 requests in the spirit of ``shared/workloads/twin-*`` (see
-``model/synth.py`` for the distributions), K = 8 shapes across both, and per-bucket
+``model/load/synth.py`` for the distributions), K = 8 shapes across both, and per-bucket
 limits derived from the one-request-per-batch ("solo") plan the way the twins'
 limits relate to theirs:
 

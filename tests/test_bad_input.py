@@ -284,6 +284,8 @@ CASES = [
               "plan.jsonl:1: not UTF-8 text (byte 0xff at column 36)"),
     scenario_case("scenario-nul-in-requests-path", scenario().replace('"req.jsonl"', '"req\\u0000.jsonl"'),
                   "req\\x00.jsonl: cannot read: embedded null byte"),
+    scenario_case("scenario-nul-in-device-path", scenario(top='max_shapes = 8\ndevice = "p\\u0000.toml"'),
+                  "p\\x00.toml: cannot read: embedded null byte"),
     scenario_case("scenario-newline-in-requests-path", scenario().replace('"req.jsonl"', '"a\\nb.jsonl"'),
                   "a\\nb.jsonl: cannot read: No such file or directory"),  # still one line
     scenario_case("scenario-columns-not-a-string", scenario('columns = ["azure"]'),

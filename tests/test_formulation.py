@@ -7,7 +7,7 @@ Two kinds of test:
   the family is what decides) and at the level of ``plan_mip``;
 - residuals (as PyPSA checks its models): solve, then recompute every family from the
   solution vector -- once as A x against the row bounds, once from the meaning of the
-  rows with ``model.costs`` alone -- and from the concrete plan judged by
+  rows with ``model.cost`` alone -- and from the concrete plan judged by
   ``plan_metrics``, and check that every exact metric respects its limit.
 """
 
@@ -353,7 +353,7 @@ class Family:
 
 
 def families(prob: Problem, fm: FullModel, x: np.ndarray) -> list[Family]:
-    """Cover, link and batch_cap asserted; cost, pad, seq, P95 and shapes computed with model.costs alone."""
+    """Cover, link and batch_cap asserted; cost, pad, seq, P95 and shapes computed with model.cost alone."""
     p, strict, B = prob.params, prob.mode == "strict", prob.max_batch_size
     out = []
     for b, (bm, r, lim) in enumerate(zip(fm.bms, fm.res, prob.limits, strict=True)):
@@ -379,7 +379,7 @@ def families(prob: Problem, fm: FullModel, x: np.ndarray) -> list[Family]:
 
 @pytest.mark.parametrize("prob", MEANING_CASES)
 def test_families_rebuilt_from_the_solution(prob, solved):
-    """Every family recomputed from what the rows mean, with model.costs alone (not model.boxes)."""
+    """Every family recomputed from what the rows mean, with model.cost alone (not model.boxes)."""
     fm, result = solved(prob)
     fams = families(prob, fm, np.rint(result.x))
     for f, bk, lim in zip(fams, prob.buckets, prob.limits, strict=True):

@@ -1,5 +1,5 @@
 """plan_mip against optima known by brute force: every set partition of <= 6 requests, every shape choice,
-every compile-spike placement, judged by ``model.costs.plan_metrics``.
+every compile-spike placement, judged by ``model.cost.metrics.plan_metrics``.
 
 The brute force (``helpers.brute_force``) shares nothing with the planner but the cost model, so agreement
 to 1e-9 is evidence for the whole chain: histogram, boxes, model, backend, expansion.  Limits are picked

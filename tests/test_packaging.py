@@ -32,16 +32,17 @@ def test_default_scenario_resolves_through_importlib_resources():
     assert pipeline.DEFAULT_SCENARIO.is_file()
     for name in ("requests_chat.jsonl", "requests_short.jsonl"):
         assert (importlib.resources.files("data") / "default" / name).is_file()
+    assert (importlib.resources.files("data") / "profiles" / "opt13b-a100-tp1.toml").is_file()
 
 
 def test_pyproject_ships_the_default_scenario_and_every_console_script():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     setuptools = project["tool"]["setuptools"]
     assert "data" in setuptools["packages"]["find"]["include"]
-    assert {"default/*.toml", "default/*.jsonl"} <= set(setuptools["package-data"]["data"])
-    assert project["project"]["scripts"] == {"shapeplan-solve": "model.solve:entry",
-                                             "shapeplan-evaluate": "model.evaluate:entry",
-                                             "shapeplan-sweep": "model.sweep:entry"}
+    assert {"default/*.toml", "default/*.jsonl", "profiles/*.toml"} <= set(setuptools["package-data"]["data"])
+    scripts = project["project"]["scripts"]
+    assert {"shapeplan-solve": "model.solve:entry", "shapeplan-evaluate": "model.evaluate:entry",
+            "shapeplan-sweep": "model.sweep:entry"}.items() <= scripts.items()
 
 
 IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "out", "traces",
@@ -71,7 +72,8 @@ def test_installed_wheel_plans_the_default_scenario_from_an_empty_folder(tmp_pat
     assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = wheels.glob("shapeplan-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"data/__init__.py", "data/default/scenario.toml", "data/default/requests_chat.jsonl"} <= set(names)
+    assert {"data/__init__.py", "data/default/scenario.toml", "data/default/requests_chat.jsonl",
+            "data/profiles/opt13b-a100-tp1.toml"} <= set(names)
     assert not [n for n in names if n.startswith(("data/traces", "data/workloads", "tests/"))]
 
     env_dir = tmp_path / "venv"

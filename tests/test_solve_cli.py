@@ -35,7 +35,7 @@ def run(*argv: str, cwd: Path, module: str = "model.solve", timeout: float = 300
 
 
 def synthetic(n: int, seed: int) -> tuple[Bucket, Bucket]:
-    """A chat and a short-form bucket of n requests each, as model.synth draws them."""
+    """A chat and a short-form bucket of n requests each, as model.load.synth draws them."""
     rng = np.random.default_rng(seed)
     out = []
     for name, traffic in (("chat", CHAT), ("short", SHORT)):

@@ -15,7 +15,7 @@ import numpy as np
 
 from model.cost.common import HIDDEN, lin, sq
 from model.errors import InputError
-from model.load.toml_text import key_line, read_toml
+from model.load.toml_lines import key_line, read_toml
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from typing import Literal
 
 import numpy as np
 
-Mode = Literal["reference", "strict"]
-MODES: tuple[str, ...] = ("reference", "strict")
+Mode = Literal["reference", "strict", "device"]
+MODES: tuple[str, ...] = ("reference", "strict", "device")
 
 GRANULARITY = 64
 HIDDEN = 4096

@@ -20,11 +20,49 @@ from model.cost.analytic import (
     prefill_latency,
 )
 from model.cost.common import MODES, Mode, align, p95_rank
+from model.cost.device import DeviceProfile, batch_breakdown, kv_tokens
+
+Coefficients = CostParams | DeviceProfile  # analytic (reference, strict) or measured (device)
+
+
+def spike_ms(p: Coefficients) -> float:
+    """The compile spike a shape's first member takes: Tshape_compile_ms, or the profile's compile_ms."""
+    return p.compile_ms if isinstance(p, DeviceProfile) else p.Tshape_compile_ms
+
+
+def shape_charge(s, p: Coefficients) -> np.ndarray:
+    """What compiling one distinct shape of length s costs a bucket (analytic cost, or device ms)."""
+    if isinstance(p, DeviceProfile):
+        return np.full(np.shape(s), p.compile_ms, dtype=np.float64)
+    return compile_cost(s, p)
+
+
+def fastest_latency(S, G, p: Coefficients, mode: Mode) -> np.ndarray:
+    """The least latency a request of aligned prompt S and gen G can have: alone in a batch at shape S.
+
+    (A larger batch, shape or gen only adds time in every mode.)
+    """
+    if mode == "device":
+        return batch_breakdown(np.ones(np.shape(S), dtype=np.int64), S, G, p).total
+    return prefill_latency(S, p) + decode_latency(S, G, p) + p.Tbatch_overhead_ms
+
+
+def check_mode(p: Coefficients, mode: Mode) -> None:
+    """Device mode prices with a DeviceProfile, the analytic modes with CostParams: never mixed."""
+    if mode not in MODES:
+        raise ValueError(f"unknown cost mode {mode!r}")
+    if (mode == "device") != isinstance(p, DeviceProfile):
+        raise ValueError(f"cost mode {mode!r} needs {'a DeviceProfile' if mode == 'device' else 'CostParams'}, "
+                         f"got {type(p).__name__}")
 
 
 @dataclass(frozen=True)
 class Metrics:
-    """One bucket's plan as the reference model judges it."""
+    """One bucket's plan as the cost model judges it.
+
+    In device mode every cost is in device milliseconds (prefill, decode, overhead
+    and compile time of the batches), so ``cost`` equals the bucket's device time.
+    """
 
     cost: float
     prefill_cost: float
@@ -84,52 +122,84 @@ class _BatchView:
 
     codes: np.ndarray
     batch_ids: np.ndarray
-    S: np.ndarray
-    s_max: np.ndarray
+    S: np.ndarray  # per record: the length its prompt is processed (and padded) at
+    s_max: np.ndarray  # per batch: the decode context start
     g_max: np.ndarray
     n_b: np.ndarray
     batch_shape: np.ndarray
-    latency: np.ndarray
+    latency: np.ndarray  # per record, compile spike included
 
 
-def _batch_view(prompt_len, gen_len, batch_ids, seq_align, p: CostParams, mode: Mode) -> _BatchView:
-    """Group records into batches and compute every member's latency (spike included).
+def batch_latencies(prompt_len, gen_len, codes: np.ndarray, shape_of: np.ndarray, p: Coefficients,
+                    mode: Mode) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every member's latency before any compile spike, and the batch extents it follows from.
 
-    Reference mode prefills each member at its own aligned prompt and decodes at the
-    members' (S_max, G_max); strict mode uses the declared seq_align for both.
+    ``codes`` numbers the batches 0..nb-1 per record, ``shape_of`` is each batch's
+    declared seq_align.  Returns (latency per record, S per record, s_max and g_max
+    per batch).  Reference mode prefills each member at its own aligned prompt and
+    decodes at the members' (S_max, G_max); strict mode uses the declared shape for
+    both; device mode gives every member its batch's device time T (the static batch
+    returns together).  The one copy of this rule: expansion places spikes with it.
     """
-    if mode not in MODES:
-        raise ValueError(f"unknown cost mode {mode!r}")
+    check_mode(p, mode)
     gen_len = np.asarray(gen_len, dtype=np.int64)
+    shape_of = np.asarray(shape_of, dtype=np.int64)
+    nb = len(shape_of)
+    S = shape_of[codes] if mode != "reference" else align(np.asarray(prompt_len, dtype=np.int64))
+    s_max = _segment_max(S, codes, nb) if mode == "reference" else shape_of
+    g_max = _segment_max(gen_len, codes, nb)
+    if mode == "device":
+        latency = batch_breakdown(np.bincount(codes, minlength=nb), s_max, g_max, p).total[codes]
+    else:
+        latency = prefill_latency(S, p) + decode_latency(s_max, g_max, p)[codes] + p.Tbatch_overhead_ms
+    return latency, S, s_max, g_max
+
+
+def _batch_view(prompt_len, gen_len, batch_ids, seq_align, p: Coefficients, mode: Mode) -> _BatchView:
+    """Group records into batches and compute every member's latency (spike included)."""
     seq_align = np.asarray(seq_align, dtype=np.int64)
     codes, uniques = batch_index(batch_ids)
     nb = len(uniques)
-    S = seq_align if mode == "strict" else align(np.asarray(prompt_len, dtype=np.int64))
-    s_max = _segment_max(S, codes, nb)
-    g_max = _segment_max(gen_len, codes, nb)
     batch_shape = seq_align[np.unique(codes, return_index=True)[1]]
-    latency = prefill_latency(S, p) + decode_latency(s_max, g_max, p)[codes] + p.Tbatch_overhead_ms
-    latency[spike_members(codes, uniques, batch_shape)] += p.Tshape_compile_ms
+    latency, S, s_max, g_max = batch_latencies(prompt_len, gen_len, codes, batch_shape, p, mode)
+    latency[spike_members(codes, uniques, batch_shape)] += spike_ms(p)
     return _BatchView(codes, uniques, S, s_max, g_max, np.bincount(codes, minlength=nb), batch_shape, latency)
 
 
-def member_latencies(prompt_len, gen_len, batch_ids, seq_align, p: CostParams = CostParams(),
+def batch_kv_tokens(batch_ids, gen_len, seq_align) -> tuple[np.ndarray, np.ndarray]:
+    """KV tokens each batch holds at its last step (n * (s + G_max)), and the batch ids."""
+    codes, uniques = batch_index(batch_ids)
+    nb = len(uniques)
+    shape = np.asarray(seq_align, dtype=np.int64)[np.unique(codes, return_index=True)[1]]
+    g_max = _segment_max(np.asarray(gen_len, dtype=np.int64), codes, nb)
+    return kv_tokens(np.bincount(codes, minlength=nb), shape, g_max), uniques
+
+
+def member_latencies(prompt_len, gen_len, batch_ids, seq_align, p: Coefficients = CostParams(),
                      mode: Mode = "reference") -> np.ndarray:
     """Each record's latency (ms), compile spike included, records in plan-file order."""
     return _batch_view(prompt_len, gen_len, batch_ids, seq_align, p, mode).latency
 
 
+def _costs(v: _BatchView, p: Coefficients, mode: Mode) -> tuple[float, float, float, float]:
+    """(prefill, decode, overhead, compile) totals of a bucket's plan in the mode's unit."""
+    shapes = np.unique(v.batch_shape)
+    compile_total = float(shape_charge(shapes, p).sum())
+    if mode == "device":
+        parts = batch_breakdown(v.n_b, v.batch_shape, v.g_max, p)
+        return float(parts.prefill.sum()), float(parts.decode.sum()), float(parts.overhead.sum()), compile_total
+    prefill_total = float(prefill_cost(v.S, p).sum())
+    decode_total = float((v.n_b * decode_cost(v.s_max, v.g_max, p)).sum())
+    return prefill_total, decode_total, float(p.Kbatch_overhead_cost * len(v.n_b)), compile_total
+
+
 def plan_metrics(prompt_len: np.ndarray, gen_len: np.ndarray, batch_ids: np.ndarray,
-                 seq_align: np.ndarray, p: CostParams = CostParams(), mode: Mode = "reference") -> Metrics:
+                 seq_align: np.ndarray, p: Coefficients = CostParams(), mode: Mode = "reference") -> Metrics:
     """Metrics of one bucket's plan, records given in plan-file order."""
     prompt_len = np.asarray(prompt_len, dtype=np.int64)
     gen_len = np.asarray(gen_len, dtype=np.int64)
     v = _batch_view(prompt_len, gen_len, batch_ids, seq_align, p, mode)
-    shapes = np.unique(v.batch_shape)
-    compile_total = float(compile_cost(shapes, p).sum())
-    prefill_total = float(prefill_cost(v.S, p).sum())
-    decode_total = float((v.n_b * decode_cost(v.s_max, v.g_max, p)).sum())
-    overhead_total = float(p.Kbatch_overhead_cost * len(v.n_b))
+    prefill_total, decode_total, overhead_total, compile_total = _costs(v, p, mode)
     cost = prefill_total + decode_total + overhead_total + compile_total
     pad = int((v.S - prompt_len).sum() + (v.g_max[v.codes] - gen_len).sum())
     real = int(prompt_len.sum() + gen_len.sum())
@@ -140,4 +210,4 @@ def plan_metrics(prompt_len: np.ndarray, gen_len: np.ndarray, batch_ids: np.ndar
     return Metrics(cost=cost, prefill_cost=prefill_total, decode_cost=decode_total,
                    overhead_cost=overhead_total, compile_cost=compile_total, pad_tokens=pad,
                    real_tokens=real, pad_ratio=pad / real, p95_latency_ms=p95, sequential_ms=seq,
-                   n_requests=n, n_batches=len(v.n_b), shapes=tuple(int(s) for s in shapes))
+                   n_requests=n, n_batches=len(v.n_b), shapes=tuple(int(s) for s in np.unique(v.batch_shape)))

@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 
 from model.cost.common import align
-from model.cost.metrics import Metrics, batch_index, plan_metrics
+from model.cost.device import DeviceProfile
+from model.cost.metrics import Metrics, batch_index, batch_kv_tokens, plan_metrics
 from model.schema import (
     Bucket,
     BucketResult,
@@ -100,6 +101,21 @@ def shape_rules(bucket: Bucket, plan: Plan, rows: np.ndarray, max_shapes: int,
     return problems
 
 
+def kv_rule(bucket: Bucket, plan: Plan, rows: np.ndarray, device: DeviceProfile) -> list[Violation]:
+    """Device mode: a batch is valid only if n * (s + G_max) <= kv_capacity_tokens (all its KV fits)."""
+    if device.kv_capacity_tokens is None:
+        return []
+    tokens, ids = batch_kv_tokens(plan.batch_ids, bucket.gen_len[rows], plan.seq_align)
+    over = np.flatnonzero(tokens > device.kv_capacity_tokens)
+    if not len(over):
+        return []
+    k = int(over[np.argmax(tokens[over])])
+    return [Violation(bucket.name, "kv-capacity",
+                      f"{plan.source}: batch {ids[k]!r} holds {int(tokens[k])} KV tokens (members x (seq_align + "
+                      f"G_max)), over the device's capacity {device.kv_capacity_tokens} "
+                      f"({len(over)} batch{'es' if len(over) > 1 else ''} over)")]
+
+
 def limit_checks(metrics: Metrics, limits: Limits) -> tuple[LimitCheck, ...]:
     """Each set limit beside the metric it bounds."""
     return tuple(LimitCheck(name, metrics.value(name), bound) for name, bound in limits.items())
@@ -115,6 +131,8 @@ def evaluate_plans(problem: Problem, plans: tuple[Plan, ...]) -> tuple[list[Buck
             results.append(BucketResult(bucket.name, None, (), tuple(problems)))
             continue
         problems += shape_rules(bucket, plan, rows, problem.max_shapes, problem.max_seq_len)
+        if problem.mode == "device":
+            problems += kv_rule(bucket, plan, rows, problem.params)
         metrics = plan_metrics(bucket.prompt_len[rows], bucket.gen_len[rows], plan.batch_ids, plan.seq_align,
                                problem.params, problem.mode)
         all_shapes.update(metrics.shapes)

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.cost.analytic import CostParams, decode_latency, prefill_latency
+from model.cost.analytic import CostParams
 from model.cost.common import Mode, align
+from model.cost.metrics import Coefficients, batch_latencies, spike_ms
 from model.schema import Batching, Bucket, Limits, Plan
 
 
 def batch_extents(bucket: Bucket, batching: Batching, mode: Mode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-record effective prompt length and per-batch (S_max, G_max) under the cost mode."""
     nb = len(batching.shape_of)
-    S = batching.shape_of[batching.batch_of] if mode == "strict" else align(bucket.prompt_len)
+    S = batching.shape_of[batching.batch_of] if mode != "reference" else align(bucket.prompt_len)
     s_max = np.zeros(nb, dtype=np.int64)
     g_max = np.zeros(nb, dtype=np.int64)
     np.maximum.at(s_max, batching.batch_of, S)
@@ -27,21 +28,20 @@ def batch_extents(bucket: Bucket, batching: Batching, mode: Mode) -> tuple[np.nd
     return S, s_max, g_max
 
 
-def assemble(bucket: Bucket, batching: Batching, params: CostParams = CostParams(), mode: Mode = "reference",
+def assemble(bucket: Bucket, batching: Batching, params: Coefficients = CostParams(), mode: Mode = "reference",
              limits: Limits = Limits()) -> Plan:
     """A plan with spike-aware batch ids (``s<seq_align>-<k>``, zero-padded) and member order."""
     codes = np.asarray(batching.batch_of, dtype=np.int64)
     shape_of = np.asarray(batching.shape_of, dtype=np.int64)
     nb = len(shape_of)
-    S, s_max, g_max = batch_extents(bucket, batching, mode)
-    latency = prefill_latency(S, params) + decode_latency(s_max, g_max, params)[codes] + params.Tbatch_overhead_ms
+    latency = batch_latencies(bucket.prompt_len, bucket.gen_len, codes, shape_of, params, mode)[0]
     # each batch's gentlest member goes first: the one with the least latency
     order = np.lexsort((np.arange(len(codes)), latency, codes))
     first = order[np.r_[True, codes[order][1:] != codes[order][:-1]]]  # first member of each batch 0..nb-1
     first_lat = latency[first]
     batch_max = np.full(nb, -np.inf)
     np.maximum.at(batch_max, codes, latency)
-    spiked = first_lat + params.Tshape_compile_ms
+    spiked = first_lat + spike_ms(params)
     seq_hurt = np.maximum(0.0, spiked - batch_max)
     limit = limits.max_p95_latency_ms
     crosses = (first_lat <= limit) & (spiked > limit) if limit is not None else np.zeros(nb, bool)

@@ -23,21 +23,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from model.cost.metrics import spike_ms
 from model.formulation.boxes import (
+    NO_CAP,
     BucketModel,
     Grid,
     arc_pad,
     arc_violates,
     box_fixed,
     box_unit_cost,
+    box_unit_seq,
     shape_compile,
+    variant_range,
 )
 
 # Cost per unit of violation of each limit while columns are generated: far above what
-# any decision saves per unit (a pad token costs ~1e7 of decode at most, a ms of
-# latency ~1e3 of cost, a request over the P95 limit at most one batch ~1e10).
+# any decision saves per unit.  Analytic modes: a pad token costs ~1e7 of decode at
+# most, a ms of latency ~1e3 of cost, a request over the P95 limit at most one batch
+# ~1e10.  Device mode (costs in device ms): a pad token costs well under 1 ms, a ms of
+# sequential time is a ms of cost, a member over the P95 limit at most one batch.
 ROW_MAX = 1e3  # limit rows are scaled down to this largest coefficient
 SLACK_PENALTY = {"cost": 10.0, "pad": 1e9, "seq": 1e6, "p95": 1e12}
+DEVICE_SLACK_PENALTY = {"cost": 10.0, "pad": 1e3, "seq": 10.0, "p95": 1e7}
+OBJECTIVE_SCALE = {"reference": 1e7, "strict": 1e7, "device": 1.0}  # objective divided by this (numerics)
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,12 +57,17 @@ class Restriction:
     g: np.ndarray
     arc_cell: np.ndarray
     arc_box: np.ndarray  # local position in ``boxes``
+    v: np.ndarray | None = None  # size-class variant of each box (None: all 0)
+
+    @property
+    def variant(self) -> np.ndarray:
+        return self.v if self.v is not None else np.zeros(len(self.boxes), np.int64)
 
 
 def restriction(grid: Grid, boxes: np.ndarray, arc_cell: np.ndarray, arc_box: np.ndarray) -> Restriction:
-    """A restriction with its box extents read off the grid."""
+    """A restriction with its box extents and variants read off the grid."""
     t, g = grid.box(boxes)
-    return Restriction(boxes, t, g, arc_cell, arc_box)
+    return Restriction(boxes, t, g, arc_cell, arc_box, grid.variant(boxes))
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,30 +181,51 @@ def coverage_rows(bld: _Builder, b: int, bm: BucketModel, res: Restriction, x: B
                  bm.hist.count, bm.hist.count, b)
 
 
-def link_rows(bld: _Builder, b: int, bm: BucketModel, res: Restriction, x: Block, m: Block,
-              max_batch: int | None) -> None:
-    """A cell rides in a box only if the box has batches:  x_{c,k} <= min(n_c, B) * m_k.
+def box_sizes(bm: BucketModel, res: Restriction, max_batch: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Members a batch of each box may hold, [lo, hi]: its size class, the batch-size cap, the KV cap."""
+    lo, hi = variant_range(bm, res.t, res.g, res.variant)
+    if max_batch is not None:
+        hi = np.minimum(hi, max_batch)
+    return lo, hi
 
-    With a batch-size cap B also  sum_c x_{c,k} <= B * m_k  (each batch holds <= B).
+
+def link_rows(bld: _Builder, b: int, bm: BucketModel, res: Restriction, x: Block, m: Block,
+              lo: np.ndarray, hi: np.ndarray) -> None:
+    """A cell rides in a box only if the box has batches:  x_{c,k} <= min(n_c, hi_k) * m_k.
+
+    Where a box's batches hold at most hi_k < n members, also  sum_c x_{c,k} <= hi_k * m_k;
+    where they need at least lo_k > 1 (device size classes),  sum_c x_{c,k} >= lo_k * m_k.
+    Together these say the box's members split into m_k batches of lo_k..hi_k each.
     """
     na = len(res.arc_cell)
-    cap = bm.hist.count[res.arc_cell].astype(np.float64)
-    if max_batch is not None:
-        cap = np.minimum(cap, max_batch)
+    cap = np.minimum(bm.hist.count[res.arc_cell], hi[res.arc_box]).astype(np.float64)
     r = np.concatenate([np.arange(na), np.arange(na)])
     c = np.concatenate([x.start + np.arange(na), m.start + res.arc_box])
     v = np.concatenate([np.ones(na), -cap])
     bld.add_rows("link", r, c, v, np.full(na, -np.inf), np.zeros(na), b)
-    if max_batch is not None:
-        nk = len(res.boxes)
-        r = np.concatenate([res.arc_box, np.arange(nk)])
-        c = np.concatenate([x.start + np.arange(na), m.start + np.arange(nk)])
-        v = np.concatenate([np.ones(na), -float(max_batch) * np.ones(nk)])
-        bld.add_rows("batch_cap", r, c, v, np.full(nk, -np.inf), np.zeros(nk), b)
+    held = np.bincount(res.arc_box, weights=bm.hist.count[res.arc_cell], minlength=len(res.boxes))
+    capped = np.flatnonzero(hi < held)
+    if len(capped):
+        _size_rows(bld, "batch_cap", b, res, x, m, capped, hi, -np.inf, 0.0)
+    floored = np.flatnonzero(lo > 1)
+    if len(floored):
+        _size_rows(bld, "batch_floor", b, res, x, m, floored, lo, 0.0, np.inf)
+
+
+def _size_rows(bld: _Builder, name: str, b: int, res: Restriction, x: Block, m: Block, boxes: np.ndarray,
+               size: np.ndarray, lo: float, hi: float) -> None:
+    """Rows  sum_c x_{c,k} - size_k * m_k  in [lo, hi]  for the given local boxes k."""
+    row_of = np.full(len(res.boxes), -1)
+    row_of[boxes] = np.arange(len(boxes))
+    arcs = np.flatnonzero(row_of[res.arc_box] >= 0)
+    r = np.concatenate([row_of[res.arc_box[arcs]], np.arange(len(boxes))])
+    c = np.concatenate([x.start + arcs, m.start + boxes])
+    v = np.concatenate([np.ones(len(arcs)), -size[boxes].astype(np.float64)])
+    bld.add_rows(name, r, c, v, np.full(len(boxes), lo), np.full(len(boxes), hi), b)
 
 
 def _limit_row(bld: _Builder, name: str, b: int, cols: np.ndarray, vals: np.ndarray, rhs: float,
-               relax: bool) -> None:
+               relax: bool, penalty: dict[str, float] = SLACK_PENALTY) -> None:
     """One "<=" limit row, scaled so its largest coefficient is at most ROW_MAX, with a priced
     slack column while generating columns.
 
@@ -201,23 +235,31 @@ def _limit_row(bld: _Builder, name: str, b: int, cols: np.ndarray, vals: np.ndar
     f = min(1.0, ROW_MAX / max(float(np.abs(vals).max(initial=0.0)), 1e-300))
     vals = vals * f
     if relax:
-        s = bld.add_cols(f"slack_{name}", [SLACK_PENALTY[name] / f], 0.0, np.inf, False, b)
+        s = bld.add_cols(f"slack_{name}", [penalty[name] / f], 0.0, np.inf, False, b)
         cols = np.append(cols, s.start)
         vals = np.append(vals, -1.0)
     bld.add_rows(name, np.zeros(len(cols), dtype=np.int64), cols, vals, -np.inf, rhs * f, b, scale=f)
 
 
+def penalties(bm: BucketModel) -> dict[str, float]:
+    """Slack prices of the limit rows in the bucket's cost unit."""
+    return DEVICE_SLACK_PENALTY if bm.mode == "device" else SLACK_PENALTY
+
+
 def cost_limit_row(bld, b, bm, res, x, m, z, unit, shapes, relax) -> None:
-    """Cost limit:  sum_k Kbatch m_k + sum_a unit_a x_a [+ sum_s compile_s z_{b,s}] <= max_cost - const."""
+    """Cost limit:  sum_k F_k m_k + sum_a unit_a x_a [+ sum_s compile_s z_{b,s}] <= max_cost - const.
+
+    F_k is the batch overhead (analytic modes) or T's per-batch part (device mode)."""
     if bm.limits.max_cost is None:
         return
-    fixed, _ = box_fixed(bm, res.t, res.g)
+    fixed, _ = box_fixed(bm, res.t, res.g, res.variant)
     cols = [m.start + np.arange(len(res.boxes)), x.start + np.arange(len(res.arc_cell))]
     vals = [fixed, unit]
     if z is not None:
         cols.append(np.arange(z.start, z.stop))
         vals.append(shape_compile(shapes, bm.params))
-    _limit_row(bld, "cost", b, np.concatenate(cols), np.concatenate(vals), bm.limits.max_cost - bm.const_cost, relax)
+    _limit_row(bld, "cost", b, np.concatenate(cols), np.concatenate(vals), bm.limits.max_cost - bm.const_cost, relax,
+               penalties(bm))
 
 
 def pad_limit_row(bld, b, bm, res, x, relax) -> None:
@@ -226,24 +268,30 @@ def pad_limit_row(bld, b, bm, res, x, relax) -> None:
         return
     t, g = res.t, res.g
     pad = arc_pad(bm, res.arc_cell, t[res.arc_box], g[res.arc_box])
-    _limit_row(bld, "pad", b, x.start + np.arange(len(res.arc_cell)), pad, bm.pad_budget, relax)
+    _limit_row(bld, "pad", b, x.start + np.arange(len(res.arc_cell)), pad, bm.pad_budget, relax, penalties(bm))
 
 
-def seq_limit_row(bld, b, bm, res, m, z, fixed_shapes: int, relax) -> None:
-    """Sequential time:  sum_k lat(t_k, g_k) m_k + 1500 * (#shapes of b) <= max_sequential_ms.
+def seq_limit_row(bld, b, bm, res, x, m, z, fixed_shapes: int, relax) -> None:
+    """Sequential time:  sum_k lat_k m_k + sum_a useq_a x_a + spike * (#shapes of b) <= max_sequential_ms.
 
-    lat(t, g) is the batch's largest member latency; the compile spike is reserved
-    conservatively, one per shape the bucket compiles.
+    Analytic modes: lat_k is the batch's largest member latency and useq = 0; device
+    mode: a batch's time T = F + n u counts whole (lat = F, useq = u).  The compile
+    spike is reserved conservatively, one per shape the bucket compiles.
     """
     if bm.limits.max_sequential_ms is None:
         return
-    _, lat = box_fixed(bm, res.t, res.g)
+    _, lat = box_fixed(bm, res.t, res.g, res.variant)
+    spike = spike_ms(bm.params)
+    useq = box_unit_seq(bm, res.t, res.g, res.variant)[res.arc_box]
     cols, vals = [m.start + np.arange(len(res.boxes))], [lat]
-    rhs = bm.limits.max_sequential_ms - bm.params.Tshape_compile_ms * fixed_shapes
+    if useq.any():
+        cols.append(x.start + np.arange(len(res.arc_cell)))
+        vals.append(useq)
+    rhs = bm.limits.max_sequential_ms - spike * fixed_shapes
     if z is not None:
         cols.append(np.arange(z.start, z.stop))
-        vals.append(np.full(z.stop - z.start, bm.params.Tshape_compile_ms))
-    _limit_row(bld, "seq", b, np.concatenate(cols), np.concatenate(vals), rhs, relax)
+        vals.append(np.full(z.stop - z.start, spike))
+    _limit_row(bld, "seq", b, np.concatenate(cols), np.concatenate(vals), rhs, relax, penalties(bm))
 
 
 def p95_limit_row(bld, b, bm, res, x, relax) -> None:
@@ -251,9 +299,10 @@ def p95_limit_row(bld, b, bm, res, x, relax) -> None:
     if bm.p95_allowed is None:
         return
     t, g = res.t, res.g
-    viol = arc_violates(bm, res.arc_cell, t[res.arc_box], g[res.arc_box])
+    viol = arc_violates(bm, res.arc_cell, t[res.arc_box], g[res.arc_box], res.variant[res.arc_box])
     keep = viol > 0
-    _limit_row(bld, "p95", b, x.start + np.flatnonzero(keep), viol[keep], float(bm.p95_allowed), relax)
+    _limit_row(bld, "p95", b, x.start + np.flatnonzero(keep), viol[keep], float(bm.p95_allowed), relax,
+               penalties(bm))
 
 
 def shape_link_rows(bld, b, res, m, z, t_of_box_shape: np.ndarray, m_ub: np.ndarray) -> None:
@@ -279,12 +328,14 @@ def shape_cap_rows(bld, zs: list[Block], y: Block, k: int) -> None:
 # ---------------------------------------------------------------- assembly
 
 
-def m_upper(bm: BucketModel, res: Restriction, max_batch: int | None) -> np.ndarray:
-    """Most batches a box can need: 1 without a cap, else ceil(requests it can hold / B)."""
-    if max_batch is None:
-        return np.ones(len(res.boxes))
+def m_upper(bm: BucketModel, res: Restriction, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Most batches a box can need: enough for every member it can hold at hi each (1 when uncapped),
+    and no more than its members fill at lo each (0: the box cannot be used)."""
     held = np.bincount(res.arc_box, weights=bm.hist.count[res.arc_cell], minlength=len(res.boxes))
-    return np.maximum(1.0, np.ceil(held / max_batch))
+    need = np.where(hi < NO_CAP, np.ceil(held / np.maximum(hi, 1)), 1.0)
+    most = np.maximum(1.0, need)
+    most = np.minimum(most, np.floor(held / np.maximum(lo, 1)))
+    return np.where(lo > hi, 0.0, most)
 
 
 def build_model(bms: list[BucketModel], restrictions: list[Restriction],
@@ -293,35 +344,37 @@ def build_model(bms: list[BucketModel], restrictions: list[Restriction],
     """Assemble the whole model: columns per bucket, then each constraint family.
 
     ``shapes`` is None in reference mode (shape choice is settled outside: it only
-    moves compile cost), else the candidate shape values of strict mode.
+    moves compile cost), else the candidate shape values of strict and device mode.
     """
     bld = _Builder()
     zs: list[Block] = []
     const = 0.0
     per_bucket = []
     for b, (bm, res) in enumerate(zip(bms, restrictions, strict=True)):
-        t, g = res.t, res.g
-        fixed, _ = box_fixed(bm, t, g)
-        m_ub = m_upper(bm, res, max_batch)
+        t, g, v = res.t, res.g, res.variant
+        fixed, _ = box_fixed(bm, t, g, v)
+        lo, hi = box_sizes(bm, res, max_batch)
+        m_ub = m_upper(bm, res, lo, hi)
         m = bld.add_cols("m", fixed, 0.0, m_ub, True, b)
-        unit = box_unit_cost(bm, t, g)[res.arc_box]
+        unit = box_unit_cost(bm, t, g, v)[res.arc_box]
         x = bld.add_cols("x", unit, 0.0, bm.hist.count[res.arc_cell].astype(np.float64), True, b)
         z = None
         if shapes is not None:
             z = bld.add_cols("z", shape_compile(shapes, bm.params), 0.0, 1.0, True, b)
             zs.append(z)
-        per_bucket.append((bm, res, m, x, z, unit, m_ub))
+        per_bucket.append((bm, res, m, x, z, unit, m_ub, lo, hi))
         const += bm.const_cost
     y = bld.add_cols("y", np.zeros(len(shapes)), 0.0, 1.0, True) if shapes is not None else None
-    for b, (bm, res, m, x, z, unit, m_ub) in enumerate(per_bucket):
+    for b, (bm, res, m, x, z, unit, m_ub, lo, hi) in enumerate(per_bucket):
         coverage_rows(bld, b, bm, res, x)
-        link_rows(bld, b, bm, res, x, m, max_batch)
+        link_rows(bld, b, bm, res, x, m, lo, hi)
         cost_limit_row(bld, b, bm, res, x, m, z, unit, shapes, relax_limits)
         pad_limit_row(bld, b, bm, res, x, relax_limits)
-        seq_limit_row(bld, b, bm, res, m, z, 0 if shapes is not None else fixed_shapes[b], relax_limits)
+        seq_limit_row(bld, b, bm, res, x, m, z, 0 if shapes is not None else fixed_shapes[b], relax_limits)
         p95_limit_row(bld, b, bm, res, x, relax_limits)
         if shapes is not None:
             shape_link_rows(bld, b, res, m, z, np.searchsorted(shapes, res.t), m_ub)
     if shapes is not None:
         shape_cap_rows(bld, zs, y, max_shapes)
-    return bld.arrays(scale=1e7, offset=const)
+    mode = bms[0].mode if bms else "reference"
+    return bld.arrays(scale=OBJECTIVE_SCALE[mode], offset=const)

@@ -1,27 +1,33 @@
-"""Boxes: a batch's decode extent (t, g) and what each cell pays when it rides in one.
+"""Boxes: a batch's decode extent (t, g) and size class, and what each cell pays when it rides in one.
 
-A box is WLOG tight -- t is the largest member's S (reference mode; in strict mode t
-is the declared shape) and g the largest member's gen -- so the candidate boxes of a
-bucket are the grid (prompt/shape values) x (distinct gen values).  Every
-coefficient here is a call into ``model.costs``; none re-derives the arithmetic.
+A box is WLOG tight -- t is the largest member's S (reference mode; in strict and
+device mode t is the declared shape) and g the largest member's gen -- so the
+candidate boxes of a bucket are the grid (prompt/shape values) x (distinct gen values).
+
+In device mode a batch's time depends on its size n: ``T = F + n*u`` within one
+decode regime (``decode`` below ``decode_large_from``, ``decode_large`` from it), the
+KV cache caps n, and with a P95 limit every member of a batch is over the limit
+exactly when n exceeds some n*.  So each (t, g) comes in a few *variants* v, one per
+size class [lo, hi] on which F, u and "over the P95 limit" are constant: the model
+stays linear and exact.  Reference and strict mode have one variant (lo = 1, hi =
+the batch-size cap).  Every coefficient here is a call into ``model.cost``; none
+re-derives the arithmetic.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from model.cost.analytic import (
-    CostParams,
-    compile_cost,
-    decode_cost,
-    member_latency,
-    prefill_cost,
-)
+from model.cost.analytic import decode_cost, member_latency, prefill_cost
 from model.cost.common import Mode, allowed_above
+from model.cost.device import batch_time, linear_parts, max_members
+from model.cost.metrics import Coefficients, shape_charge
 from model.histogram.cells import Histogram
 from model.schema import Limits
+
+NO_CAP = np.iinfo(np.int64).max // 4  # "no batch-size cap" as an integer that survives arithmetic
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,30 +39,50 @@ class BucketModel:
       pad_budget: pad tokens the decisions may add (limit minus the fixed prompt pad);
       p95_allowed: members allowed above the P95 latency limit;
       gen_min: per cell, the smallest real gen_len (pad is counted against it, so a
-        coarsened histogram never understates padding).
+        coarsened histogram never understates padding);
+      max_batch: the batch-size cap (None: none), on top of the device's KV capacity;
+      large, slow: per variant, whether it runs the decode_large regime and whether
+        its members are over the P95 limit (device mode; one plain variant otherwise).
     """
 
     hist: Histogram
     limits: Limits
     mode: Mode
-    params: CostParams
+    params: Coefficients
     const_cost: float
     pad_budget: float | None
     p95_allowed: int | None
     real_tokens: int
     gen_min: np.ndarray
     p95_reserve: int = 0  # held back from the allowance for spikes (the bound relaxes it again)
+    max_batch: int | None = None
+    large: np.ndarray = field(default_factory=lambda: np.zeros(1, bool))
+    slow: np.ndarray = field(default_factory=lambda: np.zeros(1, bool))
+
+    @property
+    def n_variants(self) -> int:
+        return len(self.large)
 
 
-def bucket_model(hist: Histogram, gen_min: np.ndarray, limits: Limits, params: CostParams, mode: Mode,
-                 p95_reserve: int = 0) -> BucketModel:
-    """Constants of one bucket: fixed cost, remaining pad budget, P95 allowance.
+def variant_kinds(params: Coefficients, mode: Mode, limits: Limits) -> tuple[np.ndarray, np.ndarray]:
+    """(large, slow) per variant: the decode regimes a profile has, split by the P95 limit if one is set."""
+    if mode != "device":
+        return np.zeros(1, bool), np.zeros(1, bool)
+    regimes = [False, True] if params.decode_large is not None else [False]
+    speeds = [False, True] if limits.max_p95_latency_ms is not None else [False]
+    pairs = [(r, s) for r in regimes for s in speeds]
+    return np.array([r for r, _ in pairs]), np.array([s for _, s in pairs])
+
+
+def bucket_model(hist: Histogram, gen_min: np.ndarray, limits: Limits, params: Coefficients, mode: Mode,
+                 p95_reserve: int = 0, max_batch: int | None = None) -> BucketModel:
+    """Constants of one bucket: fixed cost, remaining pad budget, P95 allowance, box variants.
 
     ``p95_reserve`` members of the allowance are kept back for compile spikes that
     expansion cannot place harmlessly (each can push one member over the limit).
     """
     real = int(hist.prompt_sum.sum() + hist.gen_sum.sum())
-    # alignment pad sum(S_c - prompt) is the same in every plan; strict mode adds t - S_c per arc
+    # alignment pad sum(S_c - prompt) is the same in every plan; strict/device mode add t - S_c per arc
     fixed_pad = float((hist.count * hist.S).sum() - hist.prompt_sum.sum())
     const = float((hist.count * prefill_cost(hist.S, params)).sum()) if mode == "reference" else 0.0
     # pad is measured per request against gen_min; the real pad is that minus the slack below
@@ -65,77 +91,227 @@ def bucket_model(hist: Histogram, gen_min: np.ndarray, limits: Limits, params: C
     if limits.max_pad_ratio is not None:
         pad_budget = limits.max_pad_ratio * real - fixed_pad - slack
     p95 = allowed_above(hist.n_requests) - p95_reserve if limits.max_p95_latency_ms is not None else None
-    return BucketModel(hist, limits, mode, params, const, pad_budget, p95, real, gen_min, p95_reserve)
+    large, slow = variant_kinds(params, mode, limits)
+    return BucketModel(hist, limits, mode, params, const, pad_budget, p95, real, gen_min, p95_reserve, max_batch,
+                       large, slow)
 
 
-def box_fixed(bm: BucketModel, t: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per batch of box (t, g): its fixed cost (overhead) and its sequential-time latency.
+# ---------------------------------------------------------------- size classes (device mode)
 
-    The batch's largest latency is the member prefilled at t (prefill grows with S).
+
+def _regime_range(bm: BucketModel, t: np.ndarray, g: np.ndarray, large: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Batch sizes [lo, hi] a box may hold in a decode regime: the regime's own range, the batch-size
+    cap and (device mode) the KV capacity n * (t + g) <= capacity."""
+    t = np.asarray(t, dtype=np.int64)
+    hi = np.full(t.shape, NO_CAP if bm.max_batch is None else bm.max_batch, dtype=np.int64)
+    lo = np.ones(t.shape, dtype=np.int64)
+    if bm.mode == "device":
+        kv = max_members(t, g, bm.params)
+        if kv is not None:
+            hi = np.minimum(hi, kv)
+        switch = bm.params.decode_large_from
+        if switch is not None:
+            hi = np.where(large, hi, np.minimum(hi, switch - 1))
+            lo = np.where(large, switch, lo)
+    return lo, hi
+
+
+def fast_members(bm: BucketModel, t: np.ndarray, g: np.ndarray, large: np.ndarray) -> np.ndarray:
+    """Device mode: the largest n whose batch time T(n) stays within the P95 limit (0 if none does).
+
+    T is affine and increasing in n within a regime; the estimate from the linear parts
+    is checked against ``batch_time`` itself (the evaluator's arithmetic) and moved by
+    one where float rounding put it on the wrong side.
     """
-    lat = member_latency(t, t, g, bm.params)
-    return np.full(len(t), bm.params.Kbatch_overhead_cost), lat
+    limit = bm.limits.max_p95_latency_ms
+    fixed, per = linear_parts(t, g, large, bm.params)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        est = np.where(per > 0, np.floor((limit - fixed) / np.where(per > 0, per, 1.0)),
+                       np.where(fixed <= limit, NO_CAP, -1.0))
+    n = np.clip(est, 0, NO_CAP).astype(np.int64)
+    probe = np.clip(n, 1, 1 << 40)
+    over = (n >= 1) & (n < NO_CAP) & (_time(bm, probe, t, g, large) > limit)
+    n = np.where(over, n - 1, n)
+    probe = np.clip(n + 1, 1, 1 << 40)
+    under = (n + 1 < NO_CAP) & (_time(bm, probe, t, g, large) <= limit)
+    return np.where(under, n + 1, n)
 
 
-def box_unit_cost(bm: BucketModel, t: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """Cost per member of box (t, g) that depends on the box: decode, plus prefill in strict mode."""
+def _time(bm: BucketModel, n: np.ndarray, t: np.ndarray, g: np.ndarray, large: np.ndarray) -> np.ndarray:
+    """Batch time at n in a fixed regime (the regime's coefficients even where n lies outside it)."""
+    fixed, per = linear_parts(t, g, large, bm.params)
+    exact = batch_time(n, t, g, bm.params)
+    in_regime = (n >= bm.params.decode_large_from) == large if bm.params.decode_large_from is not None else True
+    return np.where(in_regime, exact, fixed + n * per)
+
+
+def variant_range(bm: BucketModel, t, g, v) -> tuple[np.ndarray, np.ndarray]:
+    """Batch sizes [lo, hi] of box (t, g) in variant v; lo > hi means the variant cannot be used."""
+    t, g, v = (np.asarray(a, dtype=np.int64) for a in np.broadcast_arrays(t, g, v))
+    large = bm.large[v]
+    lo, hi = _regime_range(bm, t, g, large)
+    if bm.mode == "device" and bm.limits.max_p95_latency_ms is not None:
+        n_fast = fast_members(bm, t, g, large)
+        slow = bm.slow[v]
+        hi = np.where(slow, hi, np.minimum(hi, n_fast))
+        lo = np.where(slow, np.maximum(lo, n_fast + 1), lo)
+    return lo, hi
+
+
+def variant_of_size(bm: BucketModel, t, g, n) -> np.ndarray:
+    """The variant a batch of n members in box (t, g) belongs to (-1 where none holds it: over capacity)."""
+    t, g, n = (np.asarray(a, dtype=np.int64) for a in np.broadcast_arrays(t, g, n))
+    out = np.full(t.shape, -1, dtype=np.int64)
+    for v in range(bm.n_variants):
+        lo, hi = variant_range(bm, t, g, np.full(t.shape, v))
+        out = np.where((out < 0) & (lo <= n) & (n <= hi), v, out)
+    return out
+
+
+# ---------------------------------------------------------------- coefficients per box and arc
+
+
+def box_fixed(bm: BucketModel, t: np.ndarray, g: np.ndarray, v: np.ndarray | int = 0
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Per batch of box (t, g, v): its fixed cost and its fixed part of sequential time.
+
+    Analytic modes: the batch overhead, and the batch's largest member latency (the
+    member prefilled at t: prefill grows with S).  Device mode: T's per-batch part F,
+    which is both (a batch's time is its cost and its sequential-time contribution).
+    """
+    t = np.asarray(t)
+    if bm.mode == "device":
+        fixed, _ = linear_parts(t, g, bm.large[np.broadcast_to(v, t.shape)], bm.params)
+        return fixed, fixed
+    return np.full(len(t), bm.params.Kbatch_overhead_cost), member_latency(t, t, g, bm.params)
+
+
+def box_unit_cost(bm: BucketModel, t: np.ndarray, g: np.ndarray, v: np.ndarray | int = 0) -> np.ndarray:
+    """Cost per member of box (t, g, v): decode (plus prefill in strict mode); device mode T's per-member part."""
+    if bm.mode == "device":
+        t = np.asarray(t)
+        return linear_parts(t, g, bm.large[np.broadcast_to(v, np.broadcast_shapes(t.shape, np.shape(g)))],
+                            bm.params)[1]
     cost = decode_cost(t, g, bm.params)
     if bm.mode == "strict":
         cost = cost + prefill_cost(t, bm.params)
     return cost
 
 
+def box_unit_seq(bm: BucketModel, t: np.ndarray, g: np.ndarray, v: np.ndarray | int = 0) -> np.ndarray:
+    """Sequential time per member of box (t, g, v): 0 in the analytic modes (a batch counts its largest
+    member once), T's per-member part in device mode (a batch counts its whole time)."""
+    if bm.mode == "device":
+        return box_unit_cost(bm, t, g, v)
+    return np.zeros(np.broadcast_shapes(np.shape(t), np.shape(g)))
+
+
 def arc_pad(bm: BucketModel, cell: np.ndarray, t: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """Pad tokens per member of a cell in box (t, g): gen pad, plus prompt pad up to t in strict mode."""
+    """Pad tokens per member of a cell in box (t, g): gen pad, plus prompt pad up to t unless in reference mode."""
     pad = g - bm.gen_min[cell]
-    if bm.mode == "strict":
+    if bm.mode != "reference":
         pad = pad + (t - bm.hist.S[cell])
     return pad.astype(np.float64)
 
 
 def arc_latency(bm: BucketModel, cell: np.ndarray, t: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """Latency (ms, spike excluded) of a member of a cell in box (t, g)."""
+    """Latency (ms, spike excluded) of a member of a cell in box (t, g) -- analytic modes only
+    (in device mode it depends on the batch size: see ``variant_range``)."""
     s_member = t if bm.mode == "strict" else bm.hist.S[cell]
     return member_latency(s_member, t, g, bm.params)
 
 
-def arc_violates(bm: BucketModel, cell: np.ndarray, t: np.ndarray, g: np.ndarray) -> np.ndarray:
+def arc_violates(bm: BucketModel, cell: np.ndarray, t: np.ndarray, g: np.ndarray,
+                 v: np.ndarray | int = 0) -> np.ndarray:
     """1.0 where such a member would exceed the P95 latency limit (0 without a limit)."""
     limit = bm.limits.max_p95_latency_ms
+    shape = np.broadcast_shapes(np.shape(cell), np.shape(t), np.shape(g), np.shape(v))
     if limit is None:
-        return np.zeros(len(cell))
+        return np.zeros(shape)
+    if bm.mode == "device":
+        return np.broadcast_to(bm.slow[np.broadcast_to(v, shape)], shape).astype(np.float64)
     return (arc_latency(bm, cell, t, g) > limit).astype(np.float64)
 
 
-def shape_compile(shapes: np.ndarray, params: CostParams) -> np.ndarray:
-    """Compile cost of each candidate shape (charged per bucket that uses it)."""
-    return compile_cost(shapes, params)
+def shape_compile(shapes: np.ndarray, params: Coefficients) -> np.ndarray:
+    """Compile charge of each candidate shape (charged per bucket that uses it)."""
+    return shape_charge(shapes, params)
+
+
+def batch_floor(bm: BucketModel) -> float:
+    """The least a bucket pays for using a shape at all, beyond its members' floors: one batch overhead
+    (analytic modes); 0 in device mode, where ``request_floor`` already spreads the batch's F."""
+    return 0.0 if bm.mode == "device" else float(bm.params.Kbatch_overhead_cost)
+
+
+def request_floor(bm: BucketModel, t, G: np.ndarray) -> np.ndarray:
+    """A lower bound on what one request of gen G costs when it runs at shape t, whatever its batch.
+
+    Analytic modes: its own per-member cost in box (t, G).  Device mode: the cheapest
+    decode regime's per-member part plus the batch's fixed part shared by as many
+    members as the box can hold -- a batch decodes at least G steps, F and u grow with
+    the batch's gen and the KV cap shrinks with it, so no batch does better.
+    """
+    if bm.mode != "device":
+        return box_unit_cost(bm, t, G)
+    t = np.broadcast_to(np.asarray(t, dtype=np.int64), np.shape(G))
+    best = np.full(np.shape(G), np.inf)
+    for large in ([False, True] if bm.params.decode_large is not None else [False]):
+        mask = np.full(np.shape(G), large)
+        lo, hi = _regime_range(bm, t, G, mask)
+        fixed, per = linear_parts(t, G, mask, bm.params)
+        share = per + fixed / np.maximum(np.minimum(hi, 1 << 40), 1)
+        best = np.where(lo <= hi, np.minimum(best, share), best)
+    return best
 
 
 @dataclass(frozen=True, eq=False)
 class Grid:
-    """The full candidate box grid of a bucket: every (t, g) with t in ``ts`` and g in ``gs``."""
+    """The full candidate box grid of a bucket: every (t, g, v) with t in ``ts``, g in ``gs``, v < ``nv``.
+
+    Flat indices are t-major, then g, then the variant: the "column" axis of one t is
+    the (g, v) pairs, ``col_g`` and ``col_v``.
+    """
 
     ts: np.ndarray
     gs: np.ndarray
+    nv: int = 1
+
+    @property
+    def n_cols(self) -> int:
+        return len(self.gs) * self.nv
+
+    @property
+    def col_g(self) -> np.ndarray:
+        return np.repeat(self.gs, self.nv)
+
+    @property
+    def col_v(self) -> np.ndarray:
+        return np.tile(np.arange(self.nv, dtype=np.int64), len(self.gs))
 
     def box(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(t, g) of flat box indices (t-major)."""
-        return self.ts[index // len(self.gs)], self.gs[index % len(self.gs)]
+        """(t, g) of flat box indices."""
+        index = np.asarray(index, dtype=np.int64)
+        return self.ts[index // self.n_cols], self.gs[(index % self.n_cols) // self.nv]
 
-    def index(self, t: np.ndarray, g: np.ndarray) -> np.ndarray:
+    def variant(self, index: np.ndarray) -> np.ndarray:
+        """The size-class variant of flat box indices."""
+        return np.asarray(index, dtype=np.int64) % self.nv
+
+    def index(self, t: np.ndarray, g: np.ndarray, v: np.ndarray | int = 0) -> np.ndarray:
         """Flat index of boxes given by values (which must lie on the grid)."""
-        return np.searchsorted(self.ts, t) * len(self.gs) + np.searchsorted(self.gs, g)
+        return (np.searchsorted(self.ts, t) * len(self.gs) + np.searchsorted(self.gs, g)) * self.nv + v
 
     def __len__(self) -> int:
-        return len(self.ts) * len(self.gs)
+        return len(self.ts) * self.n_cols
 
 
 def candidate_grid(bm: BucketModel, shapes: np.ndarray | None) -> Grid:
-    """Boxes that can be optimal: t from the bucket's S values (strict: candidate shapes), g from its G values."""
+    """Boxes that can be optimal: t from the bucket's S values (strict/device: candidate shapes),
+    g from its G values, every size-class variant."""
     hist = bm.hist
-    if bm.mode == "strict":
+    if bm.mode != "reference":
         ts = shapes[shapes >= hist.S.min()]
     else:
         ts = np.unique(hist.S)
-    return Grid(np.asarray(ts, dtype=np.int64), np.unique(hist.G).astype(np.int64))
+    return Grid(np.asarray(ts, dtype=np.int64), np.unique(hist.G).astype(np.int64), bm.n_variants)

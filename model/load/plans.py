@@ -217,32 +217,42 @@ def check_inside(targets: Iterable[Path], folder: Path) -> None:
 
 
 def write_plans(plans: dict[Path, Plan], inside: Path | None = None) -> None:
-    """Write several plans so that either all of them land or none changes.
+    """Write several plans so that either all of them land or none changes (see ``write_together``).
 
     With ``inside``, every target must lie directly in that folder (else nothing is written).
+    """
+    if inside is not None:
+        check_inside(plans, inside)
+    write_together({path: plan_chunks(plan) for path, plan in plans.items()})
+
+
+def write_together(files: dict[Path, Iterable[bytes]]) -> None:
+    """Write several files so that either all of them land or none changes.
 
     Each goes to a temporary file in its target folder first and is flushed to disk.
     Only then are they renamed over their targets; an existing target is first
     hard-linked aside, so if a later rename fails the earlier ones are rolled back
     and every target is left as it was.  (A crash of the machine in the middle of
-    the renames can still leave a mix; an exception cannot.)  A failure is reported
-    as an InputError naming the target, after the rollback.
+    the renames can still leave a mix; an exception cannot.)  Folders created for
+    the outputs are removed again if the write fails.  A failure is reported as an
+    InputError naming the target, after the rollback.
     """
+    made = _missing_dirs(files)
     staged: list[tuple[Path, Path]] = []
     backups: dict[Path, Path | None] = {}
     done: list[Path] = []
-    current = next(iter(plans), Path("."))
-    if inside is not None:
-        check_inside(plans, inside)
+    current = next(iter(files), Path("."))
+    ok = False
     try:
-        for current, plan in plans.items():
-            staged.append((_stage(current, plan_chunks(plan)), current))
+        for current, chunks in files.items():
+            staged.append((_stage(current, chunks), current))
         for tmp, current in staged:
             backups[current] = _keep_aside(current)
             os.replace(tmp, current)
             done.append(current)
-        for folder in {t.parent for t in plans}:
+        for folder in {t.parent for t in files}:
             _fsync_dir(folder)
+        ok = True
     except OSError as exc:
         _roll_back(done, backups)
         raise InputError(str(current), None, None, f"cannot write: {exc.strerror or exc}") from exc
@@ -255,6 +265,23 @@ def write_plans(plans: dict[Path, Plan], inside: Path | None = None) -> None:
         for aside in backups.values():
             if aside is not None:
                 _remove(aside)
+        if not ok:
+            for folder in made:
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    pass
+
+
+def _missing_dirs(files: dict[Path, object]) -> list[Path]:
+    """Folders that writing these files would create, deepest first (removed again on failure)."""
+    missing: set[Path] = set()
+    for target in files:
+        folder = target.parent
+        while not folder.exists() and folder != folder.parent:
+            missing.add(folder)
+            folder = folder.parent
+    return sorted(missing, key=lambda p: len(p.parts), reverse=True)
 
 
 def _stage(target: Path, chunks: Iterable[bytes]) -> Path:

@@ -33,7 +33,7 @@ from model.schema import Bucket
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv",
            ".parquet": "parquet", ".pq": "parquet"}
 
-# The cost model sums squares of lengths in int64 (``model.costs.sq``); at 2**20 tokens
+# The cost model sums squares of lengths in int64 (``model.cost.common.sq``); at 2**20 tokens
 # of prompt and of generation the largest term is ~2.7e18, safely below 2**63.  A longer
 # "length" is a corrupt row, not a request, and would otherwise overflow silently.
 MAX_LEN = 1 << 20

@@ -1,10 +1,11 @@
 """scenario.toml: the contract of ``shared/workloads`` (extended, never broken).
 
 Known keys -- top level: ``max_shapes`` (required), optional ``mode``
-(reference|strict), ``max_seq_len`` (largest shape the accelerator allows),
+(reference|strict|device), ``max_seq_len`` (largest shape the accelerator allows),
 ``max_batch_size``, ``cost_model`` (a table of coefficient overrides, or a path to
-a TOML file of them).  Each ``[[bucket]]``: ``name``, ``requests`` (path relative
-to the scenario), optional limits ``max_cost``, ``max_pad_ratio``,
+a TOML file of them), ``device`` (device mode: a profile TOML path relative to the
+scenario, or an inline ``[device]`` table; implies ``mode = "device"``).  Each
+``[[bucket]]``: ``name``, ``requests`` (path relative to the scenario), optional limits ``max_cost``, ``max_pad_ratio``,
 ``max_p95_latency_ms``, ``max_sequential_ms``, and for CSV/Parquet sources
 ``format``, ``prompt_column``, ``gen_column``, ``id_column`` (or ``columns`` preset).
 """
@@ -17,13 +18,16 @@ from pathlib import Path
 
 from model.cost.analytic import CostParams
 from model.cost.common import GRANULARITY, MODES
+from model.cost.metrics import Coefficients
 from model.errors import InputError
 from model.load.names import check_name
+from model.load.profile import load_profile, profile_from_table
 from model.load.requests import MAX_LEN, PRESETS, Columns, load_requests
-from model.load.toml_text import key_line, read_toml, table_line
+from model.load.toml_lines import key_line, read_toml, table_line
 from model.schema import Limits, Scenario
 
-TOP_KEYS = {"max_shapes", "mode", "max_seq_len", "max_batch_size", "cost_model", "bucket", "name", "description"}
+TOP_KEYS = {"max_shapes", "mode", "max_seq_len", "max_batch_size", "cost_model", "device", "bucket", "name",
+            "description"}
 LIMIT_KEYS = ("max_cost", "max_pad_ratio", "max_p95_latency_ms", "max_sequential_ms")
 # Settings above these are absurd, not generous: a shape is at most the longest request
 # (MAX_LEN tokens), so there are at most MAX_LEN / 64 distinct shapes; a batch size beyond
@@ -66,7 +70,7 @@ def load_scenario(path: str | Path, load: bool = True) -> Scenario:
     max_batch = data.get("max_batch_size")
     if max_batch is not None:
         max_batch = _positive_int(src, text, "max_batch_size", max_batch, MAX_BATCH)
-    params = _cost_params(path, text, data.get("cost_model"))
+    params, mode = _coefficients(path, text, data, mode)
     buckets_raw = data.get("bucket")
     if not isinstance(buckets_raw, list) or not buckets_raw or not all(isinstance(b, dict) for b in buckets_raw):
         raise InputError(src, key_line(text, "bucket"), "bucket", "at least one [[bucket]] table is required")
@@ -124,6 +128,36 @@ def _columns(src: str, line_of: Callable[[str], int | None], raw: dict) -> Colum
     base = Columns()
     return Columns(raw.get("prompt_column", base.prompt_len), raw.get("gen_column", base.gen_len),
                    raw.get("id_column"))
+
+
+def _coefficients(path: Path, text: str, data: dict, mode: str) -> tuple[Coefficients, str]:
+    """The coefficients the scenario prices with, and its mode.
+
+    ``device = "FILE.toml"`` (relative to the scenario) or an inline ``[device]``
+    table selects device mode; ``mode = "device"`` without one, or a device profile
+    beside ``mode = "reference"``/``"strict"`` or a ``cost_model`` table, is a
+    contradiction the user must resolve.
+    """
+    src = str(path)
+    spec = data.get("device")
+    if spec is None:
+        if mode == "device":
+            raise InputError(src, key_line(text, "mode"), "mode",
+                             'mode = "device" needs a device profile: device = "FILE.toml" or a [device] table')
+        return _cost_params(path, text, data.get("cost_model")), mode
+    where = key_line(text, "device")
+    if "mode" in data and mode != "device":
+        raise InputError(src, where, "device", f'a device profile prices plans in device mode, but mode = "{mode}"')
+    if "cost_model" in data:
+        raise InputError(src, key_line(text, "cost_model"), "cost_model",
+                         "cost_model coefficients do not apply in device mode (the [device] profile prices plans)")
+    if isinstance(spec, str):
+        if not spec:
+            raise InputError(src, where, "device", "must name a device-profile TOML file")
+        return load_profile(path.parent / spec), "device"
+    if isinstance(spec, dict):
+        return profile_from_table(spec, src, text), "device"
+    raise InputError(src, where, "device", "must be a path to a profile TOML file or a [device] table")
 
 
 def _cost_params(path: Path, text: str, spec) -> CostParams:

@@ -22,12 +22,16 @@ import logging
 import time
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from model.errors import InfeasibleError
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble
 from model.histogram.cells import build_histogram
 from model.planning.diagnose import explain_infeasible
+from model.planning.flow import all_shapes, flow_search, shape_relaxation
 from model.planning.options import PlannerOptions
+from model.planning.runs import device_start
 from model.planning.stages import greedy_plan, search, shape_setup, spike_reserves
 from model.schema import Batching, Evaluation, Plan, Planned, Problem, SolveReport
 from solvers.backends import get_backend
@@ -91,12 +95,22 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     deadline = t0 + time_limit
     solver = get_backend(backend)
     fine = [build_histogram(b) for b in problem.buckets]
-    setup = shape_setup(problem, fine, options)
+    flow = problem.mode == "device"
+    setup = None if flow else shape_setup(problem, fine, options)
     greedy = greedy_plan(problem, options)
+    if flow:
+        starts = [np.asarray(shape_relaxation(problem, fine).shapes)]
+        if greedy is not None:
+            starts.append(np.unique(np.concatenate([bt.shape_of for bt in greedy])))
+        greedy = device_start(problem, starts, all_shapes(problem, fine), t0 + options.start_share * time_limit)
     first, mip_ok, attempt_problem = None, None, problem
     reserves = spike_reserves(problem, fine)
     for attempt in range(options.max_repairs + 1):
-        outcome = search(attempt_problem, fine, setup, greedy, solver, deadline, reserves, options)
+        if flow:
+            outcome = flow_search(attempt_problem, fine, greedy, solver, deadline, reserves, options,
+                                  want_bound=first is None)
+        else:
+            outcome = search(attempt_problem, fine, setup, greedy, solver, deadline, reserves, options)
         first = first or outcome  # its bound is for the original limits: the only one certified
         if outcome.batchings is None:
             break
@@ -111,7 +125,7 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
         attempt_problem, reserves = tightened(attempt_problem, reserves, judged.broken, options)
     options_ = [mip_ok] if mip_ok else []
     if greedy is not None:
-        judged_greedy = judge(problem, "greedy", greedy)
+        judged_greedy = judge(problem, "dpfill+runs" if flow else "greedy", greedy)
         if judged_greedy.acceptable:
             options_.append(judged_greedy)
     if not options_:
@@ -119,8 +133,8 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     chosen = min(options_, key=lambda j: j.cost)
     notes = list(first.notes)
     if chosen.name != "mip":
-        notes.append("the greedy packer's plan is cheaper under the exact cost model than the MIP's and is returned "
-                     "(the MIP searched a coarsened or time-limited space)")
+        notes.append(f"the {chosen.name} packer's plan is cheaper under the exact cost model than the MIP's and is "
+                     "returned (the MIP searched a coarsened or time-limited space)")
     if attempt:
         notes.append(f"repaired: re-solved {attempt} time(s) with limits tightened by what the exact evaluation "
                      "found the model had missed")

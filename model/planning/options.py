@@ -40,6 +40,13 @@ class PlannerOptions:
         not padded).
       repair_margin: a limit the exact evaluation found broken is lowered by this
         many times its excess.
+      flow_shape_levels, flow_gen_levels: strict/device mode's flow model keeps at most
+        this many shape levels (shared) and gen levels (per bucket); beyond that they
+        are request-weighted quantiles and the bound comes from the relaxed model.
+      flow_plan_share: share of the time limit the plan model gets when a relaxed
+        model must also be solved for the bound.
+      start_share: share of the time limit device mode's start (shape local search with
+        exact batching) may use.
     """
 
     max_gen_values: int = 1024
@@ -57,3 +64,7 @@ class PlannerOptions:
     full_arcs: int = 20_000
     min_call_s: float = 0.05
     repair_margin: float = 1.01
+    flow_shape_levels: int = 48
+    flow_gen_levels: int = 160
+    flow_plan_share: float = 0.6
+    start_share: float = 0.2

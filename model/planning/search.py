@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from model.formulation.arrays import MipArrays, Restriction, build_model, restriction
-from model.formulation.boxes import BucketModel, Grid
+from model.formulation.boxes import BucketModel, Grid, variant_of_size, variant_range
 from model.formulation.pricing import Duals, box_arcs, box_values
 from model.planning.options import PlannerOptions
 from model.schema import Batching, Problem
@@ -56,7 +56,7 @@ def seed_restriction(bm: BucketModel, grid: Grid, extra_cell: np.ndarray, extra_
     """Each cell's own tight box (so coverage is always possible) plus extra (cell, grid box) arcs."""
     hist = bm.hist
     t_own = hist.S if bm.mode == "reference" else grid.ts[np.searchsorted(grid.ts, hist.S)]
-    own = grid.index(t_own, hist.G)
+    own = grid.index(t_own, hist.G, np.maximum(variant_of_size(bm, t_own, hist.G, 1), 0))
     return _from_arcs(grid, len(hist), np.concatenate([np.arange(len(hist)), extra_cell]),
                       np.concatenate([own, extra_box]))
 
@@ -64,8 +64,10 @@ def seed_restriction(bm: BucketModel, grid: Grid, extra_cell: np.ndarray, extra_
 def full_restriction(bm: BucketModel, grid: Grid) -> Restriction:
     """Every box of the grid with every cell that fits it: the whole model (for small buckets)."""
     hist = bm.hist
-    t, g = grid.box(np.arange(len(grid)))
-    fits = (hist.S[None, :] <= t[:, None]) & (hist.G[None, :] <= g[:, None])
+    every = np.arange(len(grid))
+    t, g = grid.box(every)
+    lo, hi = variant_range(bm, t, g, grid.variant(every))
+    fits = (hist.S[None, :] <= t[:, None]) & (hist.G[None, :] <= g[:, None]) & (lo <= hi)[:, None]
     box, cell = np.nonzero(fits)
     return _from_arcs(grid, len(hist), cell, box)
 
@@ -153,7 +155,10 @@ def assignment_from_batching(bm: BucketModel, grid: Grid, bt: Batching) -> Assig
     np.maximum.at(g, bt.batch_of, bm.hist.G[bm.hist.cell_of])
     if not (np.isin(t, grid.ts).all() and np.isin(g, grid.gs).all()):
         return None
-    box = grid.index(t, g)
+    v = variant_of_size(bm, t, g, np.bincount(bt.batch_of, minlength=nb))
+    if (v < 0).any():
+        return None
+    box = grid.index(t, g, v)
     key = box[bt.batch_of] * len(bm.hist) + bm.hist.cell_of
     arcs, count = np.unique(key, return_counts=True)
     boxes, batches = np.unique(box, return_counts=True)

@@ -1,11 +1,13 @@
-"""Strict mode: choosing the K compiled shapes, with a certified bound, by dynamic programming.
+"""Strict and device mode: choosing the K compiled shapes, with a certified bound, by dynamic programming.
 
-In strict mode every member pays prefill and decode at its batch's declared shape, so
+In these modes every member pays prefill and decode at its batch's declared shape, so
 the shape set Y decides most of the cost.  Relax everything but the shape cap:
 
-  * a request r costs at least unit(y(r), G_r), y(r) = the smallest shape in Y >= S_r
-    (unit cost grows with both t and g, and r cannot run below S_r or below G_r);
-  * each shape that serves requests of a bucket costs at least one batch overhead;
+  * a request r costs at least floor(y(r), G_r), y(r) = the smallest shape in Y >= S_r
+    (``boxes.request_floor``: its per-member cost, grown with both t and g, plus in
+    device mode its least share of a batch's fixed time);
+  * each shape that serves requests of a bucket costs at least one batch overhead
+    (analytic modes; device mode already spread it over the members);
   * each bucket compiles at least the shape that covers its longest prompt.
 
 For a sorted Y this cost is a sum over the intervals (y_{i-1}, y_i] of the sorted
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.formulation.boxes import BucketModel, box_unit_cost, shape_compile
+from model.formulation.boxes import BucketModel, batch_floor, request_floor, shape_compile
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,12 @@ def interval_costs(bms: list[BucketModel], shapes: np.ndarray) -> np.ndarray:
         has_j = np.bincount(j_of_cell, minlength=T) > 0
         for hi in range(T):
             fits = j_of_cell <= hi
-            unit = box_unit_cost(bm, np.int64(shapes[hi]), hist.G[fits])
+            unit = request_floor(bm, np.int64(shapes[hi]), hist.G[fits])
             per_j = np.bincount(j_of_cell[fits], weights=hist.count[fits] * unit, minlength=T)[:hi + 1]
             suffix = np.cumsum(per_j[::-1])[::-1]  # suffix[r] = cost of S indices r..hi
             any_req = np.cumsum(has_j[:hi + 1][::-1])[::-1] > 0
             r = np.arange(hi + 1)  # r = lo + 1
-            acc[r, hi] += (suffix + bm.params.Kbatch_overhead_cost * any_req
+            acc[r, hi] += (suffix + batch_floor(bm) * any_req
                            + compile_[hi] * ((r <= s_max_j) & (s_max_j <= hi)))
     valid = np.arange(T + 1)[:, None] <= np.arange(T)[None, :]
     return np.where(valid, acc, np.inf)

@@ -12,14 +12,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from model.cost.analytic import compile_cost, member_latency
+from model.cost.analytic import compile_cost
+from model.cost.metrics import fastest_latency, spike_ms
 from model.errors import InfeasibleError
 from model.expand.assemble import box_of_requests
-from model.formulation.boxes import BucketModel, bucket_model, candidate_grid
+from model.formulation.boxes import BucketModel, Grid, bucket_model, candidate_grid
 from model.histogram.cells import Histogram, build_histogram, gen_min_of
 from model.planning.colgen import exact_bound, generate
 from model.planning.options import PlannerOptions
 from model.planning.search import (
+    Assignment,
     Space,
     assignment_from_batching,
     full_restriction,
@@ -33,7 +35,7 @@ from model.planning.search import (
 from model.planning.shapes import choose_shapes
 from model.schema import Batching, Problem
 from solvers.packers import PACKERS
-from solvers.packers.grouping import group_batching
+from solvers.packers.grouping import balanced_batching, group_batching
 
 log = logging.getLogger("shapeplan")
 
@@ -68,21 +70,21 @@ def bucket_models(problem: Problem, hists: list[Histogram], reserves: tuple[int,
                   ) -> list[BucketModel]:
     """Bucket constants for each histogram under the problem's limits and cost model."""
     reserves = reserves or (0,) * len(hists)
-    return [bucket_model(h, gen_min_of(b.gen_len, h), lim, problem.params, problem.mode, r)
+    return [bucket_model(h, gen_min_of(b.gen_len, h), lim, problem.params, problem.mode, r, problem.max_batch_size)
             for h, b, lim, r in zip(hists, problem.buckets, problem.limits, reserves, strict=True)]
 
 
 def spike_reserves(problem: Problem, fine: list[Histogram]) -> tuple[int, ...]:
     """One P95 member per bucket held back when even its fastest request cannot absorb a spike.
 
-    If every member's own latency plus the 1500 ms compile spike exceeds the limit, the
-    spike surely pushes one member over (unless it lands on one already over).
+    If every member's own latency plus the compile spike exceeds the limit, the spike
+    surely pushes one member over (unless it lands on one already over).
     """
     out = []
     for h, lim in zip(fine, problem.limits, strict=True):
         limit = lim.max_p95_latency_ms
-        fastest = float(member_latency(h.S, h.S, h.G, problem.params).min())
-        out.append(int(limit is not None and fastest + problem.params.Tshape_compile_ms > limit))
+        fastest = float(fastest_latency(h.S, h.G, problem.params, problem.mode).min())
+        out.append(int(limit is not None and fastest + spike_ms(problem.params) > limit))
     return tuple(out)
 
 
@@ -129,7 +131,7 @@ def shape_setup(problem: Problem, fine: list[Histogram], options: PlannerOptions
     if problem.max_seq_len is not None:
         all_shapes = all_shapes[all_shapes <= problem.max_seq_len]
     choice = choose_shapes(bms, all_shapes, problem.max_shapes)
-    log.info("strict mode: shape relaxation bound %.6e at shapes %s", choice.bound, list(choice.shapes))
+    log.info("%s mode: shape relaxation bound %.6e at shapes %s", problem.mode, choice.bound, list(choice.shapes))
     # few candidates: search them all (exact); many: at the relaxation's shapes, since a large
     # shape layer left fractional by the LP stalls column generation
     shapes = all_shapes if len(all_shapes) <= options.all_shapes_max else np.asarray(choice.shapes, dtype=np.int64)
@@ -144,12 +146,12 @@ def gen_budget(hist: Histogram, n_t: int, options: PlannerOptions) -> int:
 
 
 def greedy_plan(problem: Problem, options: PlannerOptions = PlannerOptions()) -> tuple[Batching, ...] | None:
-    """The greedy packer's plan (a warm start and a fallback), or None if it finds none.
+    """The greedy packer's plan (dpfill's in device mode): a warm start and a fallback, or None if it finds none.
 
     Skipped above ``options.greedy_max_requests``: its merges work per request, not per
     cell, and would spend the whole time limit before the optimiser starts.
     """
-    packer = PACKERS.get("greedy")
+    packer = PACKERS.get("dpfill" if problem.mode == "device" else "greedy")
     if packer is None or sum(len(b) for b in problem.buckets) > options.greedy_max_requests:
         return None
     try:
@@ -209,12 +211,25 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
     if best is None:
         return SearchOutcome(None, None, bound, bucket_bounds, "infeasible", solver.NAME, solver.version(),
                              tuple(notes))
-    batchings = []
-    for b, (bm, g, a) in enumerate(zip(bms, grids, best.assignment, strict=True)):
-        box_of = box_of_requests(bm.hist.cell_of, a.arc_box, a.arc_cell, a.count)
-        declared = np.full(len(box_of), setup.ref_shape[b]) if setup.ref_shape is not None else g.box(box_of)[0]
-        # one batch per box, split under a batch-size cap by the packers' own splitter
-        batchings.append(group_batching(problem.buckets[b], declared, (box_of,), problem.max_batch_size))
-    return SearchOutcome(tuple(batchings), best.objective, bound, bucket_bounds, best.result.status,
-                         best.result.backend,
-                   best.result.version, tuple(notes))
+    batchings = tuple(batching_of(problem, b, bm, g, a, setup) for b, (bm, g, a)
+                      in enumerate(zip(bms, grids, best.assignment, strict=True)))
+    return SearchOutcome(batchings, best.objective, bound, bucket_bounds, best.result.status, best.result.backend,
+                         best.result.version, tuple(notes))
+
+
+def batching_of(problem: Problem, b: int, bm: BucketModel, grid: Grid, a: Assignment, setup: ShapeSetup
+                ) -> Batching:
+    """One bucket's solution as batches: the requests of each box dealt into its batches.
+
+    Device mode: a box's m_k batches hold lo_k..hi_k members each, so its members are
+    dealt into m_k near-equal batches, sorted by gen so each batch decodes as little as
+    it can.  Otherwise one batch per box, split under a batch-size cap by the packers'
+    own splitter.
+    """
+    box_of = box_of_requests(bm.hist.cell_of, a.arc_box, a.arc_cell, a.count)
+    declared = np.full(len(box_of), setup.ref_shape[b]) if setup.ref_shape is not None else grid.box(box_of)[0]
+    if problem.mode == "device":
+        batches = np.zeros(len(grid), dtype=np.int64)
+        batches[a.box] = a.batches
+        return balanced_batching(problem.buckets[b], declared, box_of, batches)
+    return group_batching(problem.buckets[b], declared, (box_of,), problem.max_batch_size)

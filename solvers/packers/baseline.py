@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from model.cost.common import align
 from model.schema import Batching, Problem
-from solvers.packers.grouping import group_batching
+from solvers.packers.grouping import packed
 from solvers.packers.shapecap import cap_shapes
 
 
 def pack(problem: Problem) -> tuple[Batching, ...]:
     """One batch per capped shape in each bucket."""
     shapes = cap_shapes(problem, [align(b.prompt_len) for b in problem.buckets])
-    return tuple(group_batching(b, s, (), problem.max_batch_size) for b, s in zip(problem.buckets, shapes, strict=True))
+    return tuple(packed(problem, b, s, ()) for b, s in zip(problem.buckets, shapes, strict=True))

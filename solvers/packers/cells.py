@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from model.cost.common import align
 from model.schema import Batching, Problem
-from solvers.packers.grouping import group_batching
+from solvers.packers.grouping import packed
 from solvers.packers.shapecap import cap_shapes
 
 
@@ -20,5 +20,5 @@ def pack(problem: Problem) -> tuple[Batching, ...]:
     """One batch per (capped shape, aligned prompt, gen_len) cell, split by max_batch_size."""
     aligned = [align(b.prompt_len) for b in problem.buckets]
     shapes = cap_shapes(problem, aligned)
-    return tuple(group_batching(b, s, (a, b.gen_len), problem.max_batch_size)
+    return tuple(packed(problem, b, s, (a, b.gen_len))
                  for b, s, a in zip(problem.buckets, shapes, aligned, strict=True))

@@ -15,7 +15,7 @@ import numpy as np
 
 from model.cost.common import align
 from model.schema import Batching, Problem
-from solvers.packers.grouping import gen_bucket, group_batching
+from solvers.packers.grouping import gen_bucket, packed
 from solvers.packers.shapecap import cap_shapes, round_up
 
 
@@ -37,5 +37,5 @@ def pack(problem: Problem) -> tuple[Batching, ...]:
     every = np.concatenate(aligned)
     rungs = ladder(int(every.min()), int(every.max()), problem.max_shapes) if every.size else every
     shapes = cap_shapes(problem, [round_up(a, rungs) for a in aligned])
-    return tuple(group_batching(b, s, (gen_bucket(b.gen_len),), problem.max_batch_size)
+    return tuple(packed(problem, b, s, (gen_bucket(b.gen_len),))
                  for b, s in zip(problem.buckets, shapes, strict=True))

@@ -11,8 +11,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from model.cost.common import align
-from model.schema import Batching, Bucket
+from model.cost.common import GRANULARITY, align
+from model.cost.device import DeviceProfile
+from model.errors import InfeasibleError
+from model.schema import Batching, Bucket, Problem
 
 
 def pow2_ceil(x: np.ndarray, floor: int) -> np.ndarray:
@@ -32,6 +34,56 @@ def gen_bucket(gen_len: np.ndarray) -> np.ndarray:
     most twice as long as its shortest member needs (and any length <= 16 rides in 16).
     """
     return pow2_ceil(gen_len, 16)
+
+
+def kv_capacity(problem: Problem) -> int | None:
+    """The device's KV capacity in tokens (device mode with a capacity), else None."""
+    return problem.params.kv_capacity_tokens if isinstance(problem.params, DeviceProfile) else None
+
+
+def batch_capacity(shape: int, g: np.ndarray, max_batch_size: int | None, kv: int | None) -> np.ndarray:
+    """Most members a batch at ``shape`` whose longest gen is g may hold: n*(shape+g) <= kv, n <= cap."""
+    cap = np.full(np.shape(g), np.iinfo(np.int64).max // 4, dtype=np.int64)
+    if max_batch_size is not None:
+        cap = np.minimum(cap, max_batch_size)
+    if kv is not None:
+        cap = np.minimum(cap, kv // (shape + np.asarray(g, dtype=np.int64)))
+    return cap
+
+
+def filled_batching(bucket: Bucket, shape: np.ndarray, group: np.ndarray, problem: Problem) -> Batching:
+    """Requests of each group (one declared shape per group) in gen order, cut into the longest runs that fit.
+
+    A run fits when its size is within ``batch_capacity`` at its longest gen; gens
+    ascend along the run, so the capacity only shrinks and the first run that does not
+    fit ends the batch.  Used by dpfill, and by every packer in device mode, where the
+    KV cache bounds a batch.
+    """
+    shape = np.asarray(shape, dtype=np.int64)
+    if (shape < align(bucket.prompt_len)).any() or (shape % GRANULARITY).any():
+        raise ValueError(f"bucket {bucket.name}: a declared shape does not cover its prompt")
+    kv = kv_capacity(problem)
+    n = len(bucket)
+    order = np.lexsort((np.arange(n), align(bucket.prompt_len), bucket.gen_len, shape, np.asarray(group)))
+    keys = np.asarray(group)[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if n else np.zeros(0, np.int64)
+    ends = np.r_[starts[1:], n].astype(np.int64)
+    new_batch = np.zeros(n, dtype=bool)
+    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+        s = int(shape[order[start]])
+        gens = bucket.gen_len[order[start:end]]
+        p = 0
+        while p < end - start:
+            window = int(min(end - start - p, batch_capacity(s, gens[p:p + 1], problem.max_batch_size, kv)[0] + 1))
+            fits = np.arange(1, window + 1) <= batch_capacity(s, gens[p:p + window], problem.max_batch_size, kv)
+            if not fits[0]:
+                raise InfeasibleError(f"bucket {bucket.name}: request {bucket.request_ids[order[start + p]]!r} "
+                                      f"does not fit one batch at shape {s} (KV capacity {kv} tokens)")
+            new_batch[start + p] = True
+            p += int(np.argmin(fits)) if not fits.all() else window
+    batch_of = np.empty(n, dtype=np.int64)
+    batch_of[order] = np.cumsum(new_batch) - 1
+    return Batching(batch_of=batch_of, shape_of=shape[order][new_batch])
 
 
 def group_batching(bucket: Bucket, shape: np.ndarray, keys: Sequence[np.ndarray] = (),
@@ -59,3 +111,41 @@ def group_batching(bucket: Bucket, shape: np.ndarray, keys: Sequence[np.ndarray]
     batch_of = np.empty(n, dtype=np.int64)
     batch_of[order] = batch_sorted
     return Batching(batch_of=batch_of, shape_of=shape[order][new_batch])
+
+
+def balanced_batching(bucket: Bucket, shape: np.ndarray, box_of: np.ndarray, batches_of_box: np.ndarray
+                      ) -> Batching:
+    """Each box's requests dealt into ``batches_of_box[box]`` batches of near-equal size.
+
+    Members of a box are sorted by (gen_len, aligned prompt, file position) and cut into
+    consecutive runs whose sizes differ by at most one, so every batch stays inside the
+    size class [lo, hi] the optimiser chose for the box (lo*m <= n <= hi*m makes
+    floor(n/m) >= lo and ceil(n/m) <= hi) and holds requests of similar length.
+    """
+    shape = np.asarray(shape, dtype=np.int64)
+    if (shape < align(bucket.prompt_len)).any() or (shape % GRANULARITY).any():
+        raise ValueError(f"bucket {bucket.name}: a declared shape does not cover its prompt")
+    n = len(bucket)
+    order = np.lexsort((np.arange(n), align(bucket.prompt_len), bucket.gen_len, box_of))
+    boxes_sorted = box_of[order]
+    new_box = np.r_[True, boxes_sorted[1:] != boxes_sorted[:-1]] if n else np.zeros(0, bool)
+    start = np.maximum.accumulate(np.where(new_box, np.arange(n), 0))
+    size = np.bincount(box_of, minlength=len(batches_of_box))[boxes_sorted]
+    m = np.maximum(np.asarray(batches_of_box, dtype=np.int64)[boxes_sorted], 1)
+    chunk = ((np.arange(n) - start) * m) // np.maximum(size, 1)
+    new_batch = new_box | np.r_[False, chunk[1:] != chunk[:-1]] if n else new_box
+    batch_sorted = np.cumsum(new_batch) - 1
+    batch_of = np.empty(n, dtype=np.int64)
+    batch_of[order] = batch_sorted
+    return Batching(batch_of=batch_of, shape_of=shape[order][new_batch])
+
+
+def packed(problem: Problem, bucket: Bucket, shape: np.ndarray, keys: Sequence[np.ndarray] = ()) -> Batching:
+    """A packer's grouping rule as batches: one batch per (shape, *keys), split by the batch-size cap --
+    and in device mode cut in gen order to what the KV cache holds (``filled_batching``)."""
+    if kv_capacity(problem) is None:
+        return group_batching(bucket, shape, keys, problem.max_batch_size)
+    columns = [np.asarray(shape, dtype=np.int64), *(np.asarray(k, dtype=np.int64) for k in keys)]
+    group = np.unique(np.stack(columns), axis=1, return_inverse=True)[1].reshape(-1) if len(bucket) else \
+        np.zeros(0, np.int64)
+    return filled_batching(bucket, shape, group, problem)

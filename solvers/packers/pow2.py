@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from model.cost.common import align
 from model.schema import Batching, Problem
-from solvers.packers.grouping import gen_bucket, group_batching, pow2_ceil
+from solvers.packers.grouping import gen_bucket, packed, pow2_ceil
 from solvers.packers.shapecap import cap_shapes
 
 
 def pack(problem: Problem) -> tuple[Batching, ...]:
     """One batch per (capped power-of-two prompt bucket, power-of-two gen class)."""
     shapes = cap_shapes(problem, [pow2_ceil(align(b.prompt_len), 128) for b in problem.buckets])
-    return tuple(group_batching(b, s, (gen_bucket(b.gen_len),), problem.max_batch_size)
+    return tuple(packed(problem, b, s, (gen_bucket(b.gen_len),))
                  for b, s in zip(problem.buckets, shapes, strict=True))

@@ -1,11 +1,11 @@
-"""Name -> packer function, in the order tables list them (weakest rule first, greedy last)."""
+"""Name -> packer function, in the order tables list them (weakest rule first, the strongest last)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from model.schema import Batching, Problem
-from solvers.packers import baseline, cells, exp, greedy, pow2, solo
+from solvers.packers import baseline, cells, dpfill, exp, greedy, pow2, solo
 
 PACKERS: dict[str, Callable[[Problem], tuple[Batching, ...]]] = {
     "baseline": baseline.pack,
@@ -14,4 +14,5 @@ PACKERS: dict[str, Callable[[Problem], tuple[Batching, ...]]] = {
     "pow2": pow2.pack,
     "exp": exp.pack,
     "greedy": greedy.pack,
+    "dpfill": dpfill.pack,
 }

@@ -14,11 +14,11 @@ import numpy as np
 
 from model.cost.common import align
 from model.schema import Batching, Problem
-from solvers.packers.grouping import group_batching
+from solvers.packers.grouping import packed
 from solvers.packers.shapecap import cap_shapes
 
 
 def pack(problem: Problem) -> tuple[Batching, ...]:
     """One batch per request, at its capped aligned prompt."""
     shapes = cap_shapes(problem, [align(b.prompt_len) for b in problem.buckets])
-    return tuple(group_batching(b, s, (np.arange(len(b)),)) for b, s in zip(problem.buckets, shapes, strict=True))
+    return tuple(packed(problem, b, s, (np.arange(len(b)),)) for b, s in zip(problem.buckets, shapes, strict=True))

@@ -1,8 +1,8 @@
-"""Where things are in a TOML text: the line of a key in its table, and syntax errors as file:line.
+"""Line numbers for TOML errors: where a key or table sits, so every message can name file:line:key.
 
-tomllib gives values without positions; these helpers find the line an error should name.
-Best effort: keys inside multi-line values or inline tables are not followed (the caller then
-falls back to the line of the enclosing key or table).
+Python's tomllib reports values, not positions; these helpers find the line of a key
+in its own table (the second bucket's ``max_cost``, not the first's) and move a
+syntax error's line into the ``file:line`` prefix.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ def toml_lines(text: str) -> list[tuple[int, int | str | None, str, str]]:
     name inside any other table (``"cost_model"`` in ``[cost_model]``); ``kind`` is
     "header" or "key".  Lets errors point at the exact line of the key in ITS table (the
     second bucket's ``max_cost``, not the first's).
+    Best effort: keys inside multi-line values or inline tables are not followed.
     """
     out: list[tuple[int, int | str | None, str, str]] = []
     current: int | str | None = None
@@ -53,7 +54,7 @@ def table_line(text: str, index: int) -> int | None:
     return headers[index] if index < len(headers) else None
 
 
-def toml_error(path: Path | str, exc: tomllib.TOMLDecodeError) -> InputError:
+def toml_error(path: Path, exc: tomllib.TOMLDecodeError) -> InputError:
     """A TOML syntax error with its line moved into the file:line prefix.
 
     Python 3.11's tomllib only says "(at line N, column M)" inside the message.

@@ -1,0 +1,165 @@
+"""Fit a device profile to measured step times and write it as a [device] TOML table.
+
+    python -m model.calibrate MEASUREMENTS.csv --out PROFILE.toml [--report DIR]
+        [--decode-split auto|none|N] [--compile-ms X] [--kv-capacity-tokens N] [--name NAME]
+
+Prints the fit of each phase (rows, R^2, mean and max relative error), then writes
+the profile -- and with ``--report`` one predicted-vs-measured PNG per phase -- all
+together or not at all: bad input exits 2 with ``file:line`` and leaves every
+existing file as it was.  The measurements say nothing about compile time or KV
+capacity, so those come from flags (compile_ms defaults to 20 s per shape, the
+shared example's assumption) and the output says where they came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tomllib
+from pathlib import Path
+
+from model.calibration.fit import DEFAULT_COMPILE_MS, Calibration, Split, fit_profile
+from model.calibration.measurements import read_measurements
+from model.calibration.plots import report_pngs
+from model.cli_common import run_main
+from model.cost.device import DeviceProfile
+from model.errors import InputError
+from model.load.plans import write_together
+from model.load.profile import profile_from_table
+
+KEY_ORDER = ("name", "prefill", "decode", "decode_large", "decode_large_from", "batch_overhead_ms", "compile_ms",
+             "kv_capacity_tokens", "cost_per_device_hour")
+
+
+def parse_split(text: str) -> Split:
+    """``--decode-split``: auto, none, or the first batch size that runs decode_large."""
+    if text in ("auto", "none"):
+        return text  # type: ignore[return-value]
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InputError("--decode-split", None, None, f"must be auto, none or a positive integer, got {text!r}")
+    return value
+
+
+def toml_string(text: str, field: str) -> str:
+    """A TOML basic string (JSON's escapes are TOML's; DEL is the one control JSON leaves raw)."""
+    quoted = json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+    try:
+        quoted.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(field, None, None, f"cannot be written as UTF-8: {text!r}") from None
+    return quoted
+
+
+def comment_text(text: str) -> str:
+    """Arbitrary text made safe for one TOML comment line (ASCII, no control characters)."""
+    return json.dumps(text, ensure_ascii=True).replace("\x7f", "\\u007f")
+
+
+def _value(value) -> str:
+    """A profile value in TOML: floats by repr (round-trips exactly), coefficient lists, integers."""
+    if isinstance(value, tuple):
+        return "[" + ", ".join(repr(float(v)) for v in value) + "]"
+    return repr(value)
+
+
+def fit_lines(cal: Calibration) -> list[str]:
+    """The per-phase table: rows used, batch sizes, R^2, mean and max relative error, coefficients."""
+    out = [f"{'phase':<13} {'rows':>6} {'batch sizes':>12} {'R^2':>9} {'mean err':>9} {'max err':>8}  coefficients"]
+    for f in cal.fits:
+        sizes = f"{f.batch_sizes[0]}-{f.batch_sizes[1]}"
+        coeffs = ", ".join(f"{c:.6g}" for c in f.coefficients)
+        out.append(f"{f.phase:<13} {f.rows:>6} {sizes:>12} {f.r2:>9.5f} {100 * f.mean_rel_error:>8.2f}% "
+                   f"{100 * f.max_rel_error:>7.2f}%  [{coeffs}]")
+    return out
+
+
+def notes(cal: Calibration, compile_given: bool) -> list[str]:
+    """Where every profile value not fitted to a row came from, and how the decode split was chosen."""
+    p = cal.profile
+    tried = len(cal.split_candidates)
+    if cal.split_mode == "auto" and p.decode_large_from is not None:
+        split = (f"decode split: auto chose decode_large from batch size {p.decode_large_from} "
+                 f"(best of {tried} candidate splits, and better than one line by BIC)")
+    elif cal.split_mode == "auto":
+        split = f"decode split: auto found no split better than one line by BIC ({tried} candidates tried)"
+    elif cal.split_mode == "fixed":
+        split = f"decode split: decode_large from batch size {p.decode_large_from} (--decode-split)"
+    else:
+        split = "decode split: none (--decode-split none)"
+    compile_ms = (f"compile_ms = {p.compile_ms:g} ms from --compile-ms" if compile_given else
+                  f"compile_ms = {p.compile_ms:g} ms is ASSUMED (default): the measurements do not carry "
+                  "compile time; set it with --compile-ms")
+    kv = (f"kv_capacity_tokens = {p.kv_capacity_tokens} from --kv-capacity-tokens" if p.kv_capacity_tokens
+          else "kv_capacity_tokens not set: the measurements do not carry it; set it with --kv-capacity-tokens")
+    return [split, compile_ms, kv]
+
+
+def profile_toml(cal: Calibration, note_lines: list[str]) -> str:
+    """The profile file: a comment header (source, fit quality, assumptions) and the [device] table."""
+    head = [f"# Device profile fitted by shapeplan-calibrate (model/calibrate.py) from {comment_text(cal.source)}",
+            "# by non-negative least squares on relative error (see model/calibration/fit.py). Fit per phase:"]
+    head += [f"#   {line}" for line in fit_lines(cal)]
+    head += [f"# {comment_text(line)[1:-1]}" for line in note_lines]
+    body = ["[device]"]
+    for key in KEY_ORDER:
+        value = getattr(cal.profile, key)
+        if value is None:
+            continue
+        body.append(f"{key} = {toml_string(value, '--name') if key == 'name' else _value(value)}")
+    return "\n".join(head + body) + "\n"
+
+
+def check_loads_back(text: str, profile: DeviceProfile, target: Path) -> None:
+    """The written text must load (with the loader's own checks) to exactly the fitted profile."""
+    loaded = profile_from_table(tomllib.loads(text)["device"], str(target), text)
+    if loaded != profile:
+        raise AssertionError(f"profile text does not load back: {loaded} != {profile}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m model.calibrate", description=__doc__.split("\n")[0])
+    parser.add_argument("measurements", type=Path, help="CSV: phase,batch_size,seq_len,ms[,weight]")
+    parser.add_argument("--out", type=Path, required=True, help="profile TOML to write")
+    parser.add_argument("--report", type=Path, help="folder for prefill.png and decode.png")
+    parser.add_argument("--decode-split", default="auto", help="auto (default), none, or the first large batch size")
+    parser.add_argument("--compile-ms", type=float, default=None,
+                        help=f"compile time per shape, not measurable from step times (default {DEFAULT_COMPILE_MS:g})")
+    parser.add_argument("--kv-capacity-tokens", type=int, default=None, help="KV-cache capacity in tokens")
+    parser.add_argument("--name", help="profile name (default: 'calibrated from <measurements file>')")
+    args = parser.parse_args(argv)
+    split = parse_split(args.decode_split)
+    compile_ms = DEFAULT_COMPILE_MS if args.compile_ms is None else args.compile_ms
+    if not (math.isfinite(compile_ms) and compile_ms >= 0):
+        raise InputError("--compile-ms", None, None, f"must be a finite non-negative number, got {compile_ms}")
+    if args.kv_capacity_tokens is not None and args.kv_capacity_tokens < 1:
+        raise InputError("--kv-capacity-tokens", None, None,
+                         f"must be a positive integer, got {args.kv_capacity_tokens}")
+    name = args.name if args.name is not None else f"calibrated from {args.measurements.name}"
+    cal = fit_profile(read_measurements(args.measurements), split, compile_ms, args.kv_capacity_tokens, name)
+    note_lines = notes(cal, args.compile_ms is not None)
+    text = profile_toml(cal, note_lines)
+    check_loads_back(text, cal.profile, args.out)
+    files = {args.out: text.encode("utf-8")}
+    if args.report is not None:
+        pngs = {args.report / file: data for file, data in report_pngs(cal).items()}
+        if any(p.resolve() == args.out.resolve() for p in pngs):
+            raise InputError(str(args.out), None, None, "is also a report picture; choose another --out or --report")
+        files.update(pngs)
+    write_together({path: [data] for path, data in files.items()})
+    print("\n".join(fit_lines(cal) + note_lines))
+    print("wrote " + ", ".join(str(p) for p in files))
+    return 0
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    run_main(main)
+
+
+if __name__ == "__main__":
+    entry()

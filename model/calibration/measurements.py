@@ -1,0 +1,169 @@
+"""Measured step times: the CSV a profiler writes and the calibration fits.
+
+One row per timed step::
+
+    phase,batch_size,seq_len,ms[,weight]
+    prefill,4,512,231.7        # prefill of 4 members, each padded to 512 tokens
+    decode,64,1024,61.2        # one decode step of 64 members at context length 1024
+
+``seq_len`` is the padded length of every member for a prefill row and the context
+length of the step for a decode row.  ``weight`` (optional, blank = 1) scales a
+row's say in the fit, e.g. the number of repeats it averages.  Columns may come in
+any order; unknown columns are refused so a misspelt ``weight`` is not ignored.
+Every bad value is an InputError naming the file and the line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from model.errors import InputError
+
+PHASES = ("prefill", "decode")
+REQUIRED = ("phase", "batch_size", "seq_len", "ms")
+OPTIONAL = ("weight",)
+MAX_INT = 2**20  # batch sizes and lengths far beyond any device; keeps n*s^2 (< 2**60) exact in int64
+
+
+@dataclass(frozen=True, eq=False)
+class Measurements:
+    """Rows of a measurement file as arrays (file order), each row's line kept for messages."""
+
+    source: str
+    phase: np.ndarray       # str objects, "prefill" | "decode"
+    batch_size: np.ndarray  # int64 >= 1
+    seq_len: np.ndarray     # int64 >= 1
+    ms: np.ndarray          # float64 > 0
+    weight: np.ndarray      # float64 >= 0
+    line: np.ndarray        # int64, 1-based line in the source
+
+    def __len__(self) -> int:
+        return len(self.ms)
+
+    def of(self, phase: str) -> Measurements:
+        """The rows of one phase, order kept."""
+        return self.subset(self.phase == phase)
+
+    def subset(self, keep: np.ndarray) -> Measurements:
+        """The rows where the boolean mask ``keep`` is True, order kept."""
+        return Measurements(self.source, self.phase[keep], self.batch_size[keep], self.seq_len[keep],
+                            self.ms[keep], self.weight[keep], self.line[keep])
+
+
+def read_measurements(path: str | Path) -> Measurements:
+    """Parse a measurement CSV; the first bad row (or a bad header) is an InputError with its line."""
+    path = Path(path)
+    src = str(path)
+    if path.is_dir():
+        raise InputError(src, None, None, "is a directory, expected a measurements CSV file")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(src, None, None, f"cannot read: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(src, None, None, f"cannot read: not UTF-8 text ({exc.reason})") from None
+    return parse_measurements(text, src)
+
+
+def parse_measurements(text: str, source: str) -> Measurements:
+    """Measurements from CSV text (``source`` names it in messages)."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    columns: dict[str, int] | None = None
+    header_line = None
+    rows: list[tuple[str, int, int, float, float, int]] = []
+    try:
+        for cells in reader:
+            number = reader.line_num
+            cells = [c.strip() for c in cells]
+            if not any(cells):
+                continue
+            if columns is None:
+                columns, header_line = _header(cells, source, number), number
+                continue
+            if len(cells) != len(columns):
+                raise InputError(source, number, None,
+                                 f"expected {len(columns)} fields like the header (line {header_line}), "
+                                 f"got {len(cells)}")
+            rows.append(_row(cells, columns, source, number))
+    except csv.Error as exc:
+        raise InputError(source, reader.line_num or None, None, f"malformed CSV: {exc}") from None
+    if columns is None:
+        raise InputError(source, None, None, "empty file: expected a header " + ",".join(REQUIRED))
+    if not rows:
+        raise InputError(source, header_line, None, "no measurements after the header")
+    phase, n, s, ms, w, line = zip(*rows, strict=True)
+    return Measurements(source, np.array(phase, dtype=object), np.array(n, dtype=np.int64),
+                        np.array(s, dtype=np.int64), np.array(ms, dtype=np.float64),
+                        np.array(w, dtype=np.float64), np.array(line, dtype=np.int64))
+
+
+def _header(cells: list[str], source: str, number: int) -> dict[str, int]:
+    """Column positions by name; every required column present, none unknown or repeated."""
+    known = REQUIRED + OPTIONAL
+    for i, name in enumerate(cells):
+        if name not in known:
+            raise InputError(source, number, name, f"unknown column (expected {', '.join(known)})")
+        if name in cells[:i]:
+            raise InputError(source, number, name, "column given twice")
+    for name in REQUIRED:
+        if name not in cells:
+            raise InputError(source, number, name, f"missing column (the header needs {', '.join(REQUIRED)})")
+    return {name: i for i, name in enumerate(cells)}
+
+
+def _row(cells: list[str], columns: dict[str, int], source: str, number: int
+         ) -> tuple[str, int, int, float, float, int]:
+    """One data row checked on its own: (phase, batch_size, seq_len, ms, weight, line)."""
+    phase = cells[columns["phase"]]
+    if phase not in PHASES:
+        raise InputError(source, number, "phase", f"unknown phase {phase!r} (expected prefill or decode)")
+    n = _positive_int(cells[columns["batch_size"]], source, number, "batch_size")
+    s = _positive_int(cells[columns["seq_len"]], source, number, "seq_len")
+    ms = _number(cells[columns["ms"]], source, number, "ms")
+    if ms <= 0:
+        raise InputError(source, number, "ms", f"must be positive (the fit weighs relative error), got {ms!r}")
+    weight = 1.0
+    if "weight" in columns and cells[columns["weight"]]:
+        weight = _number(cells[columns["weight"]], source, number, "weight")
+    return phase, n, s, ms, weight, number
+
+
+def _positive_int(cell: str, source: str, number: int, field: str) -> int:
+    """A count such as batch_size: an integer from 1 up (``2.0`` and ``1e3`` are refused, not rounded)."""
+    try:
+        value = int(cell)
+    except ValueError:
+        raise InputError(source, number, field, f"must be a positive integer, got {cell!r}") from None
+    if not 1 <= value <= MAX_INT:
+        raise InputError(source, number, field, f"must be a positive integer up to {MAX_INT}, got {cell!r}")
+    return value
+
+
+def _number(cell: str, source: str, number: int, field: str) -> float:
+    """A finite non-negative decimal number."""
+    try:
+        value = float(cell)
+    except ValueError:
+        raise InputError(source, number, field, f"must be a number, got {cell!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise InputError(source, number, field, f"must be a finite non-negative number, got {cell!r}")
+    return value
+
+
+def measurements_csv(m: Measurements) -> str:
+    """The CSV text of measurements (weight column only when some weight is not 1); floats round-trip."""
+    weighted = bool((m.weight != 1.0).any())
+    head = ",".join(REQUIRED + (OPTIONAL if weighted else ()))
+    lines = [head]
+    for i in range(len(m)):
+        row = f"{m.phase[i]},{int(m.batch_size[i])},{int(m.seq_len[i])},{float(m.ms[i])!r}"
+        lines.append(row + (f",{float(m.weight[i])!r}" if weighted else ""))
+    return "\n".join(lines) + "\n"

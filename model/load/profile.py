@@ -1,0 +1,166 @@
+"""Device profiles from TOML: a ``[device]`` table in its own file or inline in a scenario.
+
+Every problem is an InputError naming the file, the line of the offending key and
+the key, because a profile is hand-edited or machine-written and a silently ignored
+typo (``decode_larg = ...``) would price every plan with the wrong device.  Line
+numbers come from the scenario loader's TOML line index, so both files point at
+lines the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from model.cost.device import DeviceProfile
+from model.errors import InputError
+from model.load.toml_lines import toml_error, toml_lines
+
+TABLE = "device"
+COEFFICIENT_KEYS = {"prefill": "[p0, p1, p2]", "decode": "[d0, d1, d2]", "decode_large": "[d0, d1, d2]"}
+NUMBER_KEYS = ("batch_overhead_ms", "compile_ms", "cost_per_device_hour")
+COUNT_KEYS = ("decode_large_from", "kv_capacity_tokens")
+KEYS = ("name", *COEFFICIENT_KEYS, *NUMBER_KEYS, *COUNT_KEYS)
+REQUIRED = ("prefill", "decode", "compile_ms")
+PAIRED = ("decode_large", "decode_large_from")
+MAX_COUNT = 2**53  # counts are compared with int64 token totals; anything larger is a typo
+
+LineOf = Callable[[str, str], "int | None"]
+
+
+def device_key_line(text: str, key: str) -> int | None:
+    """Line of ``key`` inside the ``[device]`` table of a TOML text; for key "device", the table's own line.
+
+    Follows ``[device]`` headers, ``device.key = ...`` dotted keys at the top level and
+    ``[device.key]`` sub-table headers; an inline ``device = {...}`` is found as a whole
+    (its keys are not followed, as in the scenario loader).
+    """
+    table_line = None
+    in_table = False
+    for number, where, kind, name in toml_lines(text):
+        if kind == "header":
+            in_table = name == TABLE
+            if name == f"{TABLE}.{key}":
+                return number
+            if in_table and table_line is None:
+                table_line = number
+        elif where is None and name == f"{TABLE}.{key}":
+            return number
+        elif where is None and (name == TABLE or name.startswith(f"{TABLE}.")) and table_line is None:
+            table_line = number
+        elif in_table and name == key:
+            return number
+    return table_line if key == TABLE else None
+
+
+def load_profile(path: str | Path) -> DeviceProfile:
+    """Read and check a device-profile TOML file (a ``[device]`` table and nothing else).
+
+    ``name`` defaults to the file's stem, so reports can always say which device priced a plan.
+    """
+    path = Path(path)
+    src = str(path)
+    if path.is_dir():
+        raise InputError(src, None, None, "is a directory, expected a device-profile TOML file")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(src, None, None, f"cannot read: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a NUL in the path (from a scenario's device = "...")
+        raise InputError(src, None, None, f"cannot read: {exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(src, None, None, f"cannot read: not UTF-8 text ({exc.reason})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise toml_error(path, exc) from None
+    for key in data:
+        if key != TABLE:
+            raise InputError(src, _top_line(text, key), key, f"unknown key (a profile holds only a [{TABLE}] table)")
+    if TABLE not in data:
+        raise InputError(src, None, TABLE, f"missing [{TABLE}] table")
+    return profile_from_table(data[TABLE], src, text, default_name=path.stem)
+
+
+def _top_line(text: str, key: str) -> int | None:
+    """Line of a top-level key, dotted key or table header named ``key`` (wherever the header sits)."""
+    for number, where, kind, name in toml_lines(text):
+        if name.split(".", 1)[0] == key and (kind == "header" or where is None):
+            return number
+    return None
+
+
+def profile_from_table(table: object, source: str, text: str, line_of: LineOf = device_key_line,
+                       default_name: str = "") -> DeviceProfile:
+    """Check a parsed ``[device]`` table and build its profile.
+
+    ``text`` is the TOML text the table came from and ``line_of(text, key)`` the line of
+    one of its keys (``line_of(text, "device")``: the table itself), so a scenario with
+    an inline ``[device]`` table gets the same messages as a profile file.
+    """
+    table_line = line_of(text, TABLE)
+
+    def fail(key: str, message: str, at: str | None = None) -> InputError:
+        return InputError(source, line_of(text, at or key) or table_line, f"{TABLE}.{key}", message)
+
+    if not isinstance(table, Mapping):
+        raise InputError(source, table_line, TABLE, f"must be a table, got {_show(table)}")
+    for key in table:
+        if key not in KEYS:
+            raise fail(key, f"unknown device-profile key (known: {', '.join(KEYS)})")
+    for key in REQUIRED:
+        if key not in table:
+            raise InputError(source, table_line, f"{TABLE}.{key}", "missing (required)")
+    for present, absent in (PAIRED, PAIRED[::-1]):
+        if present in table and absent not in table:
+            raise fail(absent, f"missing: {present} is given, and the two go together", at=present)
+    values: dict[str, object] = {}
+    for key, value in table.items():
+        if key == "name":
+            if not isinstance(value, str):
+                raise fail(key, f"must be a string, got {_show(value)}")
+            values[key] = value
+        elif key in COEFFICIENT_KEYS:
+            values[key] = _coefficients(value, COEFFICIENT_KEYS[key], lambda m, k=key: fail(k, m))
+        elif key in NUMBER_KEYS:
+            if not _is_number(value):
+                raise fail(key, f"must be a finite non-negative number, got {_show(value)}")
+            values[key] = float(value)
+        else:
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+                raise fail(key, f"must be a positive integer, got {_show(value)}")
+            values[key] = value
+    values.setdefault("name", default_name)
+    try:
+        return DeviceProfile(**values)
+    except ValueError as exc:  # every check above should have caught it first
+        raise InputError(source, table_line, TABLE, str(exc)) from None
+
+
+def _is_number(value: object) -> bool:
+    """A finite non-negative TOML number; booleans are not numbers here (``true`` is a typo, not 1)."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and math.isfinite(value) and value >= 0)
+
+
+def _coefficients(value: object, form: str, fail: Callable[[str], InputError]) -> tuple[float, float, float]:
+    """Three finite non-negative numbers (step times only ever grow with work)."""
+    if not isinstance(value, list) or len(value) != 3:
+        got = f"{len(value)} values" if isinstance(value, list) else _show(value)
+        raise fail(f"expected 3 numbers {form}, got {got}")
+    for i, v in enumerate(value):
+        if not _is_number(v):
+            raise fail(f"value {i + 1} of {form} must be a finite non-negative number, got {_show(v)}")
+    return tuple(float(v) for v in value)  # type: ignore[return-value]
+
+
+def _show(value: object) -> str:
+    """A value as TOML spells it, shortened, for messages (``true`` rather than Python's ``True``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

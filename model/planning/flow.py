@@ -1,0 +1,274 @@
+"""The planner in strict and device mode: the flow model (``model.formulation.flow``) solved, matched, batched.
+
+1. Levels: the shapes are the distinct aligned prompts of all buckets, the gen levels
+   each bucket's distinct gens -- coarsened to request-weighted quantiles when there
+   are too many (``PlannerOptions.flow_shape_levels`` / ``flow_gen_levels``).
+2. The plan: requests enter at the level just above them (every solution is a plan);
+   the backend solves the MIP, warm-started from the dpfill packer's plan.
+3. The bound: when levels are exact the plan model's own dual bound is certified;
+   otherwise requests enter at the level just below them, which relaxes every cost,
+   cap and limit, and that model's dual bound is the certified one.
+4. Batches: the served counts are matched to requests (a dominance matching, optimal
+   by an exchange argument) and each box's members dealt into its batches.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from model.formulation.boxes import BucketModel, variant_of_size
+from model.formulation.flow import FlowBlocks, Levels, bucket_levels, build_flow_model, entry_levels
+from model.histogram.cells import Histogram
+from model.planning.options import PlannerOptions
+from model.planning.shapes import ShapeChoice, choose_shapes
+from model.planning.stages import SearchOutcome, bucket_models
+from model.schema import Batching, Problem
+from solvers.backends import get_backend
+from solvers.backends.result import SolveOptions
+from solvers.packers.grouping import balanced_batching
+
+log = logging.getLogger("shapeplan")
+
+
+def weighted_levels(values: np.ndarray, counts: np.ndarray, most: int) -> np.ndarray:
+    """At most ``most`` levels among the distinct values: all of them if few, else request-weighted
+    quantiles plus the smallest and the largest (a plan needs the largest, a relaxation the smallest)."""
+    distinct, inverse = np.unique(values, return_inverse=True)
+    if len(distinct) <= most:
+        return distinct
+    weight = np.bincount(inverse, weights=counts)
+    cdf = np.cumsum(weight) / weight.sum()
+    picks = np.searchsorted(cdf, np.linspace(0, 1, most)[1:-1], side="left")
+    return np.unique(np.r_[distinct[0], distinct[np.minimum(picks, len(distinct) - 1)], distinct[-1]])
+
+
+def shape_levels(problem: Problem, hists: list[Histogram], options: PlannerOptions,
+                 extra: np.ndarray | None = None) -> np.ndarray:
+    """Candidate shapes: the distinct aligned prompts of every bucket (a shape between two of them only
+    costs more than the one below it), coarsened when there are too many, plus ``extra`` (a start's shapes)."""
+    S = np.concatenate([h.S for h in hists])
+    count = np.concatenate([h.count for h in hists]).astype(np.float64)
+    levels = weighted_levels(S, count, options.flow_shape_levels)
+    if extra is not None:
+        levels = np.union1d(levels, extra)
+    if problem.max_seq_len is not None:
+        levels = levels[levels <= problem.max_seq_len]
+    return levels.astype(np.int64)
+
+
+def all_shapes(problem: Problem, hists: list[Histogram]) -> np.ndarray:
+    """Every shape an optimal plan may use: the distinct aligned prompts (within max_seq_len)."""
+    shapes = np.unique(np.concatenate([h.S for h in hists]))
+    return shapes[shapes <= problem.max_seq_len] if problem.max_seq_len is not None else shapes
+
+
+def shape_relaxation(problem: Problem, hists: list[Histogram]) -> ShapeChoice:
+    """The best K shapes when every request pays only its floor (``boxes.request_floor``): a lower bound
+    on any plan, and its shapes a good start."""
+    return choose_shapes(bucket_models(problem, hists), all_shapes(problem, hists), problem.max_shapes)
+
+
+def start_levels(problem: Problem, warm: tuple[Batching, ...] | None) -> tuple[np.ndarray | None, list]:
+    """The shapes and, per bucket, the batch gens of a start plan: levels that let it be expressed exactly."""
+    if warm is None:
+        return None, [None] * len(problem.buckets)
+    gens = []
+    for bucket, bt in zip(problem.buckets, warm, strict=True):
+        g_max = np.zeros(len(bt.shape_of), np.int64)
+        np.maximum.at(g_max, bt.batch_of, bucket.gen_len)
+        gens.append(np.unique(g_max))
+    return np.unique(np.concatenate([bt.shape_of for bt in warm])), gens
+
+
+def flow_levels(problem: Problem, hists: list[Histogram], options: PlannerOptions, rounding: str,
+                warm: tuple[Batching, ...] | None = None) -> list[Levels]:
+    """Every bucket's level grid with its requests entering above (``ceil``) or below (``floor``) them."""
+    extra_shapes, extra_gens = start_levels(problem, warm)
+    ts = shape_levels(problem, hists, options, extra_shapes)
+    out = []
+    for h, eg in zip(hists, extra_gens, strict=True):
+        gs = weighted_levels(h.G, h.count.astype(np.float64), options.flow_gen_levels).astype(np.int64)
+        out.append(bucket_levels(h.S, h.G, h.count, ts, gs if eg is None else np.union1d(gs, eg), rounding))
+    return out
+
+
+def exact_levels(levels: list[Levels], hists: list[Histogram]) -> bool:
+    """True when every cell sits exactly on a level (plan and relaxation then coincide)."""
+    return all(np.isin(h.S, lv.ts).all() and np.isin(h.G, lv.gs).all() for lv, h in zip(levels, hists, strict=True))
+
+
+def served(model_x: np.ndarray, blocks: list[FlowBlocks]) -> list[tuple[np.ndarray, ...]]:
+    """Per bucket, (box i, box j, box v, members w, batches m) of the boxes a solution uses."""
+    out = []
+    for fb in blocks:
+        w = np.rint(model_x[fb.w.slice()]).astype(np.int64)
+        m = np.rint(model_x[fb.m.slice()]).astype(np.int64)
+        used = w > 0
+        out.append((fb.box_i[used], fb.box_j[used], fb.box_v[used], w[used], m[used]))
+    return out
+
+
+def match_requests(hist: Histogram, box_t: np.ndarray, box_g: np.ndarray, box_w: np.ndarray) -> np.ndarray:
+    """The box each request rides in: requests by decreasing prompt then gen, each to the open box slot
+    with the smallest g >= its gen among the boxes with t >= its prompt.
+
+    Optimal for this dominance matching: a slot open now stays open for every later
+    request (their prompts are no longer), and taking the tightest gen keeps the
+    longer slots for the requests that need them.  Raises if the counts cannot be
+    matched (the flow model guarantees they can).
+    """
+    order_box = np.argsort(-box_t, kind="stable")
+    cells = np.lexsort((-hist.G, -hist.S))
+    keys: list[int] = []
+    slots: dict[int, list[list[int]]] = {}
+    nb = 0
+    box_of_cell: list[list[tuple[int, int]]] = [[] for _ in range(len(hist))]
+    for c in cells.tolist():
+        S, G, need = int(hist.S[c]), int(hist.G[c]), int(hist.count[c])
+        while nb < len(order_box) and box_t[order_box[nb]] >= S:
+            k = int(order_box[nb])
+            g = int(box_g[k])
+            if g not in slots:
+                bisect.insort(keys, g)
+                slots[g] = []
+            slots[g].append([k, int(box_w[k])])
+            nb += 1
+        pos = bisect.bisect_left(keys, G)
+        while need:
+            if pos >= len(keys):
+                raise RuntimeError("served counts cannot be matched to requests")
+            bucket = slots[keys[pos]]
+            k, left = bucket[-1]
+            take = min(left, need)
+            box_of_cell[c].append((k, take))
+            need -= take
+            if take == left:
+                bucket.pop()
+                if not bucket:
+                    del slots[keys[pos]]
+                    keys.pop(pos)
+            else:
+                bucket[-1][1] = left - take
+    box_of = np.empty(len(hist.cell_of), dtype=np.int64)
+    members = np.argsort(hist.cell_of, kind="stable")
+    starts = np.r_[0, np.cumsum(hist.count)]
+    for c, parts in enumerate(box_of_cell):
+        at = starts[c]
+        for k, n in parts:
+            box_of[members[at:at + n]] = k
+            at += n
+    return box_of
+
+
+def flow_batching(problem: Problem, b: int, hist: Histogram, ts: np.ndarray, gs: np.ndarray,
+                  used: tuple[np.ndarray, ...]) -> Batching:
+    """One bucket's served boxes as batches: requests matched to boxes, each box dealt into its m batches."""
+    i, j, _v, w, m = used
+    box_of = match_requests(hist, ts[i], gs[j], w)
+    return balanced_batching(problem.buckets[b], ts[i][box_of], box_of, m)
+
+
+def warm_vector(problem: Problem, bms: list[BucketModel], levels: list[Levels], blocks: list[FlowBlocks],
+                n_cols: int, batchings: tuple[Batching, ...] | None) -> np.ndarray | None:
+    """A packer's plan as a start for the plan model (served counts and batches per box; flows and
+    shapes derived), or None where one of its batches has no box on the level grid."""
+    if batchings is None:
+        return None
+    x = np.zeros(n_cols)
+    ts = levels[0].ts
+    for b, (bm, lv, fb, bt) in enumerate(zip(bms, levels, blocks, batchings, strict=True)):
+        bucket = problem.buckets[b]
+        nb = len(bt.shape_of)
+        g_max = np.zeros(nb, np.int64)
+        np.maximum.at(g_max, bt.batch_of, bucket.gen_len)
+        i = np.searchsorted(ts, bt.shape_of)
+        j = entry_levels(g_max, lv.gs, "ceil")
+        if (i >= len(ts)).any() or (ts[np.minimum(i, len(ts) - 1)] != bt.shape_of).any() or (j >= len(lv.gs)).any():
+            return None
+        n = np.bincount(bt.batch_of, minlength=nb)
+        key = {(int(a), int(c), int(v)): k for k, (a, c, v) in enumerate(zip(fb.box_i, fb.box_j, fb.box_v,
+                                                                             strict=True))}
+        v = variant_of_size(bm, ts[i], lv.gs[j], n)
+        for a, c, vv, nn in zip(i.tolist(), j.tolist(), v.tolist(), n.tolist(), strict=True):
+            k = key.get((a, c, vv))
+            if k is None:
+                return None
+            x[fb.w.start + k] += nn
+            x[fb.m.start + k] += 1
+        x[fb.z.start + np.unique(i)] = 1.0
+    return x
+
+
+def solve_levels(problem: Problem, hists: list[Histogram], bms: list[BucketModel], levels: list[Levels], solver,
+                 until: float, warm: tuple[Batching, ...] | None, spikes: bool, options: PlannerOptions):
+    """Build and solve one flow model; returns (model, blocks, result)."""
+    model, blocks = build_flow_model(bms, levels, problem.max_shapes, problem.max_batch_size, spikes=spikes)
+    start = warm_vector(problem, bms, levels, blocks, model.n_cols, warm)
+    if start is not None:
+        y = model.block("col", "y")
+        used = np.zeros(len(levels[0].ts), bool)
+        for fb in blocks:
+            used |= start[fb.z.slice()] > 0
+        start[y.slice()] = used.astype(float)
+        start = _with_flows(model, start)
+    result = solver.solve(model, SolveOptions(time_limit=max(options.min_call_s, until - time.perf_counter()),
+                                              warm_start=start,
+                                              on_progress=lambda inc, bnd: log.info("  MIP incumbent %.6e", inc)))
+    log.info("flow model: %d columns, %d rows: %s, objective %s, bound %s (%s %.1f s)", model.n_cols, model.n_rows,
+             result.status, result.objective, result.bound, result.backend, result.time_s)
+    return model, blocks, result
+
+
+def _with_flows(model, start: np.ndarray) -> np.ndarray | None:
+    """Complete a start's flow columns so every conservation row holds (a tiny LP over the flows)."""
+    fixed = np.isin(np.arange(model.n_cols), np.flatnonzero(start != 0)) | ~_flow_columns(model)
+    lb = np.where(fixed, start, model.lb)
+    ub = np.where(fixed, start, model.ub)
+    lp = replace(model, lb=lb, ub=ub, c=np.zeros(model.n_cols), integer=np.zeros(model.n_cols, bool))
+    res = get_backend("highs").solve(lp, SolveOptions(time_limit=5.0, relax=True))
+    return res.x if res.x is not None and res.status == "optimal" else None
+
+
+def _flow_columns(model) -> np.ndarray:
+    mask = np.zeros(model.n_cols, bool)
+    for blk in model.col_blocks:
+        if blk.name in ("a", "d"):
+            mask[blk.slice()] = True
+    return mask
+
+
+def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, ...] | None, solver,
+                deadline: float, reserves: tuple[int, ...] | None = None,
+                options: PlannerOptions = PlannerOptions(), want_bound: bool = True) -> SearchOutcome:
+    """Plan by the flow model and certify a bound (see module docstring); never raises for infeasibility."""
+    t0 = time.perf_counter()
+    bms = bucket_models(problem, fine, reserves)
+    plan_levels = flow_levels(problem, fine, options, "ceil", warm)
+    exact = exact_levels(plan_levels, fine)
+    share = 1.0 if exact or not want_bound else options.flow_plan_share
+    until = min(deadline, t0 + share * max(0.0, deadline - t0))
+    model, blocks, result = solve_levels(problem, fine, bms, plan_levels, solver, until, warm,
+                                         spikes=True, options=options)
+    notes = [f"{problem.mode} mode: flow model over {len(plan_levels[0].ts)} shape levels and "
+             f"{', '.join(str(len(lv.gs)) for lv in plan_levels)} gen levels"]
+    bound = -np.inf
+    if want_bound:
+        bound = shape_relaxation(problem, fine).bound
+        notes.append("the bound is the larger of the shape relaxation (every request at its own gen in a full "
+                     "batch under the best K shapes) and the flow model's own bound where that one is certified")
+        if exact and result.bound is not None and not any(reserves or ()) and problem.mode == "device":
+            bound = max(bound, result.bound)
+    if not result.has_solution:
+        return SearchOutcome(None, None, bound, None, result.status, result.backend, result.version, tuple(notes))
+    used = served(result.x, blocks)
+    ts = plan_levels[0].ts
+    batchings = tuple(flow_batching(problem, b, h, ts, lv.gs, u)
+                      for b, (h, lv, u) in enumerate(zip(fine, plan_levels, used, strict=True)))
+    return SearchOutcome(batchings, result.objective, bound, None, result.status, result.backend, result.version,
+                         tuple(notes))
+

@@ -1,0 +1,181 @@
+"""Device mode: the best batches for requests already assigned to shapes, and shapes improved by local search.
+
+For one shape s, a batch's time depends only on its size n and its longest gen, so with
+the requests sorted by gen some optimal batching cuts the sorted list into consecutive
+runs (swapping two members across two batches never shortens the longer one's gen).
+``optimal_runs`` finds the cheapest cuts exactly by dynamic programming:
+
+    C[i] = min over n <= cap(s, g_i) of  C[i - n] + T(n, s, g_i)     (g_i = gen of member i, sorted)
+
+with T the device batch time (``model.cost.device.batch_time``) and cap the KV capacity
+and batch-size cap.  ``improve_shapes`` then moves one shape at a time to the neighbouring
+candidate that lowers the exact total, each shape's requests re-batched by the DP.  The
+result is a plan (the planner's warm start and a fallback), never a bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from model.cost.common import align
+from model.cost.device import DeviceProfile, batch_time, linear_parts
+from model.schema import Batching, Problem
+from solvers.packers.grouping import batch_capacity
+
+log = logging.getLogger("shapeplan")
+
+
+def optimal_runs(gens: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None) -> tuple[float, np.ndarray]:
+    """Cheapest cut of ``gens`` (sorted ascending) into consecutive batches at shape s.
+
+    Returns (total batch time, batch number of each member).  Exact for the order given
+    (T from its per-batch and per-member parts, each regime on its own sizes).
+    """
+    n = len(gens)
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    take = np.zeros(n + 1, dtype=np.int64)
+    caps = batch_capacity(s, gens, max_batch, prof.kv_capacity_tokens)
+    if (caps < 1).any():
+        raise ValueError(f"a request does not fit one batch at shape {s}")
+    small = linear_parts(s, gens, np.zeros(n, bool), prof)
+    large = linear_parts(s, gens, np.ones(n, bool), prof) if prof.decode_large is not None else small
+    switch = prof.decode_large_from if prof.decode_large is not None else np.iinfo(np.int64).max
+    sizes = np.arange(1, int(min(caps.max(), n)) + 1)
+    is_large = sizes >= switch
+    for i in range(1, n + 1):
+        cap = int(min(caps[i - 1], i))
+        sz = sizes[:cap]
+        time_ = np.where(is_large[:cap], large[0][i - 1] + sz * large[1][i - 1], small[0][i - 1] + sz * small[1][i - 1])
+        cost = best[i - sz] + time_
+        k = int(np.argmin(cost))
+        best[i], take[i] = cost[k], sz[k]
+    cuts = []
+    i = n
+    while i > 0:
+        cuts.append(i)
+        i -= int(take[i])
+    bounds = np.asarray(sorted(cuts), dtype=np.int64)
+    batch = np.searchsorted(bounds, np.arange(n), side="right")
+    return float(best[n]), batch
+
+
+def filled_cost(gens: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None) -> float:
+    """Device time of ``gens`` (sorted ascending) cut greedily into runs filled to capacity at shape s.
+
+    An upper bound on ``optimal_runs`` that costs one step per batch instead of one per
+    member: what the shape DP ranks intervals by before the chosen shapes are batched exactly.
+    """
+    n = len(gens)
+    total, p = 0.0, 0
+    kv = prof.kv_capacity_tokens
+    while p < n:
+        window = int(min(n - p, batch_capacity(s, gens[p:p + 1], max_batch, kv)[0] + 1))
+        fits = np.arange(1, window + 1) <= batch_capacity(s, gens[p:p + window], max_batch, kv)
+        take = int(np.argmin(fits)) if not fits.all() else window
+        if take == 0:
+            raise ValueError(f"a request does not fit one batch at shape {s}")
+        total += float(batch_time(take, s, gens[p + take - 1], prof))
+        p += take
+    return total
+
+
+def shape_cost(problem: Problem, gens_by_shape: dict[int, np.ndarray], s: int) -> float:
+    """Exact device time of one shape's requests (sorted gens) batched optimally, plus its compile time."""
+    gens = gens_by_shape.get(s)
+    if gens is None or len(gens) == 0:
+        return 0.0
+    return optimal_runs(gens, s, problem.params, problem.max_batch_size)[0] + problem.params.compile_ms
+
+
+def runs_batching(problem: Problem, shapes: np.ndarray) -> tuple[Batching, ...]:
+    """Every bucket's requests on the smallest given shape covering them, batched by ``optimal_runs``."""
+    out = []
+    for bucket in problem.buckets:
+        shape_of = shapes[np.searchsorted(shapes, align(bucket.prompt_len))]
+        n = len(bucket)
+        order = np.lexsort((np.arange(n), bucket.gen_len, shape_of))
+        batch_of = np.empty(n, dtype=np.int64)
+        shape_out: list[np.ndarray] = []
+        base = 0
+        for s in np.unique(shape_of).tolist():
+            members = order[shape_of[order] == s]
+            _, batch = optimal_runs(bucket.gen_len[members], int(s), problem.params, problem.max_batch_size)
+            batch_of[members] = base + batch
+            nb = int(batch.max()) + 1
+            shape_out.append(np.full(nb, s, dtype=np.int64))
+            base += nb
+        out.append(Batching(batch_of, np.concatenate(shape_out) if shape_out else np.zeros(0, np.int64)))
+    return tuple(out)
+
+
+def improve_shapes(problem: Problem, shapes: np.ndarray, candidates: np.ndarray, deadline: float) -> np.ndarray:
+    """Move one shape at a time to a neighbouring candidate, or drop it, while the exact total drops.
+
+    The largest shape stays (it must cover the longest prompt).  Every request runs on
+    the smallest shape covering it, so a shape's cost depends only on it and the shape
+    below it: interval costs are cached, and a move re-batches the intervals it changes.
+    Stops at the deadline with the best set so far.
+    """
+    shapes = np.asarray(sorted(set(int(s) for s in shapes)), dtype=np.int64)
+    aligned = [align(b.prompt_len) for b in problem.buckets]
+    cache: dict[tuple[int, int], float] = {}
+
+    def interval(lo: int, hi: int) -> float:
+        """Exact cost of the requests with aligned prompt in (lo, hi] run at hi, over every bucket."""
+        if (lo, hi) not in cache:
+            cost = 0.0
+            for a, bucket in zip(aligned, problem.buckets, strict=True):
+                sel = (a > lo) & (a <= hi)
+                if sel.any():
+                    cost += shape_cost(problem, {hi: np.sort(bucket.gen_len[sel])}, hi)
+            cache[(lo, hi)] = cost
+        return cache[(lo, hi)]
+
+    def total(sh: np.ndarray) -> float:
+        lows = np.r_[0, sh[:-1]]
+        return sum(interval(int(lo), int(hi)) for lo, hi in zip(lows, sh, strict=True))
+
+    current = total(shapes)
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        for k in range(len(shapes) - 1):
+            pos = int(np.searchsorted(candidates, shapes[k]))
+            trials = [np.delete(shapes, k)]
+            trials += [np.sort(np.r_[np.delete(shapes, k), candidates[q]]) for q in (pos - 1, pos + 1)
+                       if 0 <= q < len(candidates) and candidates[q] not in shapes]
+            for trial in trials:
+                if time.perf_counter() > deadline:
+                    break
+                cost = total(trial)
+                if cost < current * (1 - 1e-12):
+                    shapes, current, improved = trial, cost, True
+                    break
+            if improved:
+                break
+    log.info("device mode: shape local search ends at %.6e ms with shapes %s", current, [int(s) for s in shapes])
+    return shapes
+
+
+def device_start(problem: Problem, starts: list[np.ndarray], candidates: np.ndarray, deadline: float
+                 ) -> tuple[Batching, ...]:
+    """The planner's start in device mode: the best of the given shape sets, every request on the smallest
+    chosen shape covering it and each shape's requests batched exactly (``optimal_runs``), then improved
+    by moving one shape at a time among the candidates until the deadline."""
+    best = min(starts, key=lambda sh: total_cost(problem, sh))
+    return runs_batching(problem, improve_shapes(problem, best, candidates, deadline))
+
+
+def total_cost(problem: Problem, shapes: np.ndarray) -> float:
+    """Exact device time of the plan ``runs_batching`` makes with these shapes."""
+    shapes = np.asarray(sorted(set(int(s) for s in shapes)), dtype=np.int64)
+    cost = 0.0
+    for bucket in problem.buckets:
+        s_of = shapes[np.searchsorted(shapes, align(bucket.prompt_len))]
+        groups = {int(s): np.sort(bucket.gen_len[s_of == s]) for s in np.unique(s_of)}
+        cost += sum(shape_cost(problem, groups, s) for s in groups)
+    return cost
