@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from model.cost.common import GRANULARITY, MODES
 from model.deploy.flags import allowed_from_args
 from model.errors import InfeasibleError, InputError
 from model.load.profile import load_profile
+from model.load.scenario import MAX_BATCH, MAX_SEQ_LEN, MAX_SHAPES
 from model.pipeline import InputSpec, load_problem
 from model.schema import LIMIT_KEYS, Limits, Problem, Scenario
 
@@ -44,10 +46,18 @@ def cli_limits(args: argparse.Namespace) -> Limits:
     for key in LIMIT_KEYS:
         v = getattr(args, key, None)
         if v is not None:
-            if not v >= 0:
-                raise InputError("--" + key.replace("_", "-"), None, None, f"must be a non-negative number, got {v}")
+            if not 0 <= v < math.inf:
+                raise InputError("--" + key.replace("_", "-"), None, None,
+                                 f"must be a finite non-negative number, got {v}")
             values[key] = v
     return Limits(**values)
+
+
+def check_count(flag: str, value: int | None, most: int) -> None:
+    """An integer setting from the command line: 1 <= value <= most (None: not given)."""
+    if value is not None and not 1 <= value <= most:
+        raise InputError(flag, None, None, f"must be a positive integer, got {value}" if value < 1
+                         else f"must be at most {most}, got {value}")
 
 
 def build_problem(args: argparse.Namespace, files: list[Path], default_scenario: Path | None = None,
@@ -57,26 +67,29 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
     Limit flags (``limits``, by default read from ``args``) apply to every bucket; with
     a scenario they override its limits one by one.
     """
-    params = CostParams.from_toml(args.cost_params) if args.cost_params else None
-    device = load_profile(args.device_profile) if getattr(args, "device_profile", None) else None
-    if args.limit_shapes is not None and args.limit_shapes < 1:
-        raise InputError("--limit-shapes", None, None, f"must be a positive integer, got {args.limit_shapes}")
+    check_count("--limit-shapes", args.limit_shapes, MAX_SHAPES)
     if args.max_seq_len is not None and (args.max_seq_len < GRANULARITY or args.max_seq_len % GRANULARITY):
         raise InputError("--max-seq-len", None, None,
                          f"must be a positive multiple of {GRANULARITY}, got {args.max_seq_len}")
+    check_count("--max-seq-len", args.max_seq_len, MAX_SEQ_LEN)
+    check_count("--max-batch-size", getattr(args, "max_batch_size", None), MAX_BATCH)
+    limits = limits if limits is not None else cli_limits(args)
+    params = CostParams.from_toml(args.cost_params) if args.cost_params else None
+    device = load_profile(args.device_profile) if getattr(args, "device_profile", None) else None
     allowed, warning = allowed_from_args(args)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     spec = InputSpec(files=tuple(files), scenario=args.scenario, columns=args.columns, fmt=args.format,
-                     limits=limits if limits is not None else cli_limits(args), max_shapes=args.limit_shapes,
-                     params=params, device=device, mode=args.cost_model,
+                     limits=limits, max_shapes=args.limit_shapes, params=params, device=device, mode=args.cost_model,
                      max_batch_size=getattr(args, "max_batch_size", None), max_seq_len=args.max_seq_len,
+                     params_source=str(args.cost_params) if args.cost_params else None,
                      allowed_shapes=allowed, time_column=getattr(args, "time_column", None))
     return load_problem(spec, default_scenario)
 
 
 def run_main(main) -> None:
-    """Run an entry point: bad input -> one line on stderr and exit 2; infeasible -> exit 3."""
+    """Run an entry point: bad input -> one line on stderr and exit 2; infeasible -> exit 3;
+    Ctrl-C (KeyboardInterrupt) anywhere -> one line and exit 130, never a traceback."""
     try:
         sys.exit(main())
     except InputError as exc:
@@ -85,3 +98,6 @@ def run_main(main) -> None:
     except InfeasibleError as exc:
         print(f"infeasible: {exc}", file=sys.stderr)
         sys.exit(3)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
+# A file name or key taken from the input may hold a newline or a NUL: one error stays one line.
+_CONTROL = re.compile("[\\x00-\\x1f\\x7f]")
+
 
 class InputError(Exception):
     """Bad input: rendered as a single line ``file:line: field 'x': message``.
@@ -18,10 +23,10 @@ class InputError(Exception):
         super().__init__(self.render())
 
     def render(self) -> str:
-        """The single-line message shown to the user."""
+        """The single-line message shown to the user (control characters from the input shown escaped)."""
         where = self.file if self.line is None else f"{self.file}:{self.line}"
         what = f" field '{self.field}':" if self.field else ""
-        return f"{where}:{what} {self.message}"
+        return _CONTROL.sub(lambda m: repr(m.group())[1:-1], f"{where}:{what} {self.message}")
 
 
 class InfeasibleError(Exception):

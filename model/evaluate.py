@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
+
 from model import pipeline
 from model.cli_common import (
     add_input_args,
@@ -25,6 +27,7 @@ from model.errors import InputError
 from model.evaluation.validate import evaluate_plans
 from model.load.plans import read_plan
 from model.report.tables import bucket_table, verdict
+from model.schema import Evaluation
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         problem, _ = build_problem(args, args.pairs[0::2], limits=cli_limits(args))
         plan_files = args.pairs[1::2]
     plans = tuple(read_plan(f) for f in plan_files)
-    results, global_problems = evaluate_plans(problem, plans)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, by bucket and plan file
+        results, global_problems = evaluate_plans(problem, plans)
+    for result, f in zip(results, plan_files, strict=True):
+        pipeline.check_finite_metrics(Evaluation((result,), ()), str(f))
     print(f"cost model: {problem.mode}; shape cap K = {problem.max_shapes} per bucket and across all buckets")
     for result, f in zip(results, plan_files, strict=True):
         print(bucket_table(result, {"plan": str(f)}, problem.params))

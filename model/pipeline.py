@@ -8,12 +8,15 @@ records (``Planned``, ``Plan``, ``Evaluation``, ``Run``) come out.
 
 from __future__ import annotations
 
+import importlib.resources
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.cost.analytic import CostParams
-from model.cost.common import Mode
+import numpy as np
+
+from model.cost.analytic import CostParams, compile_cost, decode_cost, member_latency, prefill_cost
+from model.cost.common import Mode, align
 from model.cost.device import DeviceProfile
 from model.errors import InfeasibleError, InputError
 from model.evaluation.validate import evaluate_plans
@@ -35,7 +38,9 @@ from model.schema import (
 from model.shapeset import check_fits
 from solvers.packers import PACKERS
 
-DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "data" / "default" / "scenario.toml"
+# The embedded default scenario: package data of the top-level ``data`` package, so it is found the same
+# way in a source tree, an editable install and an installed wheel (pyproject.toml ships data/default/*).
+DEFAULT_SCENARIO = Path(str(importlib.resources.files("data") / "default" / "scenario.toml"))
 MIP = "mip"
 
 
@@ -61,6 +66,7 @@ class InputSpec:
     max_seq_len: int | None = None
     allowed_shapes: tuple[int, ...] | None = None  # plan only with these shapes (None: free choice)
     time_column: str | None = None  # read each request's arrival time from this column (request files only)
+    params_source: str | None = None  # the file ``params`` came from, named if its costs overflow
 
 
 def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple[Problem, Scenario | None]:
@@ -99,7 +105,47 @@ def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple
                           max_seq_len=spec.max_seq_len, allowed_shapes=spec.allowed_shapes)
     check_seq_len(problem)
     check_fits(problem)
+    if spec.params is not None or scenario is not None:
+        check_cost_range(problem, spec.params_source if spec.params is not None else str(scenario.path))
     return problem, scenario
+
+
+OVERFLOW = "costs overflow float64 with these coefficients"
+
+
+def check_cost_range(problem: Problem, source: str) -> None:
+    """Every plan of these requests must cost (and take) a finite amount under these coefficients.
+
+    Bounds the most expensive plan any planner could return -- every request alone in a batch
+    at the largest shape a planner may declare (the max_seq_len, or the largest aligned prompt
+    rounded up to a power of two), plus a compile per shape -- and refuses coefficients for
+    which that bound is inf or NaN: planning and evaluation would otherwise compare infinities.
+    """
+    if not isinstance(problem.params, CostParams):  # device profiles are checked finite by their own loader
+        return
+    n = sum(len(b) for b in problem.buckets)
+    s_top = max(int(align(b.prompt_len).max()) for b in problem.buckets)
+    s_hi = max(1 << (s_top - 1).bit_length(), problem.max_seq_len or 0)
+    g_hi = max(int(b.gen_len.max()) for b in problem.buckets)
+    p, shapes = problem.params, min(problem.max_shapes, n)
+    with np.errstate(over="ignore", invalid="ignore"):
+        cost = n * (prefill_cost(s_hi, p) + decode_cost(s_hi, g_hi, p) + p.Kbatch_overhead_cost) \
+            + shapes * compile_cost(s_hi, p)
+        time_ms = n * member_latency(s_hi, s_hi, g_hi, p) + shapes * p.Tshape_compile_ms
+    for what, value in (("cost", cost), ("latency", time_ms)):
+        if not np.isfinite(value):
+            raise InputError(source, None, None, f"{OVERFLOW}: a plan of these requests could have {what} {value}")
+
+
+def check_finite_metrics(evaluation: Evaluation, source: str) -> None:
+    """The evaluator's numbers must be finite (a safety net behind ``check_cost_range``)."""
+    for r in evaluation.results:
+        if r.metrics is None:
+            continue
+        for name in ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms"):
+            value = getattr(r.metrics, name)
+            if not np.isfinite(value):
+                raise InputError(source, None, None, f"{OVERFLOW}: bucket {r.name} has {name} {value}")
 
 
 def coefficients_of(spec: InputSpec) -> tuple[Mode | None, CostParams | DeviceProfile | None]:
@@ -205,12 +251,16 @@ def compare_run(problem: Problem, solver: str) -> Evaluation | str:
 
 
 def plan_path(out_dir: Path, bucket_name: str) -> Path:
-    """Where the plan of a bucket lives in an output folder."""
+    """Where the plan of a bucket lives in an output folder (names are plain: see ``model.load.names``)."""
     return out_dir / f"plan_{bucket_name}.jsonl"
 
 
 def write(out_dir: Path, problem: Problem, plans: tuple[Plan, ...]) -> tuple[Path, ...]:
-    """Write every bucket's plan into ``out_dir`` together: all replaced, or none changed."""
+    """Write every bucket's plan into ``out_dir`` together: all replaced, or none changed.
+
+    Nothing is ever written outside ``out_dir``: the loaders refuse names that are not plain, and
+    ``write_plans`` checks again that every target lies directly inside the folder.
+    """
     paths = tuple(plan_path(out_dir, b.name) for b in problem.buckets)
-    write_plans(dict(zip(paths, plans, strict=True)))
+    write_plans(dict(zip(paths, plans, strict=True)), inside=out_dir)
     return paths

@@ -26,7 +26,6 @@ from model.cli_common import (
 from model.deploy.flags import add_holdout_args, add_shape_args, parse_fraction
 from model.deploy.holdout import holdout
 from model.deploy.present import holdout_blocks
-from model.errors import InputError
 from model.report.compare import compare_table
 from model.report.document import to_text
 from model.report.tables import bucket_table, device_units, fmt, verdict
@@ -51,8 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="[%(relativeCreated)6.0f ms] %(message)s")
-    if args.max_batch_size is not None and args.max_batch_size < 1:
-        raise InputError("--max-batch-size", None, None, f"must be a positive integer, got {args.max_batch_size}")
     fraction = parse_fraction(args.holdout)
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO, cli_limits(args))
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
@@ -65,13 +62,15 @@ def main(argv: list[str] | None = None) -> int:
         print("hold-out check only: no plans written")
         return 0 if train.evaluation.ok and check.ok else 1
     run = pipeline.run(problem, args.solver, args.backend, args.time_limit)
+    pipeline.check_finite_metrics(run.evaluation, source)
     results = run.evaluation.results
     rep = run.planned.report
     for i, result in enumerate(results):
         extra = {"solver": f"{args.solver} ({rep.backend} {rep.version}), status {rep.status}"}
         if rep.bucket_bounds is not None:
             lb = rep.bucket_bounds[i]
-            gap = (result.metrics.cost - lb) / result.metrics.cost if result.metrics else None
+            cost = result.metrics.cost if result.metrics else None
+            gap = None if cost is None else (cost - lb) / cost if cost else 0.0  # all-zero coefficients: cost 0
             extra["lower bound"] = f"{fmt(lb)} (gap {gap:.3%})" if gap is not None else fmt(lb)
         print(bucket_table(result, extra, problem.params))
     total = sum(r.metrics.cost for r in results if r.metrics)

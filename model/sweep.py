@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
+import sys
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from model import pipeline
@@ -34,11 +37,20 @@ from model.report.document import (
     write_report,
 )
 from model.sweeping.engine import SweepResult, run_sweep
-from model.sweeping.grid import SweepSettings, base_factor, check_sweep_limit, parse_factors, parse_ks, sweep_points
+from model.sweeping.grid import (
+    SweepSettings,
+    base_factor,
+    check_sweep_limit,
+    parse_factors,
+    parse_ks,
+    sweep_points,
+    useful_ks,
+)
 from model.sweeping.recommend import recommend
 from model.sweeping.table import planner_totals, write_csv
 
 log = logging.getLogger("shapeplan")
+DEFAULT_FACTORS = "0.8,0.9,1.0,1.1"
 
 
 def parse_solvers(spec: str | None) -> tuple[str, ...]:
@@ -62,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_limit_args(parser)
     parser.add_argument("--k", help="shape caps to sweep, e.g. 1-16 or 2,4,8 (default 1-16, or --limit-shapes)")
     parser.add_argument("--sweep-limit", choices=LIMIT_KEYS, help="also sweep this limit, scaled by --factors")
-    parser.add_argument("--factors", default="0.8,0.9,1.0,1.1", help="scale factors for --sweep-limit")
+    parser.add_argument("--factors", help=f"scale factors for --sweep-limit (default {DEFAULT_FACTORS})")
     parser.add_argument("--solvers", help=f"comma list of planners (default all: {', '.join(pipeline.solver_names())})")
     parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
     parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per MIP solve (default 20)")
@@ -77,29 +89,51 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_outputs(out: Path | None, report: Path | None) -> None:
+    """--out names a file and --report a folder: refuse the wrong kind before any work is done."""
+    if out is not None and out.is_dir():
+        raise InputError("--out", None, None, f"{out} is a folder; give the path of the CSV file to write")
+    if out is not None and out.parent.exists() and not out.parent.is_dir():
+        raise InputError("--out", None, None, f"{out.parent} is not a folder")
+    if report is not None and report.exists() and not report.is_dir():
+        raise InputError("--report", None, None,
+                         f"{report} is a file; give a folder for report.md, report.html and the PNGs")
+
+
+def check_settings(args: argparse.Namespace) -> None:
+    """Every flag that needs no input, checked before anything is loaded, solved or written."""
+    if args.time_limit <= 0:
+        raise InputError("--time-limit", None, None, f"must be positive, got {args.time_limit}")
+    if not 0 <= args.tolerance < math.inf:
+        raise InputError("--tolerance", None, None, f"must be a finite non-negative share, got {args.tolerance}")
+    if args.factors is not None and not args.sweep_limit:
+        raise InputError("--factors", None, None, "needs --sweep-limit (the limit the factors scale)")
+    check_outputs(args.out, args.report)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Load once, sweep, write the CSV (and report), print the K table and the recommendation."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    if args.time_limit <= 0:
-        raise InputError("--time-limit", None, None, f"must be positive, got {args.time_limit}")
-    if args.max_batch_size is not None and args.max_batch_size < 1:
-        raise InputError("--max-batch-size", None, None, f"must be a positive integer, got {args.max_batch_size}")
+    check_settings(args)
+    ks = parse_ks(args.k) if args.k is not None else (args.limit_shapes,) if args.limit_shapes else tuple(range(1, 17))
+    factors = parse_factors(args.factors or DEFAULT_FACTORS) if args.sweep_limit else (1.0,)
+    solvers = parse_solvers(args.solvers)
     fraction = parse_fraction(args.holdout)
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO)
     part = split(problem, fraction) if fraction is not None else None
     if part is not None:
         print(f"hold-out: {part.describe()}; the sweep runs on the first part")
         problem = part.train
-    ks = parse_ks(args.k) if args.k else (args.limit_shapes,) if args.limit_shapes else tuple(range(1, 17))
-    factors = parse_factors(args.factors) if args.sweep_limit else (1.0,)
     if args.sweep_limit:
         check_sweep_limit(problem, args.sweep_limit)
-    solvers = parse_solvers(args.solvers)
+    hists = tuple(build_histogram(b) for b in problem.buckets)
+    ks, capped = useful_ks(ks, len(np.unique(np.concatenate([h.S for h in hists]))))
+    if capped:
+        print(capped, file=sys.stderr)
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
     settings = SweepSettings(source, problem.mode, ks, args.sweep_limit or "", factors, solvers, args.backend,
                              args.time_limit, args.tolerance)
-    hists = tuple(build_histogram(b) for b in problem.buckets)
     print(f"input: {source}; {len(problem.buckets)} buckets, {sum(len(b) for b in problem.buckets)} requests, "
           f"{sum(len(h) for h in hists)} cells; cost model {problem.mode}")
     points = sweep_points(ks, settings.sweep_limit, factors)
@@ -110,18 +144,23 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run_sweep(problem, points, solvers, args.backend, args.time_limit, step)
     out = args.out or ((args.report / "sweep.csv") if args.report else Path("sweep.csv"))
-    write_csv(result.rows, out)
+    check_outputs(out, args.report)
     totals = planner_totals(result.rows)
-    print(to_text([k_table(totals, base_factor(t.point for t in totals)),
-                   *recommendation_paragraphs(recommend(result.rows, args.tolerance))]))
-    print(f"wrote {out}")
-    extra = []
-    if part is not None:
-        extra = sweep_holdout_blocks(holdout_checks(part, result, args))
-        print(to_text(extra))
-    if args.report:
-        md, page = write_report(args.report, problem, hists, result, settings, extra)
-        print(f"wrote {md}, {page}")
+    text = to_text([k_table(totals, base_factor(t.point for t in totals)),
+                    *recommendation_paragraphs(recommend(result.rows, args.tolerance))])
+    try:
+        write_csv(result.rows, out)
+        print(text)
+        print(f"wrote {out}")
+        extra = []
+        if part is not None:
+            extra = sweep_holdout_blocks(holdout_checks(part, result, args))
+            print(to_text(extra))
+        if args.report:
+            md, page = write_report(args.report, problem, hists, result, settings, extra)
+            print(f"wrote {md}, {page}")
+    except OSError as exc:
+        raise InputError(str(exc.filename or out), None, None, f"cannot write: {exc.strerror or exc}") from None
     return 0
 
 

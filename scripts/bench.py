@@ -1,8 +1,8 @@
-"""Benchmark: every planner on the shared workloads and the Azure traces, then a scaling run to 10^7 requests.
+"""Benchmark: every planner on the twin workloads and the Azure traces, then a scaling run to 10^7 requests.
 
     python scripts/bench.py [--time-limit 20] [--max-scale 7] [--scale-time-limit 10] [--skip-quality]
 
-1. Quality: the MIP and every packer on ``<repo>/../shared/workloads/*`` (reference
+1. Quality: the MIP and every packer on ``<repo>/data/workloads/*`` (reference
    mode, the scenarios' limits and K) and on the two Azure traces as two buckets
    (strict mode, K = 8, no limits).  Per scenario and planner: total cost, ratio to
    the MIP, limits met, wall time (plan + expand + evaluate).  Runs through
@@ -51,7 +51,7 @@ from model.sweeping.grid import SweepPoint
 from model.sweeping.table import PlannerTotal, planner_totals
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"  # beside the repository, as the workloads README says
+DATA = REPO / "data"  # the repository's copies of the shared workloads and traces (see data/README.md)
 TRACES = ("code", "conv")
 STAGES = ("load", "aggregate", "solve", "expand", "evaluate", "write")
 CHUNK = 1_000_000
@@ -69,18 +69,18 @@ class Stage:
     extra_mib: float
 
 
-def workload_problems(shared: Path) -> list[tuple[str, Problem]]:
-    """Every shared workload scenario as loaded (reference mode, its own limits and K)."""
-    paths = sorted((shared / "workloads").glob("*/scenario.toml"))
+def workload_problems(data: Path) -> list[tuple[str, Problem]]:
+    """Every workload scenario as loaded (reference mode, its own limits and K)."""
+    paths = sorted((data / "workloads").glob("*/scenario.toml"))
     if not paths:
-        raise SystemExit(f"no workloads under {shared / 'workloads'} (use --shared DIR)")
+        raise SystemExit(f"no workloads under {data / 'workloads'} (use --data DIR)")
     return [(path.parent.name, load_scenario(path).problem()) for path in paths]
 
 
-def trace_problem(shared: Path) -> Problem:
+def trace_problem(data: Path) -> Problem:
     """The two Azure traces as two buckets: strict mode, K = 8, no limits (pure cost minimisation)."""
     columns = Columns.parse("azure")
-    buckets = tuple(load_requests(shared / "traces" / f"AzureLLMInferenceTrace_{name}.csv", name, columns)
+    buckets = tuple(load_requests(data / "traces" / f"AzureLLMInferenceTrace_{name}.csv", name, columns)
                     for name in TRACES)
     return Problem(buckets, tuple(Limits() for _ in buckets), 8, mode="strict")
 
@@ -210,11 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-time-limit", type=float, default=10.0, help="MIP seconds per scaling run")
     parser.add_argument("--skip-quality", action="store_true", help="only the scaling run")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--shared", type=Path, default=SHARED, help=f"the shared folder (default {SHARED})")
+    parser.add_argument("--data", type=Path, default=DATA,
+                        help=f"folder holding workloads/ and traces/ (default {DATA})")
     args = parser.parse_args(argv)
     if not args.skip_quality:
         print("== quality: every planner beside the MIP (ratio = cost / MIP cost) ==")
-        runs = [*workload_problems(args.shared), ("azure traces (code + conv)", trace_problem(args.shared))]
+        runs = [*workload_problems(args.data), ("azure traces (code + conv)", trace_problem(args.data))]
         for name, problem in runs:
             print_quality(name, problem, quality_rows(problem, args.time_limit))
     print(f"\n== scaling: one synthetic bucket, MIP time limit {args.scale_time_limit:g} s ==")

@@ -23,7 +23,9 @@ from model.histogram.cells import build_histogram
 from model.schema import Batching, Bucket, Limits, Planned, Problem, SolveReport
 
 REPO = Path(__file__).resolve().parents[1]
-WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "workloads"
+DATA = REPO / "data"
+WORKLOADS = DATA / "workloads"  # copies of the shared twin workloads (a bare clone tests itself)
+TRACES = DATA / "traces"  # the Azure traces (CC-BY-4.0, see data/traces/LICENSE)
 
 
 def bucket(prompts: list[int], gens: list[int], name: str = "b") -> Bucket:

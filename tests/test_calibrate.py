@@ -20,7 +20,7 @@ from model.errors import InputError
 from model.load.profile import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "profiles" / "opt13b-a100-tp1.toml"
+SHARED = REPO / "data" / "profiles" / "opt13b-a100-tp1.toml"  # the bundled copy of shared/profiles/
 TRUTH = load_profile(SHARED)
 SHARE_CHECKED = 0.05   # a coefficient carrying at least this share of the modelled time ...
 RECOVERY = 0.05        # ... must come back within this relative error

@@ -4,11 +4,10 @@ held-out plans under the chosen shapes, under their own choice and with pow2; th
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import bucket, problem
+from helpers import TRACES, bucket, problem
 
 from model import pipeline
 from model.deploy.holdout import check_shapes, covered, holdout, split, split_rows, used_shapes
@@ -18,7 +17,6 @@ from model.schema import Limits
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*PuLP 4.0:DeprecationWarning")
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
 def timed(prompts, gens, times, name="b"):
@@ -168,8 +166,6 @@ def test_held_out_requests_longer_than_every_chosen_shape_are_counted_and_left_o
 @pytest.fixture(scope="module")
 def azure_conv():
     path = TRACES / "AzureLLMInferenceTrace_conv.csv"
-    if not path.exists():
-        pytest.skip("shared/traces not present")
     prob, _ = pipeline.load_problem(pipeline.InputSpec(files=(path,), columns="azure", mode="strict", max_shapes=8))
     check, train = holdout(prob, 0.3, time_limit=60)
     return check, train

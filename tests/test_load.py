@@ -10,17 +10,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import TRACES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from model.errors import InputError
 from model.load.requests import MAX_LEN, Columns, line_numbers, load_requests
 from model.load.synth import CHAT, SHORT, bucket_arrays, requests_jsonl
-
-REPO = Path(__file__).resolve().parent.parent
-TRACES = REPO.parent / "shared" / "traces"  # ../shared/traces from the project root, where it exists
-needs_traces = pytest.mark.skipif(not (TRACES / "AzureLLMInferenceTrace_conv.csv").exists(),
-                                  reason="shared/traces is not beside this checkout")
 
 
 def sample(n: int = 300, seed: int = 3) -> pd.DataFrame:
@@ -59,7 +55,6 @@ def test_synth_text_is_what_json_dumps_writes():
     assert requests_jsonl(ids, prompt, gen) == expected
 
 
-@needs_traces
 @pytest.mark.parametrize("name, rows", [("AzureLLMInferenceTrace_conv.csv", 19366),
                                         ("AzureLLMInferenceTrace_code.csv", 8819)])
 def test_azure_trace_with_the_azure_preset(name: str, rows: int):
@@ -73,7 +68,6 @@ def test_azure_trace_with_the_azure_preset(name: str, rows: int):
     assert bucket.lines[0] == 2  # the header is line 1
 
 
-@needs_traces
 def test_azure_header_is_recognised_without_the_flag():
     bucket = load_requests(TRACES / "AzureLLMInferenceTrace_code.csv")
     assert len(bucket) == 8819 and bucket.request_ids[0] == "0"

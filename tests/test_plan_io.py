@@ -8,9 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import bucket, problem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from model import pipeline
 from model.errors import InputError
 from model.load import plans as plan_io
 from model.load.plans import plan_text, read_plan, write_plans
@@ -127,3 +129,29 @@ def test_text_is_json_dumps_and_both_readers_agree(tmp_path: Path, records):
     for got in (fast, slow):
         assert list(got.request_ids) == list(plan.request_ids) and list(got.batch_ids) == list(plan.batch_ids)
         assert got.seq_align.tolist() == plan.seq_align.tolist()
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file below root with its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", ["x/../../victim/plan_b1", "sub/b1", "../escape", "/tmp/shapeplan-evil", "a\x00b"])
+def test_the_writer_refuses_any_target_outside_the_output_folder(tmp_path: Path, name: str):
+    """Loaders refuse such bucket names; the writer checks containment again on its own (resolved paths)."""
+    out = tmp_path / "out"
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "plan_b1.jsonl").write_text("victim\n")
+    before = tree(tmp_path)
+    prob = problem(bucket([10], [5], name="ok"), bucket([10], [5], name=name))
+    with pytest.raises(InputError, match="refusing to write outside the output folder"):
+        pipeline.write(out, prob, (make_plan(1), make_plan(1)))
+    assert tree(tmp_path) == before and not out.exists()
+    assert not Path("/tmp/shapeplan-evil.jsonl").exists() and not Path("/tmp/plan_shapeplan-evil.jsonl").exists()
+
+
+def test_the_writer_allows_a_symlinked_output_folder(tmp_path: Path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    write_plans({tmp_path / "link" / "plan_a.jsonl": make_plan(2)}, inside=tmp_path / "link")
+    assert read_plan(tmp_path / "real" / "plan_a.jsonl").request_ids.tolist() == ["r0", "r1"]

@@ -16,7 +16,7 @@ import pyarrow.json as pajson
 
 from model.cost.common import GRANULARITY, HEADS, HIDDEN
 from model.errors import InputError
-from model.load.requests import line_numbers
+from model.load.requests import MAX_LEN, JsonFieldError, check_utf8, line_numbers, strict_json
 from model.schema import Plan
 
 SHAPE_KEYS = ("seq_align", "heads_align", "hidden_align")
@@ -43,9 +43,12 @@ def read_plan(path: str | Path) -> Plan:
         raw = path.read_bytes()
     except OSError as exc:
         raise InputError(str(path), None, None, f"cannot read: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a NUL in the path
+        raise InputError(str(path), None, None, f"cannot read: {exc}") from None
     lines = line_numbers(raw)
     if len(lines) == 0:
         raise InputError(str(path), None, None, "empty plan")
+    check_utf8(path, raw)
     fast = _read_plan_fast(raw, lines, str(path))
     return fast if fast is not None else _read_plan_slow(path, raw)
 
@@ -68,7 +71,8 @@ def _read_plan_fast(raw: bytes, lines: np.ndarray, source: str) -> Plan | None:
     if shape.null_count or any(f.null_count or not pa.types.is_int64(f.type) for f in fields.values()):
         return None
     seq, heads, hidden = (np.asarray(fields[k].to_numpy()) for k in SHAPE_KEYS)
-    if not ((heads == HEADS).all() and (hidden == HIDDEN).all() and (seq > 0).all() and (seq % GRANULARITY == 0).all()):
+    if not ((heads == HEADS).all() and (hidden == HIDDEN).all() and (seq > 0).all() and (seq % GRANULARITY == 0).all()
+            and (seq <= MAX_LEN).all()):
         return None
     rid, bid = (np.asarray(c.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object) for c in ids)
     return Plan(rid, bid, seq.astype(np.int64), source, lines)
@@ -104,9 +108,13 @@ def _exact_int(value) -> bool:
 def _plan_record(source: str, number: int, line: str) -> dict:
     """One plan line parsed and checked on its own, or an InputError naming line and field."""
     try:
-        rec = json.loads(line)
+        rec = strict_json(line, numbers=False)
     except json.JSONDecodeError as exc:
         raise InputError(source, number, None, f"malformed JSON: {exc.msg} (column {exc.colno})") from None
+    except JsonFieldError as exc:
+        raise InputError(source, number, exc.field, exc.message) from None
+    except ValueError as exc:  # NaN / Infinity
+        raise InputError(source, number, None, f"malformed JSON: {exc}") from None
     if not isinstance(rec, dict):
         raise InputError(source, number, None, "expected a JSON object")
     for key in RECORD_KEYS:
@@ -130,6 +138,8 @@ def _plan_record(source: str, number: int, line: str) -> dict:
     s = shape["seq_align"]
     if not _exact_int(s) or s <= 0 or s % GRANULARITY:
         raise InputError(source, number, "shape.seq_align", f"must be a positive multiple of {GRANULARITY}, got {s!r}")
+    if s > MAX_LEN:  # no request is longer, and larger shapes would overflow the cost model's int64 sums
+        raise InputError(source, number, "shape.seq_align", f"must be at most {MAX_LEN}, got {s}")
     return rec
 
 
@@ -192,8 +202,27 @@ def joined_text(strings: pa.Array) -> str:
     return joined_bytes(strings).decode("utf-8")
 
 
-def write_plans(plans: dict[Path, Plan]) -> None:
-    """Write several plans so that either all of them land or none changes (see ``write_together``)."""
+def check_inside(targets: Iterable[Path], folder: Path) -> None:
+    """Every target must be a plain file name directly inside folder (symlinks in the folder's path resolved).
+
+    The last line of defence against a plan landing elsewhere: raised before anything is staged.
+    """
+    home = Path(folder).resolve()
+    for target in targets:
+        target = Path(target)
+        name = target.name
+        if (target.parent.resolve() != home or name in ("", ".", "..") or "\x00" in name
+                or "/" in name or os.sep in name):
+            raise InputError(str(target), None, None, f"refusing to write outside the output folder {folder}")
+
+
+def write_plans(plans: dict[Path, Plan], inside: Path | None = None) -> None:
+    """Write several plans so that either all of them land or none changes (see ``write_together``).
+
+    With ``inside``, every target must lie directly in that folder (else nothing is written).
+    """
+    if inside is not None:
+        check_inside(plans, inside)
     write_together({path: plan_chunks(plan) for path, plan in plans.items()})
 
 

@@ -68,6 +68,8 @@ def load_profile(path: str | Path) -> DeviceProfile:
         raw = path.read_bytes()
     except OSError as exc:
         raise InputError(src, None, None, f"cannot read: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a NUL in the path (from a scenario's device = "...")
+        raise InputError(src, None, None, f"cannot read: {exc}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -8,22 +8,26 @@ it is always the FIRST bad line of the file, so fixing errors top to bottom work
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from model.errors import InputError
+from model.load.names import check_name
 from model.schema import Bucket
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv",
@@ -106,6 +110,8 @@ def load_requests(path: str | Path, name: str | None = None, columns: Columns | 
     must be there (a missing or unparsable time is an error naming its line).
     """
     path = Path(path)
+    if name is None:  # the bucket is named after the file, and the name becomes a plan file's name
+        name = check_name(path.stem, str(path), None, None, derived=True)
     kind = detect_format(path, fmt)
     raw = _read_bytes(path)
     if kind == "jsonl":
@@ -117,7 +123,7 @@ def load_requests(path: str | Path, name: str | None = None, columns: Columns | 
     else:
         frame, lines, columns = _read_parquet(path, raw, columns, time_column)
         pending = None
-    return _to_bucket(path, name or path.stem, frame, lines, columns, pending, time_required=time_column is not None)
+    return _to_bucket(path, name, frame, lines, columns, pending, time_required=time_column is not None)
 
 
 def _with_time(columns: Columns, time_column: str | None) -> Columns:
@@ -131,6 +137,27 @@ def _read_bytes(path: Path) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise InputError(str(path), None, None, f"cannot read: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a NUL in the path (from a scenario: the command line cannot carry one)
+        raise InputError(str(path), None, None, f"cannot read: {exc}") from None
+
+
+def check_utf8(path: Path | str, raw: bytes, chunk: int = 1 << 24) -> None:
+    """Text input must be UTF-8: the first bad byte is named with its line and column.
+
+    Checked in chunks by an incremental decoder, so a large file costs no more memory
+    than one chunk (pyarrow would otherwise pass bad bytes on to crash later, or replace them).
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    for lo in range(0, len(raw), chunk):
+        held = len(decoder.getstate()[0])  # bytes of a character left unfinished by the previous chunk
+        try:
+            decoder.decode(raw[lo:lo + chunk], final=lo + chunk >= len(raw))
+        except UnicodeDecodeError as exc:
+            at = min(lo - held + exc.start, len(raw) - 1)
+            line = raw.count(b"\n", 0, at) + 1
+            column = at - (raw.rfind(b"\n", 0, at) + 1) + 1
+            raise InputError(str(path), line, None,
+                             f"not UTF-8 text (byte 0x{raw[at]:02x} at column {column})") from None
 
 
 def _auto_columns(names: list[str]) -> Columns:
@@ -170,10 +197,13 @@ def _read_jsonl(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame,
     lines = line_numbers(raw)
     if len(lines) == 0:
         raise InputError(str(path), None, None, "no requests (empty file)")
+    check_utf8(path, raw)
     try:
         table = pajson.read_json(pa.BufferReader(raw),
                                  read_options=pajson.ReadOptions(block_size=1 << 24))
-        if table.num_rows == len(lines):
+        # A float column may hold 1e3 (refused) or 12.0 (accepted): only the text tells them apart.
+        floats = any(pa.types.is_floating(table.column(c).type) for c in columns.wanted() if c in table.column_names)
+        if table.num_rows == len(lines) and not floats:
             return _project(table, columns), lines, None
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         pass
@@ -183,6 +213,58 @@ def _read_jsonl(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame,
 def _reject_constant(name: str):
     """json.loads hook: NaN and Infinity are not JSON, whatever Python accepts."""
     raise ValueError(f"{name} is not valid JSON")
+
+
+class JsonFieldError(ValueError):
+    """A JSON text that parses but is not acceptable input: a duplicate key, a string that is not Unicode."""
+
+    def __init__(self, field: str | None, message: str):
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _strict_object(pairs: list[tuple[str, object]]) -> dict:
+    """json.loads object hook: refuse a key given twice (JSON leaves it open; Python keeps the last) and
+    strings holding a lone surrogate ("\\ud800" parses, but no UTF-8 file or terminal can carry it)."""
+    seen: set[str] = set()
+    for key, value in pairs:
+        if _SURROGATE.search(key):
+            raise JsonFieldError(None, f"key {key!r} is not valid Unicode (a lone surrogate)")
+        if key in seen:
+            raise JsonFieldError(key, "duplicate key: given twice in one record")
+        seen.add(key)
+        if isinstance(value, str) and _SURROGATE.search(value):
+            raise JsonFieldError(key, f"not valid Unicode (a lone surrogate in {value!r})")
+    return dict(pairs)
+
+
+class Spelled:
+    """A JSON number written with an exponent (1e3): a float to JSON, never an integer length or id here."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _float_literal(text: str) -> float | Spelled:
+    """json.loads float hook: 12.0 is the float 12.0 (an integral length); 1e3 keeps its spelling (refused)."""
+    return Spelled(text) if "e" in text or "E" in text else float(text)
+
+
+def strict_json(line: str, numbers: bool = True):
+    """Parse one JSON text strictly: no NaN/Infinity, no duplicate keys, no lone surrogates.
+
+    With ``numbers``, floats written with an exponent come back as ``Spelled`` (request files,
+    where lengths and ids are integers).  Raises json.JSONDecodeError, JsonFieldError or ValueError.
+    """
+    return json.loads(line, parse_constant=_reject_constant, object_pairs_hook=_strict_object,
+                      parse_float=_float_literal if numbers else float)
 
 
 def _read_jsonl_slow(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame, np.ndarray, InputError | None]:
@@ -199,9 +281,11 @@ def _read_jsonl_slow(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataF
         if not line.strip():
             continue
         try:
-            obj = json.loads(line, parse_constant=_reject_constant)
+            obj = strict_json(line)
         except json.JSONDecodeError as exc:
             pending = InputError(str(path), number, None, f"malformed JSON: {exc.msg} (column {exc.colno})")
+        except JsonFieldError as exc:
+            pending = InputError(str(path), number, exc.field, exc.message)
         except ValueError as exc:
             pending = InputError(str(path), number, None, f"malformed JSON: {exc}")
         else:
@@ -231,14 +315,38 @@ def _read_csv(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame, n
     if len(lines) < 2:
         raise InputError(str(path), None, None, "no requests (empty file)" if len(lines) == 0
                          else "no requests (only a header)")
-    types = {columns.request_id: pa.string()} if columns.request_id else {}
+    check_utf8(path, raw)
+    types = {c: pa.string() for c in columns.wanted()}  # ids stay text ("007"); lengths are checked as text below
     try:
         table = pacsv.read_csv(pa.BufferReader(raw), convert_options=pacsv.ConvertOptions(
             column_types=types, include_columns=columns.wanted(), include_missing_columns=True))
     except (pa.ArrowInvalid, pa.ArrowKeyError) as exc:
         raise _csv_error(path, raw, exc) from None
     rows = lines[1:] if table.num_rows == len(lines) - 1 else _csv_row_lines(raw)
-    return _project(table, columns), rows, None
+    frame = _project(table, columns)
+    for name in (columns.prompt_len, columns.gen_len):
+        frame[name] = _csv_integers(table.column(name))
+    return frame, rows, None
+
+
+_INTEGER_TEXT = r"^-?[0-9]+(\.0+)?$"  # 12 and 12.0 (as in JSONL); not 1e3, " 12", "+12" or 12.5
+
+
+def _csv_integers(column: pa.ChunkedArray) -> pd.Series:
+    """A CSV length column: cells that spell an integer (``12``, ``12.0``, ``-3``) as integers, empty cells
+    as missing, and every other cell (``1e3``, `` 12``, ``12.5``, ``x``) kept as its text so the error shows it.
+
+    Vectorised (pyarrow's regex and cast) when every cell is a plain integer, as in every good file.
+    """
+    plain = pc.match_substring_regex(column, _INTEGER_TEXT)
+    if column.null_count == 0 and pc.all(plain).as_py() is not False:
+        try:
+            return column.cast(pa.int64()).to_pandas()
+        except (pa.ArrowInvalid, OverflowError):  # "12.0", or more digits than int64 holds
+            pass
+    cells = column.to_pylist()
+    return pd.Series([None if v is None or v == "" else int(v.partition(".")[0]) if ok else v
+                      for v, ok in zip(cells, plain.to_pylist(), strict=True)], dtype=object)
 
 
 def _csv_row_lines(raw: bytes) -> np.ndarray:
@@ -316,8 +424,12 @@ def _pandas_column(table: pa.Table, name: str) -> pd.Series:
     if name not in table.column_names:
         return pd.Series([None] * table.num_rows, dtype=object)
     column = table.column(name)
-    if column.null_count and pa.types.is_floating(column.type):
-        return pd.Series(column.to_pylist(), dtype=object)
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        column, kind = column.cast(kind.value_type), kind.value_type
+    if (column.null_count and pa.types.is_floating(kind)) or pa.types.is_nested(kind) or pa.types.is_binary(kind) \
+            or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
+        return pd.Series(column.to_pylist(), dtype=object)  # lists and bytes as Python values, one per row
     return column.to_pandas(integer_object_nulls=True)
 
 
@@ -416,10 +528,12 @@ def _object_numbers(col: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         numeric = pd.to_numeric(col.where(~missing, 0), errors="coerce").to_numpy(dtype=np.float64)
         return numeric, missing, np.zeros(len(col), bool)
     values = col.to_numpy()
-    is_bool = np.fromiter((isinstance(v, (bool, np.bool_)) for v in values), bool, len(values))
-    numeric = pd.to_numeric(col.where(~is_bool & ~missing, np.nan), errors="coerce").to_numpy(dtype=np.float64)
+    # Only numbers are lengths: not text ("12"), bytes, booleans or exponent-spelled floats (1e3).
+    number = np.fromiter((isinstance(v, (int, float, Decimal, np.number)) and not isinstance(v, (bool, np.bool_))
+                          for v in values), bool, len(values))
+    numeric = pd.to_numeric(col.where(number & ~missing, np.nan), errors="coerce").to_numpy(dtype=np.float64)
     with np.errstate(invalid="ignore"):
-        nonint = ~missing & (is_bool | ~np.isfinite(numeric) | (numeric != np.floor(numeric)))
+        nonint = ~missing & (~number | ~np.isfinite(numeric) | (numeric != np.floor(numeric)))
     return numeric, missing, nonint
 
 
@@ -440,8 +554,8 @@ def _time_column(col: pd.Series, field: str) -> tuple[np.ndarray | None, _Proble
         bad = ~np.isfinite(seconds)
     else:
         values = col.to_numpy()
-        missing = col.isna().to_numpy() | np.fromiter((isinstance(v, str) and not v.strip() for v in values),
-                                                      bool, n)
+        missing = col.isna().to_numpy() | np.fromiter(
+            (isinstance(v, str) and v.strip().lower() in ("", "nan", "null", "none") for v in values), bool, n)
         is_bool = np.fromiter((isinstance(v, (bool, np.bool_)) for v in values), bool, n)
         usable = col.where(~missing & ~is_bool, None)
         seconds = np.array(pd.to_numeric(usable, errors="coerce"), dtype=np.float64)
@@ -480,7 +594,9 @@ def _id_column(col: pd.Series, field: str, lines: np.ndarray) -> tuple[np.ndarra
             odd = ~(np.isfinite(values) & (values == np.floor(values)))
         text = pd.Series(np.where(odd, 0, values).astype(np.int64))
     elif kind == "O":
-        values = np.asarray([_integral_id(v) for v in col.to_numpy()], dtype=object)
+        values = np.empty(len(col), dtype=object)  # filled cell by cell: equal-length lists must stay cells
+        for i, v in enumerate(col.to_numpy()):
+            values[i] = _integral_id(v)
         odd = ~missing & np.fromiter((not isinstance(v, (str, int)) or isinstance(v, bool) for v in values),
                                      bool, len(values))
         text = pd.Series(values)

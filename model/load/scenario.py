@@ -12,65 +12,68 @@ scenario, or an inline ``[device]`` table; implies ``mode = "device"``).  Each
 
 from __future__ import annotations
 
-import tomllib
+import math
+from collections.abc import Callable
 from pathlib import Path
 
 from model.cost.analytic import CostParams
-from model.cost.common import MODES
+from model.cost.common import GRANULARITY, MODES
 from model.cost.metrics import Coefficients
 from model.errors import InputError
+from model.load.names import check_name
 from model.load.profile import load_profile, profile_from_table
-from model.load.requests import PRESETS, Columns, load_requests
-from model.load.toml_lines import key_line, table_line, toml_error
+from model.load.requests import MAX_LEN, PRESETS, Columns, load_requests
+from model.load.toml_lines import key_line, read_toml, table_line
 from model.schema import Limits, Scenario
 
 TOP_KEYS = {"max_shapes", "mode", "max_seq_len", "max_batch_size", "cost_model", "device", "bucket", "name",
             "description"}
 LIMIT_KEYS = ("max_cost", "max_pad_ratio", "max_p95_latency_ms", "max_sequential_ms")
+# Settings above these are absurd, not generous: a shape is at most the longest request
+# (MAX_LEN tokens), so there are at most MAX_LEN / 64 distinct shapes; a batch size beyond
+# int32 is rejected before it reaches an array or a solver.
+MAX_SEQ_LEN = MAX_LEN
+MAX_SHAPES = MAX_LEN // GRANULARITY
+MAX_BATCH = 2**31 - 1
 BUCKET_KEYS = {"name", "requests", "format", "prompt_column", "gen_column", "id_column", "columns", *LIMIT_KEYS}
 
 
-def _positive_int(path: str, text: str, key: str, value) -> int:
-    """A top-level count such as max_shapes: an integer >= 1 (booleans are not counts)."""
+def _positive_int(path: str, text: str, key: str, value, most: int) -> int:
+    """A top-level count such as max_shapes: an integer from 1 to ``most`` (booleans are not counts)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InputError(path, key_line(text, key), key, f"must be a positive integer, got {value!r}")
+    if value > most:
+        raise InputError(path, key_line(text, key), key, f"must be at most {most}, got {value}")
     return value
 
 
 def load_scenario(path: str | Path, load: bool = True) -> Scenario:
     """Parse a scenario and (by default) load and validate every bucket's requests."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(str(path), None, None, f"cannot read: {exc.strerror or exc}") from exc
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise toml_error(path, exc) from None
+    text, data = read_toml(path)
     src = str(path)
     for key in data:
         if key not in TOP_KEYS:
             raise InputError(src, key_line(text, key), key, "unknown scenario key")
     if "max_shapes" not in data:
         raise InputError(src, None, "max_shapes", "missing")
-    max_shapes = _positive_int(src, text, "max_shapes", data["max_shapes"])
+    max_shapes = _positive_int(src, text, "max_shapes", data["max_shapes"], MAX_SHAPES)
     mode = data.get("mode", "reference")
     if mode not in MODES:
         raise InputError(src, key_line(text, "mode"), "mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
     max_seq_len = data.get("max_seq_len")
     if max_seq_len is not None:
-        max_seq_len = _positive_int(src, text, "max_seq_len", max_seq_len)
+        max_seq_len = _positive_int(src, text, "max_seq_len", max_seq_len, MAX_SEQ_LEN)
         if max_seq_len % 64:
             raise InputError(src, key_line(text, "max_seq_len"), "max_seq_len",
                              f"must be a multiple of 64, got {max_seq_len}")
     max_batch = data.get("max_batch_size")
     if max_batch is not None:
-        max_batch = _positive_int(src, text, "max_batch_size", max_batch)
+        max_batch = _positive_int(src, text, "max_batch_size", max_batch, MAX_BATCH)
     params, mode = _coefficients(path, text, data, mode)
     buckets_raw = data.get("bucket")
-    if not isinstance(buckets_raw, list) or not buckets_raw:
-        raise InputError(src, None, "bucket", "at least one [[bucket]] table is required")
+    if not isinstance(buckets_raw, list) or not buckets_raw or not all(isinstance(b, dict) for b in buckets_raw):
+        raise InputError(src, key_line(text, "bucket"), "bucket", "at least one [[bucket]] table is required")
     names, buckets, limits = [], [], []
     for i, raw in enumerate(buckets_raw):
         line = table_line(text, i)
@@ -80,20 +83,21 @@ def load_scenario(path: str | Path, load: bool = True) -> Scenario:
         for key in ("name", "requests"):
             if not isinstance(raw.get(key), str) or not raw.get(key):
                 raise InputError(src, line, f"bucket.{key}", "missing (a non-empty string is required)")
+        check_name(raw["name"], src, key_line(text, "name", i) or line, "bucket.name")
         if raw["name"] in names:
             raise InputError(src, line, "bucket.name", f"duplicate bucket name {raw['name']!r}")
         names.append(raw["name"])
         limits.append(_limits(src, text, i, raw))
         if load:
-            buckets.append(load_requests(path.parent / raw["requests"], raw["name"], _columns(src, line, raw),
-                                         raw.get("format")))
+            columns = _columns(src, lambda key, i=i: key_line(text, key, i) or line, raw)
+            buckets.append(load_requests(path.parent / raw["requests"], raw["name"], columns, raw.get("format")))
     return Scenario(path=path, max_shapes=max_shapes, names=tuple(names), buckets=tuple(buckets),
                     limits=tuple(limits), params=params, mode=mode, max_seq_len=max_seq_len,
                     max_batch_size=max_batch)
 
 
 def _limits(src: str, text: str, index: int, raw: dict) -> Limits:
-    """Limits of the index-th bucket; each must be a non-negative number (NaN is not one).
+    """Limits of the index-th bucket; each must be a finite non-negative number (not NaN, not inf).
 
     A negative limit can never be met (every metric is >= 0), so it is bad input
     rather than an infeasible problem.
@@ -102,18 +106,22 @@ def _limits(src: str, text: str, index: int, raw: dict) -> Limits:
     for key in LIMIT_KEYS:
         if key in raw:
             v = raw[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != v:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
                 raise InputError(src, key_line(text, key, index) or table_line(text, index), f"bucket.{key}",
-                                 f"must be a non-negative number, got {v!r}")
+                                 f"must be a finite non-negative number, got {v!r}")
             values[key] = float(v)
     return Limits(**values)
 
 
-def _columns(src: str, line: int | None, raw: dict) -> Columns | None:
+def _columns(src: str, line_of: Callable[[str], int | None], raw: dict) -> Columns | None:
     """Column mapping from ``columns = "azure"`` or explicit ``*_column`` keys (None: auto)."""
+    for key in ("format", "columns", "prompt_column", "gen_column", "id_column"):
+        if key in raw and (not isinstance(raw[key], str) or not raw[key]):
+            raise InputError(src, line_of(key), f"bucket.{key}", f"expected a non-empty string, got {raw[key]!r}")
     if "columns" in raw:
         if raw["columns"] not in PRESETS:
-            raise InputError(src, line, "bucket.columns", f"unknown preset {raw['columns']!r} ({', '.join(PRESETS)})")
+            raise InputError(src, line_of("columns"), "bucket.columns",
+                             f"unknown preset {raw['columns']!r} ({', '.join(PRESETS)})")
         return PRESETS[raw["columns"]]
     if not any(k in raw for k in ("prompt_column", "gen_column", "id_column")):
         return None
@@ -136,7 +144,7 @@ def _coefficients(path: Path, text: str, data: dict, mode: str) -> tuple[Coeffic
         if mode == "device":
             raise InputError(src, key_line(text, "mode"), "mode",
                              'mode = "device" needs a device profile: device = "FILE.toml" or a [device] table')
-        return _cost_params(path, data.get("cost_model")), mode
+        return _cost_params(path, text, data.get("cost_model")), mode
     where = key_line(text, "device")
     if "mode" in data and mode != "device":
         raise InputError(src, where, "device", f'a device profile prices plans in device mode, but mode = "{mode}"')
@@ -152,11 +160,13 @@ def _coefficients(path: Path, text: str, data: dict, mode: str) -> tuple[Coeffic
     raise InputError(src, where, "device", "must be a path to a profile TOML file or a [device] table")
 
 
-def _cost_params(path: Path, spec) -> CostParams:
+def _cost_params(path: Path, text: str, spec) -> CostParams:
+    """The scenario's ``cost_model``: a path to a TOML file of coefficients, or a table of them."""
     if spec is None:
         return CostParams()
     if isinstance(spec, str):
         return CostParams.from_toml(path.parent / spec)
     if isinstance(spec, dict):
-        return CostParams.from_mapping(spec, f"{path} [cost_model]")
-    raise InputError(str(path), None, "cost_model", "must be a table or a path to a TOML file")
+        return CostParams.from_mapping(spec, str(path), lambda key: key_line(text, key, "cost_model")
+                                       or key_line(text, "cost_model"), prefix="cost_model.")
+    raise InputError(str(path), key_line(text, "cost_model"), "cost_model", "must be a table or a path to a TOML file")

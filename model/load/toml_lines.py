@@ -14,16 +14,17 @@ from pathlib import Path
 from model.errors import InputError
 
 
-def toml_lines(text: str) -> list[tuple[int, int | None, str, str]]:
+def toml_lines(text: str) -> list[tuple[int, int | str | None, str, str]]:
     """(line, table, kind, name) for every header and ``key =`` line of a TOML text.
 
-    ``table`` is None at the top level, k inside the k-th ``[[bucket]]`` and -1 in any
-    other table; ``kind`` is "header" or "key".  Lets errors point at the exact line
-    of the key in ITS table (the second bucket's ``max_cost``, not the first's).
+    ``table`` is None at the top level, k inside the k-th ``[[bucket]]`` and the header's
+    name inside any other table (``"cost_model"`` in ``[cost_model]``); ``kind`` is
+    "header" or "key".  Lets errors point at the exact line of the key in ITS table (the
+    second bucket's ``max_cost``, not the first's).
     Best effort: keys inside multi-line values or inline tables are not followed.
     """
-    out: list[tuple[int, int | None, str, str]] = []
-    current: int | None = None
+    out: list[tuple[int, int | str | None, str, str]] = []
+    current: int | str | None = None
     buckets = -1
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
@@ -33,14 +34,14 @@ def toml_lines(text: str) -> list[tuple[int, int | None, str, str]]:
             is_bucket = header.startswith("[[") and name == "bucket"
             buckets += is_bucket
             out.append((number, current, "header", name))
-            current = buckets if is_bucket else -1
+            current = buckets if is_bucket else name
         elif "=" in stripped and not stripped.startswith("#"):
             out.append((number, current, "key", stripped.split("=", 1)[0].strip().strip('"')))
     return out
 
 
-def key_line(text: str, key: str, table: int | None = None) -> int | None:
-    """Line of ``key = ...`` in the top level (or a top-level ``[key]`` header) or in bucket ``table``."""
+def key_line(text: str, key: str, table: int | str | None = None) -> int | None:
+    """Line of ``key = ...`` in the top level (or a top-level ``[key]`` header), a bucket or a named table."""
     for number, where, kind, name in toml_lines(text):
         if name == key and where == table and (kind == "key" or table is None):
             return number
@@ -64,3 +65,16 @@ def toml_error(path: Path, exc: tomllib.TOMLDecodeError) -> InputError:
         return InputError(str(path), getattr(exc, "lineno", None), None, f"malformed TOML: {message}")
     return InputError(str(path), int(m.group(1)), None,
                       f"malformed TOML: {message[:m.start()]} (column {m.group(2)})")
+
+
+def read_toml(path: Path) -> tuple[str, dict]:
+    """The text and the parsed table of a TOML file; unreadable or malformed files are InputErrors."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path, or bytes that are not UTF-8
+        reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or str(exc)
+        raise InputError(str(path), None, None, f"cannot read: {reason}") from None
+    try:
+        return text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise toml_error(path, exc) from None

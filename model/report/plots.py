@@ -93,10 +93,11 @@ def plot_cost_vs_k(totals: Sequence[PlannerTotal], path: Path, factor: float | N
             lo = [by_k[k].bound if k in by_k and by_k[k].bound is not None else np.nan for k in ks]
             ax.fill_between(ks, lo, ys, alpha=0.25, color="C0", gid=BAND_GID, label="MIP lower bound to MIP cost")
     mark_broken(ax, broken_x, broken_y)
-    ax.set_yscale("log")
-    if top is not None:
-        low = min(t.bound if t.bound is not None else t.cost for t in here if t.cost is not None)
-        ax.set_ylim(low / 1.05, top)
+    low = min((t.bound if t.bound is not None else t.cost for t in here if t.cost is not None), default=None)
+    if low is not None and low > 0:  # all-zero coefficients make every cost 0: keep a linear axis then
+        ax.set_yscale("log")
+        if top is not None:
+            ax.set_ylim(low / 1.05, top)
     ax.set_xticks(ks)
     ax.set_xlabel("shape cap K (distinct compiled shapes, across all buckets)")
     ax.set_ylabel("total cost (all buckets)")

@@ -167,9 +167,11 @@ def best_outcome(own: PlannerOutcome, candidates: Iterable[PlannerOutcome]) -> P
 
 
 def gap_of(cost: float | None, bound: float | None) -> float | None:
-    """(cost - bound) / cost, the relative distance to a certified lower bound."""
-    if cost is None or bound is None or cost <= 0:
+    """(cost - bound) / cost, the relative distance to a certified lower bound (0 when both are 0)."""
+    if cost is None or bound is None:
         return None
+    if cost <= 0:  # all-zero cost coefficients: every plan costs 0 and is optimal
+        return 0.0 if bound >= cost else None
     return (cost - bound) / cost
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from model.errors import InputError
+from model.load.scenario import MAX_SHAPES
 from model.schema import LIMIT_KEYS, Limits, Problem
 
 
@@ -27,8 +28,12 @@ class SweepPoint:
         return f"K={self.k}" + (f", {self.limit} x{self.factor:g}" if self.limit else "")
 
 
-def parse_ks(spec: str) -> tuple[int, ...]:
-    """``--k``: "1-16", "2,4,8" or a mix ("1-4,8"), as sorted distinct positive integers."""
+def parse_ks(spec: str, most: int = MAX_SHAPES) -> tuple[int, ...]:
+    """``--k``: "1-16", "2,4,8" or a mix ("1-4,8"), as sorted distinct integers from 1 to ``most``.
+
+    An empty spec (``--k=``) is an error, not the default; a K above ``most`` is refused before
+    any range is built, so ``1-10**18`` costs nothing.
+    """
     ks: set[int] = set()
     for part in (p.strip() for p in spec.split(",")):
         lo, dash, hi = part.partition("-")
@@ -38,8 +43,28 @@ def parse_ks(spec: str) -> tuple[int, ...]:
             raise InputError("--k", None, None, f"expected K values like 1-16 or 2,4,8, got {spec!r}") from None
         if a < 1 or b < a:
             raise InputError("--k", None, None, f"expected positive K values in increasing ranges, got {part!r}")
+        if b > most:
+            raise InputError("--k", None, None, f"K must be at most {most}, got {b}")
         ks.update(range(a, b + 1))
     return tuple(sorted(ks))
+
+
+def useful_ks(ks: Sequence[int], distinct: int) -> tuple[tuple[int, ...], str | None]:
+    """The Ks worth solving: no plan uses more shapes than there are distinct aligned prompt lengths,
+    so every K above that count gives the same plans as the count itself.  Returns the capped Ks
+    and a one-line note saying what was dropped (None when nothing was)."""
+    kept = tuple(k for k in ks if k <= distinct)
+    if len(kept) == len(ks):
+        return tuple(ks), None
+    if distinct not in kept:
+        kept = (*kept, distinct)
+    dropped = [k for k in ks if k > distinct]
+    if dropped == list(range(dropped[0], dropped[-1] + 1)):
+        shown = f"K = {dropped[0]}" + (f"..{dropped[-1]}" if len(dropped) > 1 else "")
+    else:
+        shown = "K = " + ", ".join(map(str, dropped[:6])) + (", ..." if len(dropped) > 6 else "")
+    return kept, (f"note: K capped at {distinct}: the input has {distinct} distinct aligned prompt lengths, "
+                  f"so no plan can use more shapes ({shown} not swept)")
 
 
 def parse_factors(spec: str) -> tuple[float, ...]:

@@ -39,13 +39,21 @@ class Recommendation:
     @property
     def savings(self) -> float | None:
         """1 - cost / cost of the best fixed rule at any K."""
-        return 1 - self.cost / self.rule.cost if self.rule and self.cost is not None and self.rule.cost else None
+        return _saving(self.cost, self.rule)
 
     @property
     def same_k_savings(self) -> float | None:
         """1 - cost / cost of the best fixed rule at the same K."""
-        r = self.same_k_rule
-        return 1 - self.cost / r.cost if r and self.cost is not None and r.cost else None
+        return _saving(self.cost, self.same_k_rule)
+
+
+def _saving(cost: float | None, rule: PlannerTotal | None) -> float | None:
+    """1 - cost / the rule's cost; 0 when both cost nothing (all-zero coefficients), None when unknown."""
+    if rule is None or cost is None or rule.cost is None:
+        return None
+    if rule.cost == 0:
+        return 0.0 if cost == 0 else None
+    return 1 - cost / rule.cost
 
 
 def recommend(rows: Sequence[SweepRow], tolerance: float = 0.005) -> Recommendation:
