@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
             extra["lower bound"] = f"{fmt(lb)} (gap {gap:.3%})" if gap is not None else fmt(lb)
         print(bucket_table(result, extra, problem.params))
     total = sum(r.metrics.cost for r in results if r.metrics)
+    chosen = sorted({s for r in results if r.metrics for s in r.metrics.shapes})
+    print(f"chosen shapes ({len(chosen)}): {', '.join(map(str, chosen))}")
     units = device_units(total, problem.params)
     if units:
         print(f"total device time: {fmt(total)} ms = {units}")

@@ -29,9 +29,15 @@ def gen_default(monkeypatch):
     return module
 
 
+REFERENCE = DEFAULT / "reference.toml"  # the seed's contract: the same requests, reference-mode limits
+
+
 def test_solve_reads_the_committed_default():
     assert pipeline.DEFAULT_SCENARIO == DEFAULT / "scenario.toml"
     scenario = load_scenario(pipeline.DEFAULT_SCENARIO)
+    assert scenario.mode == "device" and scenario.params.compile_ms == 20000.0
+    assert [lim.max_p95_latency_ms is not None for lim in scenario.limits] == [True, True]
+    scenario = load_scenario(REFERENCE)
     assert scenario.max_shapes == 8 and scenario.names == ("chat", "short")
     assert [len(b) for b in scenario.buckets] == [800, 800]
     for limits in scenario.limits:
@@ -44,18 +50,24 @@ def test_solve_reads_the_committed_default():
 
 def test_the_generator_reproduces_the_committed_files(tmp_path: Path, gen_default):
     gen_default.generate(tmp_path)
-    for name in ("scenario.toml", "requests_chat.jsonl", "requests_short.jsonl"):
+    for name in ("scenario.toml", "reference.toml", "device.toml", "requests_chat.jsonl", "requests_short.jsonl"):
         assert (tmp_path / name).read_bytes() == (DEFAULT / name).read_bytes(), name
 
 
 def test_limits_are_binding_but_the_greedy_packer_meets_them(gen_default):
     gen = gen_default
-    scenario = load_scenario(pipeline.DEFAULT_SCENARIO)
+    scenario = load_scenario(REFERENCE)
     for bucket, limits in zip(scenario.buckets, scenario.limits, strict=True):
         solo = gen.solo_metrics(bucket.prompt_len, bucket.gen_len)
         assert limits.max_sequential_ms <= 0.81 * solo.sequential_ms  # batching must save >= 19%
         assert solo.pad_ratio <= limits.max_pad_ratio <= 1.15 * solo.pad_ratio  # solo's pad is the floor
-    assert gen.greedy_meets_limits(pipeline.DEFAULT_SCENARIO)
+    assert gen.packer_meets_limits(REFERENCE, "greedy")
+
+
+def test_the_device_default_is_feasible_and_its_limits_bind(gen_default):
+    """Solo meets the P95 limits (the witness); the unconstrained dpfill plan does not (they bind)."""
+    assert gen_default.packer_meets_limits(pipeline.DEFAULT_SCENARIO, "solo")
+    assert not gen_default.packer_meets_limits(pipeline.DEFAULT_SCENARIO, "dpfill")
 
 
 def cli_args(**kw) -> argparse.Namespace:
@@ -66,7 +78,7 @@ def cli_args(**kw) -> argparse.Namespace:
 
 
 def test_limit_flags_override_scenario_limits_one_by_one():
-    problem, scenario = build_problem(cli_args(max_cost=5.0, limit_shapes=3), [], pipeline.DEFAULT_SCENARIO)
+    problem, scenario = build_problem(cli_args(max_cost=5.0, limit_shapes=3, scenario=REFERENCE), [])
     assert problem.max_shapes == 3
     for got, declared in zip(problem.limits, scenario.limits, strict=True):
         assert got.max_cost == 5.0
@@ -76,7 +88,7 @@ def test_limit_flags_override_scenario_limits_one_by_one():
 @pytest.mark.parametrize("key, value", [("max_cost", "-1"), ("max_sequential_ms", '"x"')])
 def test_limit_errors_point_at_the_key_in_its_own_bucket(tmp_path: Path, key: str, value: str):
     """Both buckets set the key; the error is about the second one and names its line."""
-    text = (DEFAULT / "scenario.toml").read_text().splitlines()
+    text = REFERENCE.read_text().splitlines()
     second = max(i for i, t in enumerate(text) if t.startswith(f"{key} ="))
     text[second] = f"{key} = {value}"
     for name in ("requests_chat.jsonl", "requests_short.jsonl"):

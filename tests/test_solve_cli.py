@@ -133,9 +133,12 @@ def test_strict_cost_model_on_request_files(small, tmp_path):
 
 
 def test_default_run_plans_the_embedded_scenario(tmp_path):
-    done = run("--limit-shapes", "8", "--out", "tmp", "--quiet", cwd=tmp_path)
+    done = run("--limit-shapes", "8", "--time-limit", "10", "--out", "tmp", "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "data/default/scenario.toml" in done.stdout.replace("\\", "/")
+    assert "cost model device" in done.stdout and "device-hours" in done.stdout
+    chosen = re.search(r"chosen shapes \((\d+)\): ", done.stdout)
+    assert chosen and int(chosen.group(1)) >= 2, done.stdout  # K at work: several shapes pay
     assert set(plans_in(tmp_path / "tmp")) == {"plan_chat.jsonl", "plan_short.jsonl"}
     assert evaluate_in_process(pipeline.DEFAULT_SCENARIO, tmp_path / "tmp") == 0
 

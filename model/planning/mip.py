@@ -35,6 +35,7 @@ from model.planning.runs import device_start
 from model.planning.stages import greedy_plan, search, shape_setup, spike_reserves
 from model.schema import Batching, Evaluation, Plan, Planned, Problem, SolveReport
 from solvers.backends import get_backend
+from solvers.packers import PACKERS
 
 log = logging.getLogger("shapeplan")
 
@@ -88,6 +89,24 @@ def tightened(problem: Problem, reserves: tuple[int, ...], broken: tuple[tuple[i
     return replace(problem, limits=tuple(limits)), tuple(reserves)
 
 
+def device_fallbacks(problem: Problem, start: tuple[Batching, ...] | None) -> list[Judged]:
+    """Device mode: the plans of the packers that meet every limit (dpfill, pow2, solo), judged exactly.
+
+    The exact-batching start ignores the limits; when it breaks one, the cheapest packer
+    plan that meets them starts the MIP instead, and every such plan stays a fallback, so
+    the planner never returns a plan costlier than a packer's nor "no plan" when one has one.
+    """
+    out = []
+    for name in ("dpfill", "pow2", "solo"):
+        try:
+            judged = judge(problem, name, PACKERS[name](problem))
+        except InfeasibleError:
+            continue
+        if judged.acceptable:
+            out.append(judged)
+    return out
+
+
 def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
              options: PlannerOptions = PlannerOptions()) -> Planned:
     """Plan every bucket by optimisation; the report carries a certified lower bound and its gap."""
@@ -104,6 +123,9 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
             starts.append(np.unique(np.concatenate([bt.shape_of for bt in greedy])))
         greedy = device_start(problem, starts, all_shapes(problem, fine), shape_levels(problem, fine, options),
                               t0 + options.start_share * time_limit)
+    fallbacks = device_fallbacks(problem, greedy) if flow else []
+    if fallbacks and not judge(problem, "start", greedy).acceptable:
+        greedy = min(fallbacks, key=lambda j: j.cost).batchings  # a start that meets the limits
     first, mip_ok, attempt_problem = None, None, problem
     reserves = spike_reserves(problem, fine)
     for attempt in range(options.max_repairs + 1):
@@ -124,9 +146,9 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
         log.info("exact re-evaluation: the MIP plan breaks %s; tightening and solving again",
                  ", ".join(f"{problem.buckets[b].name} {m}" for b, m, _, _ in judged.broken))
         attempt_problem, reserves = tightened(attempt_problem, reserves, judged.broken, options)
-    options_ = [mip_ok] if mip_ok else []
+    options_ = ([mip_ok] if mip_ok else []) + fallbacks
     if greedy is not None:
-        judged_greedy = judge(problem, "dpfill+runs" if flow else "greedy", greedy)
+        judged_greedy = judge(problem, "exact-runs start" if flow else "greedy", greedy)
         if judged_greedy.acceptable:
             options_.append(judged_greedy)
     if not options_:
@@ -134,8 +156,8 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     chosen = min(options_, key=lambda j: j.cost)
     notes = list(first.notes)
     if chosen.name != "mip":
-        notes.append(f"the {chosen.name} packer's plan is cheaper under the exact cost model than the MIP's and is "
-                     "returned (the MIP searched a coarsened or time-limited space)")
+        notes.append(f"the {chosen.name} plan is cheaper under the exact cost model than the MIP's and is returned "
+                     "(the MIP searched a coarsened or time-limited space)")
     if attempt:
         notes.append(f"repaired: re-solved {attempt} time(s) with limits tightened by what the exact evaluation "
                      "found the model had missed")

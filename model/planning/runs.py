@@ -28,11 +28,15 @@ from solvers.packers.grouping import batch_capacity
 log = logging.getLogger("shapeplan")
 
 
-def optimal_runs(gens: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None) -> tuple[float, np.ndarray]:
+def optimal_runs(gens: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None,
+                 latency_limit: float | None = None) -> tuple[float, np.ndarray]:
     """Cheapest cut of ``gens`` (sorted ascending) into consecutive batches at shape s.
 
     Returns (total batch time, batch number of each member).  Exact for the order given
-    (T from its per-batch and per-member parts, each regime on its own sizes).
+    (T from its per-batch and per-member parts, each regime on its own sizes).  With a
+    ``latency_limit`` no batch takes longer than it, except batches of members that
+    exceed it even alone (every member's latency is its batch's time): a P95 limit then
+    counts no member over it that need not be.
     """
     n = len(gens)
     best = np.full(n + 1, np.inf)
@@ -46,11 +50,19 @@ def optimal_runs(gens: np.ndarray, s: int, prof: DeviceProfile, max_batch: int |
     switch = prof.decode_large_from if prof.decode_large is not None else np.iinfo(np.int64).max
     sizes = np.arange(1, int(min(caps.max(), n)) + 1)
     is_large = sizes >= switch
+    # members over the limit even alone: a suffix of the gen order (time grows with gen)
+    first_over = n
+    if latency_limit is not None:
+        alone = np.minimum(small[0] + small[1], large[0] + large[1] if switch <= 1 else np.inf)
+        first_over = int(np.searchsorted(alone > latency_limit, True))  # alone is non-decreasing in gen
     for i in range(1, n + 1):
         cap = int(min(caps[i - 1], i))
         sz = sizes[:cap]
         time_ = np.where(is_large[:cap], large[0][i - 1] + sz * large[1][i - 1], small[0][i - 1] + sz * small[1][i - 1])
         cost = best[i - sz] + time_
+        if latency_limit is not None:
+            keep = time_ <= latency_limit if i <= first_over else sz <= i - first_over
+            cost = np.where(keep | (sz == 1), cost, np.inf)
         k = int(np.argmin(cost))
         best[i], take[i] = cost[k], sz[k]
     cuts = []
@@ -83,18 +95,19 @@ def filled_cost(gens: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | 
     return total
 
 
-def shape_cost(problem: Problem, gens_by_shape: dict[int, np.ndarray], s: int) -> float:
+def shape_cost(problem: Problem, gens_by_shape: dict[int, np.ndarray], s: int,
+               latency_limit: float | None = None) -> float:
     """Exact device time of one shape's requests (sorted gens) batched optimally, plus its compile time."""
     gens = gens_by_shape.get(s)
     if gens is None or len(gens) == 0:
         return 0.0
-    return optimal_runs(gens, s, problem.params, problem.max_batch_size)[0] + problem.params.compile_ms
+    return optimal_runs(gens, s, problem.params, problem.max_batch_size, latency_limit)[0] + problem.params.compile_ms
 
 
 def runs_batching(problem: Problem, shapes: np.ndarray) -> tuple[Batching, ...]:
     """Every bucket's requests on the smallest given shape covering them, batched by ``optimal_runs``."""
     out = []
-    for bucket in problem.buckets:
+    for bucket, limits in zip(problem.buckets, problem.limits, strict=True):
         shape_of = shapes[np.searchsorted(shapes, align(bucket.prompt_len))]
         n = len(bucket)
         order = np.lexsort((np.arange(n), bucket.gen_len, shape_of))
@@ -103,7 +116,8 @@ def runs_batching(problem: Problem, shapes: np.ndarray) -> tuple[Batching, ...]:
         base = 0
         for s in np.unique(shape_of).tolist():
             members = order[shape_of[order] == s]
-            _, batch = optimal_runs(bucket.gen_len[members], int(s), problem.params, problem.max_batch_size)
+            _, batch = optimal_runs(bucket.gen_len[members], int(s), problem.params, problem.max_batch_size,
+                                    limits.max_p95_latency_ms)
             batch_of[members] = base + batch
             nb = int(batch.max()) + 1
             shape_out.append(np.full(nb, s, dtype=np.int64))
@@ -128,10 +142,10 @@ def improve_shapes(problem: Problem, shapes: np.ndarray, candidates: np.ndarray,
         """Exact cost of the requests with aligned prompt in (lo, hi] run at hi, over every bucket."""
         if (lo, hi) not in cache:
             cost = 0.0
-            for a, bucket in zip(aligned, problem.buckets, strict=True):
+            for a, bucket, lim in zip(aligned, problem.buckets, problem.limits, strict=True):
                 sel = (a > lo) & (a <= hi)
                 if sel.any():
-                    cost += shape_cost(problem, {hi: np.sort(bucket.gen_len[sel])}, hi)
+                    cost += shape_cost(problem, {hi: np.sort(bucket.gen_len[sel])}, hi, lim.max_p95_latency_ms)
             cache[(lo, hi)] = cost
         return cache[(lo, hi)]
 
@@ -221,8 +235,8 @@ def total_cost(problem: Problem, shapes: np.ndarray) -> float:
     """Exact device time of the plan ``runs_batching`` makes with these shapes."""
     shapes = np.asarray(sorted(set(int(s) for s in shapes)), dtype=np.int64)
     cost = 0.0
-    for bucket in problem.buckets:
+    for bucket, lim in zip(problem.buckets, problem.limits, strict=True):
         s_of = shapes[np.searchsorted(shapes, align(bucket.prompt_len))]
         groups = {int(s): np.sort(bucket.gen_len[s_of == s]) for s in np.unique(s_of)}
-        cost += sum(shape_cost(problem, groups, s) for s in groups)
+        cost += sum(shape_cost(problem, groups, s, lim.max_p95_latency_ms) for s in groups)
     return cost
