@@ -225,3 +225,24 @@ def test_failed_rename_rolls_back_every_file(tmp_path: Path, monkeypatch):
         calibrate.main([str(csv), "--out", str(good), "--report", str(tmp_path / "new" / "report")])
     assert good.read_bytes() == SHARED.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.toml", "m.csv"]
+
+
+def test_a_plan_chosen_with_the_fitted_profile_costs_within_one_percent_of_the_true_profiles_plan():
+    """Both plans judged by the true profile: calibration error must not move the planner's choice much."""
+    from model import pipeline
+    from model.load.synth import CHAT, bucket_arrays
+    from model.schema import Bucket, Limits, Problem
+
+    truth = TRUTH
+    fitted = fit_profile(synthetic_measurements(truth, np.random.default_rng(7), noise=0.03), "auto",
+                         truth.compile_ms, truth.kv_capacity_tokens).profile
+    ids, prompt, gen = bucket_arrays(np.random.default_rng(3), CHAT, 400)
+    bucket = Bucket("chat", "<chat>", ids.astype(object), prompt, gen, np.arange(1, 401))
+
+    def judged_by_truth(prof) -> float:
+        chosen = pipeline.plan(Problem((bucket,), (Limits(),), 8, prof, "device"), time_limit=2)
+        true_problem = Problem((bucket,), (Limits(),), 8, truth, "device")
+        return pipeline.evaluate(true_problem, pipeline.expand(true_problem, chosen)).total_cost
+
+    with_truth, with_fit = judged_by_truth(truth), judged_by_truth(fitted)
+    assert with_fit <= 1.01 * with_truth, (with_fit, with_truth)
