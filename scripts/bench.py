@@ -7,7 +7,11 @@
    (strict mode, K = 8, no limits).  Per scenario and planner: total cost, ratio to
    the MIP, limits met, wall time (plan + expand + evaluate).  Runs through
    ``model.sweep_core.solve_point``, the same path as ``python -m model.sweep``.
-2. Scaling: one synthetic chat-like bucket of 10^4 .. 10^max requests (generated
+2. Device mode (issue targets): each Azure trace alone, priced by the shared OPT-13B / A100
+   profile, K = 8: per planner the device-hours, pad ratio, P95, batches and shapes, the
+   MIP's gap and wall time, and the targets (gap <= 1 %, <= 60 s, >= 15 % below pow2,
+   never above dpfill) marked met or not.
+3. Scaling: one synthetic chat-like bucket of 10^4 .. 10^max requests (generated
    vectorised in chunks and written as JSONL to a temporary folder), timing each
    stage -- load, aggregate (``build_histogram``), solve (MIP, short time limit),
    expand (``plans_of``), evaluate (``evaluate_plans``), write (``write_plans``) --
@@ -39,9 +43,11 @@ from typing import TypeVar
 import numpy as np
 
 from model import pipeline
+from model.cost.device import device_hours
 from model.evaluation.validate import evaluate_plans
 from model.histogram.cells import build_histogram
 from model.load.plans import write_plans
+from model.load.profile import load_profile
 from model.load.requests import Columns, load_requests
 from model.load.scenario import load_scenario
 from model.load.synth import CHAT, draw, requests_jsonl
@@ -102,6 +108,35 @@ def print_quality(name: str, problem: Problem, totals: Sequence[PlannerTotal]) -
         extra = f", gap {t.gap:.2%}" if t.gap is not None else ""
         print(f"  {t.planner:<10}{cost:>14}{ratio:>9}  {'yes' if t.limits_met else 'NO':<11}{t.wall_s:>8.2f}  "
               f"{t.status}{extra}")
+
+
+DEVICE_PLANNERS = ("mip", "dpfill", "pow2", "exp", "greedy", "cells")
+
+
+def device_problem(data: Path, trace: str, profile: Path) -> Problem:
+    """One Azure trace alone in device mode with the given profile, K = 8, no limits."""
+    bucket = load_requests(data / "traces" / f"AzureLLMInferenceTrace_{trace}.csv", trace, Columns.parse("azure"))
+    return Problem((bucket,), (Limits(),), 8, load_profile(profile), "device")
+
+
+def device_table(problem: Problem, time_limit: float) -> None:
+    """Every planner on one trace in device mode, then the issue's targets for the MIP."""
+    print(f"  {'planner':<9}{'device-h':>10}{'pad':>8}{'P95 ms':>11}{'batches':>9}  {'wall s':>7}  shapes")
+    costs: dict[str, float] = {}
+    for name in DEVICE_PLANNERS:
+        run = pipeline.run(problem, name, time_limit=time_limit)
+        m = run.evaluation.results[0].metrics
+        costs[name] = m.cost
+        extra = f"  (gap {run.planned.report.gap:.2%})" if run.planned.report.gap is not None else ""
+        print(f"  {name:<9}{float(device_hours(m.cost)):>10.4f}{m.pad_ratio:>8.3f}{m.p95_latency_ms:>11,.0f}"
+              f"{m.n_batches:>9}  {run.wall_s:>7.1f}  {' '.join(map(str, m.shapes))}{extra}")
+        if name == "mip":
+            gap, wall = run.planned.report.gap, run.wall_s
+    below_pow2 = 1 - costs["mip"] / costs["pow2"]
+    print(f"  targets: gap {gap:.2%} (<= 1%: {'yes' if gap <= 0.01 else 'NO'}), wall {wall:.1f} s (<= 60 s: "
+          f"{'yes' if wall <= 60 else 'NO'}), {below_pow2:.1%} below pow2 (>= 15%: "
+          f"{'yes' if below_pow2 >= 0.15 else 'NO'}), vs dpfill {costs['mip'] / costs['dpfill']:.4f} "
+          f"(<= 1: {'yes' if costs['mip'] <= costs['dpfill'] * (1 + 1e-12) else 'NO'})")
 
 
 def reset_peak() -> bool:
@@ -208,7 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-scale", type=int, default=7, choices=range(4, 8),
                         help="largest scale as a power of ten (default 7: 10^7 requests)")
     parser.add_argument("--scale-time-limit", type=float, default=10.0, help="MIP seconds per scaling run")
-    parser.add_argument("--skip-quality", action="store_true", help="only the scaling run")
+    parser.add_argument("--skip-quality", action="store_true", help="no quality tables")
+    parser.add_argument("--skip-device", action="store_true", help="no device-mode tables")
+    parser.add_argument("--skip-scaling", action="store_true", help="no scaling run")
+    parser.add_argument("--device-profile", type=Path, default=DATA / "profiles" / "opt13b-a100-tp1.toml",
+                        help="profile for the device-mode tables")
+    parser.add_argument("--device-time-limit", type=float, default=55.0,
+                        help="MIP seconds per device-mode trace (the target is <= 60 s wall)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--data", type=Path, default=DATA,
                         help=f"folder holding workloads/ and traces/ (default {DATA})")
@@ -218,6 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         runs = [*workload_problems(args.data), ("azure traces (code + conv)", trace_problem(args.data))]
         for name, problem in runs:
             print_quality(name, problem, quality_rows(problem, args.time_limit))
+    if not args.skip_device:
+        for trace in TRACES:
+            print(f"\n== device mode: Azure {trace} trace, {args.device_profile.name}, K = 8, no limits ==")
+            device_table(device_problem(args.data, trace, args.device_profile), args.device_time_limit)
+    if args.skip_scaling:
+        return 0
     print(f"\n== scaling: one synthetic bucket, MIP time limit {args.scale_time_limit:g} s ==")
     resettable = reset_peak()
     stages: list[Stage] = []

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.cost.common import align
+from model.cost.common import GRANULARITY, align
 from model.schema import Bucket
 
 log = logging.getLogger("shapeplan")
@@ -70,12 +70,12 @@ def build_histogram(bucket: Bucket, max_gen_values: int | None = None) -> Histog
         log.info("bucket %s: %d distinct gen values coarsened to %d upper edges (conservative)",
                  bucket.name, len(np.unique(bucket.gen_len)), len(edges))
     width = int(G.max()) + 1
-    key = (S // 64) * width + G
+    key = (S // GRANULARITY) * width + G
     uniq, cell_of = _dense_unique(key)
     count = np.bincount(cell_of)
     prompt_sum = np.bincount(cell_of, weights=bucket.prompt_len).astype(np.int64)
     gen_sum = np.bincount(cell_of, weights=bucket.gen_len).astype(np.int64)
-    return Histogram(bucket.name, (uniq // width) * 64, uniq % width, count,
+    return Histogram(bucket.name, (uniq // width) * GRANULARITY, uniq % width, count,
                      prompt_sum, gen_sum, cell_of.astype(np.int64), coarsened)
 
 

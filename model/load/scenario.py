@@ -64,9 +64,9 @@ def load_scenario(path: str | Path, load: bool = True) -> Scenario:
     max_seq_len = data.get("max_seq_len")
     if max_seq_len is not None:
         max_seq_len = _positive_int(src, text, "max_seq_len", max_seq_len, MAX_SEQ_LEN)
-        if max_seq_len % 64:
+        if max_seq_len % GRANULARITY:
             raise InputError(src, key_line(text, "max_seq_len"), "max_seq_len",
-                             f"must be a multiple of 64, got {max_seq_len}")
+                             f"must be a multiple of {GRANULARITY}, got {max_seq_len}")
     max_batch = data.get("max_batch_size")
     if max_batch is not None:
         max_batch = _positive_int(src, text, "max_batch_size", max_batch, MAX_BATCH)

@@ -96,7 +96,7 @@ def group_batching(bucket: Bucket, shape: np.ndarray, keys: Sequence[np.ndarray]
     and pads little.
     """
     shape = np.asarray(shape, dtype=np.int64)
-    if (shape < align(bucket.prompt_len)).any() or (shape % 64).any():
+    if (shape < align(bucket.prompt_len)).any() or (shape % GRANULARITY).any():
         raise ValueError(f"bucket {bucket.name}: a declared shape does not cover its prompt")
     n = len(bucket)
     columns = [shape, *(np.asarray(k, dtype=np.int64) for k in keys)]
