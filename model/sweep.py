@@ -7,8 +7,8 @@
 Loads and aggregates the input once, solves it for each K (and each factor on one
 limit, applied to every bucket), writes a tidy CSV (one row per point x bucket x
 planner) and, with --report, report.md / report.html with pictures.  Infeasible
-points are rows with status "infeasible", never a crash.  Exit status: 0 done;
-2 bad input.
+points are rows with status "infeasible" (proven) or "no_plan" (none found in time),
+never a crash.  Exit status: 0 done; 2 bad input; 130 / 143 interrupted.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from model import pipeline
-from model.cli_common import add_input_args, add_limit_args, build_problem, run_main
+from model.cli_common import add_input_args, add_limit_args, build_problem, check_time_limit, run_main
 from model.errors import InputError
 from model.histogram.cells import build_histogram
 from model.load.scenario import LIMIT_KEYS
@@ -76,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     """Load once, sweep, write the CSV (and report), print the K table and the recommendation."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    if args.time_limit <= 0:
-        raise InputError("--time-limit", None, None, f"must be positive, got {args.time_limit}")
+    check_time_limit(args.time_limit)
     if args.max_batch_size is not None and args.max_batch_size < 1:
         raise InputError("--max-batch-size", None, None, f"must be a positive integer, got {args.max_batch_size}")
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO)

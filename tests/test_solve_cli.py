@@ -206,14 +206,14 @@ def test_no_solver_call_may_run_past_the_deadline(monkeypatch):
     The spy makes each HiGHS call take 0.4 s, as a big instance would, so the budget really runs out.
     """
     calls = []
-    real = highs.solve
+    real = highs.BACKEND.solve
 
     def slow(model, options):
         calls.append((time.perf_counter(), options.time_limit))
         time.sleep(0.4)
         return real(model, options)
 
-    monkeypatch.setattr(highs, "solve", slow)
+    monkeypatch.setattr(highs.BACKEND, "solve", slow)
     start = time.perf_counter()
     plan_mip(problem(*synthetic(60, seed=3)), time_limit=1.0)
     late = [(round(t - start, 2), limit) for t, limit in calls if t + limit > start + 1.0 + 0.05]

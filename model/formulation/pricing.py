@@ -18,6 +18,7 @@ prices columns: boxes with h_k < 0 improve the restricted LP.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,10 +106,16 @@ def box_values(bm: BucketModel, grid: Grid, duals: Duals, boxes: np.ndarray) -> 
     return out
 
 
-def price_boxes(bm: BucketModel, grid: Grid, duals: Duals, max_batch: int | None) -> np.ndarray:
-    """h_k <= 0 for every box of the grid (flat, t-major): the value of opening it at these prices."""
+def price_boxes(bm: BucketModel, grid: Grid, duals: Duals, max_batch: int | None,
+                check: Callable[[], None] | None = None) -> np.ndarray:
+    """h_k <= 0 for every box of the grid (flat, t-major): the value of opening it at these prices.
+
+    ``check`` is called before every chunk (it may raise to stop a pass the deadline cuts).
+    """
     h = np.zeros(len(grid))
     for i, t, cells, lo, hi in _t_chunks(bm, grid):
+        if check is not None:
+            check()
         value, F, e = _box_value(bm, duals, t, grid.gs[lo:hi], cells)
         if max_batch is not None:  # each member also carries at least 1/B of a batch
             n = bm.hist.count[cells][None, :]
@@ -170,9 +177,14 @@ class Bound:
 
 def lagrangian_bound(bms: list[BucketModel], grids: list[Grid], duals: list[Duals], max_batch: int | None,
                      shapes: np.ndarray | None = None, kappa: float = 0.0, max_shapes: int = 0,
-                     compile_fixed: list[float] | None = None) -> Bound:
-    """L(multipliers): a valid lower bound on the optimal total cost (see module docstring)."""
-    prices = tuple(price_boxes(bm, grid, d, max_batch) for bm, grid, d in zip(bms, grids, duals, strict=True))
+                     compile_fixed: list[float] | None = None, check: Callable[[], None] | None = None) -> Bound:
+    """L(multipliers): a valid lower bound on the optimal total cost (see module docstring).
+
+    ``check`` is called between pricing chunks; if it raises, no bound is returned (a
+    Lagrangian evaluated over part of the boxes is not a bound).
+    """
+    prices = tuple(price_boxes(bm, grid, d, max_batch, check)
+                   for bm, grid, d in zip(bms, grids, duals, strict=True))
     fixed = compile_fixed or [0.0] * len(bms)
     consts = [bucket_constant(bm, d, f) for bm, d, f in zip(bms, duals, fixed, strict=True)]
     if shapes is None:

@@ -17,6 +17,7 @@ import pyarrow.json as pajson
 from model.cost.common import GRANULARITY, HEADS, HIDDEN
 from model.errors import InputError
 from model.load.requests import line_numbers
+from model.runtime import shielded
 from model.schema import Plan
 
 SHAPE_KEYS = ("seq_align", "heads_align", "hidden_align")
@@ -216,17 +217,20 @@ def write_plans(plans: dict[Path, Plan]) -> None:
         for folder in {t.parent for t in plans}:
             _fsync_dir(folder)
     except OSError as exc:
-        _roll_back(done, backups)
+        with shielded():
+            _roll_back(done, backups)
         raise InputError(str(current), None, None, f"cannot write: {exc.strerror or exc}") from exc
-    except BaseException:
-        _roll_back(done, backups)
+    except BaseException:  # an interrupt (SIGINT, SIGTERM) too: every target goes back as it was
+        with shielded():
+            _roll_back(done, backups)
         raise
     finally:
-        for tmp, _ in staged:
-            _remove(tmp)
-        for aside in backups.values():
-            if aside is not None:
-                _remove(aside)
+        with shielded():
+            for tmp, _ in staged:
+                _remove(tmp)
+            for aside in backups.values():
+                if aside is not None:
+                    _remove(aside)
 
 
 def _stage(target: Path, chunks: Iterable[bytes]) -> Path:
@@ -246,7 +250,8 @@ def _stage(target: Path, chunks: Iterable[bytes]) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
-        _remove(Path(tmp))
+        with shielded():
+            _remove(Path(tmp))
         raise
     return Path(tmp)
 

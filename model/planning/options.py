@@ -28,7 +28,11 @@ class PlannerOptions:
         (its merges work per request and would eat the time limit).
       all_shapes_max: strict mode searches every candidate shape up to this many,
         else only the shape relaxation's choice.
+      greedy_share: share of the time limit the greedy warm start may use (cut
+        short, the search starts without it).
       colgen_share: share of the time limit column generation may use.
+      exact_bound_share: share of what column generation left that is kept for
+        the bound on the exact histogram (after the MIP) when gens were coarsened.
       support_share: share of what is left that the first MIP (over the LP's
         support) may use before the full search.
       columns_per_round: boxes added per bucket per column-generation round.
@@ -49,7 +53,9 @@ class PlannerOptions:
     max_repairs: int = 2
     greedy_max_requests: int = 1_000_000
     all_shapes_max: int = 24
+    greedy_share: float = 0.25
     colgen_share: float = 0.45
+    exact_bound_share: float = 0.3
     support_share: float = 0.25
     columns_per_round: int = 300
     max_rounds: int = 30

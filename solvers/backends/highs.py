@@ -1,26 +1,56 @@
 """HiGHS through highspy, fed the model's arrays directly (the main backend).
 
 Reads status, objective, dual bound and duals through the API; accepts a warm start;
-single random seed, so runs repeat.
+single random seed, so runs repeat.  The run happens in a helper thread so a signal
+reaches the main thread at once, which then stops HiGHS through its interrupt callbacks.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import threading
 import time
 
 import highspy
 import numpy as np
 
 from model.formulation.arrays import MipArrays
-from solvers.backends.result import BackendResult, SolveOptions
+from model.runtime import run_native
+from solvers.backends.result import BackendResult, Feature, SolveOptions, Status, mapped
 
-NAME = "highs"
 # HiGHS's MIP presolve cannot be interrupted: on an 80k-column box model it ran 58 s
 # past a 3 s limit (with it off the limit held to 1 s), so large MIPs skip it
 PRESOLVE_MAX_COLS = 20_000
-FEATURES = frozenset({"lp", "mip", "duals", "bound", "warm_start", "time_limit", "progress"})
+STOP_GRACE_S = 1.0  # past its time limit, a run still going is told to stop (the callbacks should have)
+# HighsModelStatus -> (Status with a solution, Status without one).  A user's interrupt is told
+# apart before this table (the planner's signal flag); kInterrupt here is our own callbacks
+# stopping at the deadline.  Our models have costs >= 0 over columns >= 0, so they cannot be
+# unbounded: "unbounded or infeasible" is infeasible.
+_ms = highspy.HighsModelStatus
+HIGHS_STATUS: dict[highspy.HighsModelStatus, tuple[Status, Status]] = {
+    _ms.kOptimal: (Status.OPTIMAL, Status.ERROR),
+    _ms.kModelEmpty: (Status.OPTIMAL, Status.OPTIMAL),
+    _ms.kInfeasible: (Status.INFEASIBLE, Status.INFEASIBLE),
+    _ms.kUnboundedOrInfeasible: (Status.INFEASIBLE, Status.INFEASIBLE),
+    _ms.kTimeLimit: (Status.TIME_LIMIT_FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION),
+    _ms.kInterrupt: (Status.TIME_LIMIT_FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION),
+    _ms.kHighsInterrupt: (Status.TIME_LIMIT_FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION),
+    _ms.kIterationLimit: (Status.FEASIBLE, Status.ERROR),
+    _ms.kSolutionLimit: (Status.FEASIBLE, Status.ERROR),
+    _ms.kObjectiveBound: (Status.FEASIBLE, Status.ERROR),
+    _ms.kObjectiveTarget: (Status.FEASIBLE, Status.ERROR),
+    _ms.kMemoryLimit: (Status.FEASIBLE, Status.ERROR),
+    _ms.kUnknown: (Status.FEASIBLE, Status.ERROR),
+    _ms.kUnbounded: (Status.ERROR, Status.ERROR),
+    _ms.kNotset: (Status.ERROR, Status.ERROR),
+    _ms.kLoadError: (Status.ERROR, Status.ERROR),
+    _ms.kModelError: (Status.ERROR, Status.ERROR),
+    _ms.kPresolveError: (Status.ERROR, Status.ERROR),
+    _ms.kSolveError: (Status.ERROR, Status.ERROR),
+    _ms.kPostsolveError: (Status.ERROR, Status.ERROR),
+}
 
 
 def new_highs() -> highspy.Highs:
@@ -40,6 +70,7 @@ def new_highs() -> highspy.Highs:
         os.close(sink)
 
 
+@functools.cache
 def version() -> str:
     h = new_highs()
     return f"{h.version()}" if hasattr(h, "version") else highspy.__version__
@@ -74,62 +105,71 @@ def _lp(model: MipArrays, relax: bool) -> highspy.HighsLp:
     return lp
 
 
-def solve(model: MipArrays, options: SolveOptions) -> BackendResult:
-    """Solve the model (or its LP relaxation) and report what HiGHS says through its API."""
-    t0 = time.perf_counter()
-    h = new_highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(options.time_limit))
-    h.setOptionValue("threads", int(options.threads))
-    h.setOptionValue("random_seed", int(options.seed))
-    h.setOptionValue("mip_rel_gap", float(options.mip_gap))
-    if not options.relax and model.n_cols > PRESOLVE_MAX_COLS:
-        h.setOptionValue("presolve", "off")
-    h.passModel(_lp(model, options.relax))
-    if options.warm_start is not None and not options.relax:
-        sol = highspy.HighsSolution()
-        sol.col_value = list(np.asarray(options.warm_start, dtype=np.float64))
-        sol.value_valid = True
-        h.setSolution(sol)
-    if options.on_progress is not None and not options.relax:
-        _subscribe_progress(h, model, options.on_progress)
-    _enforce_time_limit(h, t0 + float(options.time_limit))
-    h.run()
-    status = h.getModelStatus()
-    info = h.getInfo()
-    ms = highspy.HighsModelStatus
-    if status == ms.kOptimal:
-        label = "optimal"
-    elif status in (ms.kInfeasible,):
-        label = "infeasible"
-    elif status in (ms.kTimeLimit, ms.kInterrupt, ms.kIterationLimit, ms.kSolutionLimit):
-        label = "time_limit"
-    elif status == ms.kUnboundedOrInfeasible or status == ms.kUnbounded:
-        label = "infeasible"
-    else:
-        label = "error"
-    sol = h.getSolution()
-    x = np.asarray(sol.col_value) if sol.value_valid else None
-    duals = np.asarray(sol.row_dual) * model.scale if (options.relax and sol.dual_valid) else None
-    objective = float(info.objective_function_value) * model.scale if x is not None else None
-    if options.relax:
-        bound = objective if label == "optimal" else None
-    else:
-        bound = float(info.mip_dual_bound) * model.scale if np.isfinite(info.mip_dual_bound) else None
-    if label == "time_limit" and x is not None:
-        label = "time_limit"
-    return BackendResult(label, x, duals, objective, bound, time.perf_counter() - t0, NAME, version())
+class Highs:
+    """The HiGHS backend (LP with duals, MIP with a dual bound, warm starts, interruptible)."""
+
+    name = "highs"
+    features = frozenset({Feature.LP, Feature.MIP, Feature.LP_DUALS, Feature.LOWER_BOUND, Feature.WARM_START,
+                          Feature.TIME_LIMIT, Feature.INTERRUPT, Feature.PROGRESS})
+
+    def version(self) -> str:
+        return version()
+
+    def solve(self, model: MipArrays, options: SolveOptions) -> BackendResult:
+        """Solve the model (or its LP relaxation) and report what HiGHS says through its API."""
+        t0 = time.perf_counter()
+        h = new_highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("time_limit", float(options.time_limit))
+        h.setOptionValue("threads", int(options.threads))
+        h.setOptionValue("random_seed", int(options.seed))
+        h.setOptionValue("mip_rel_gap", float(options.mip_gap))
+        if not options.relax and model.n_cols > PRESOLVE_MAX_COLS:
+            h.setOptionValue("presolve", "off")
+        h.passModel(_lp(model, options.relax))
+        if options.warm_start is not None and not options.relax:
+            sol = highspy.HighsSolution()
+            sol.col_value = list(np.asarray(options.warm_start, dtype=np.float64))
+            sol.value_valid = True
+            h.setSolution(sol)
+        if options.on_progress is not None and not options.relax:
+            _subscribe_progress(h, model, options.on_progress)
+        stop = threading.Event()
+        _subscribe_interrupt(h, t0 + float(options.time_limit), stop)
+        _, interrupted = run_native(h.run, stop.set, until=t0 + float(options.time_limit) + STOP_GRACE_S)
+        if interrupted:
+            return BackendResult(Status.INTERRUPTED, None, None, None, None, time.perf_counter() - t0, self.name,
+                                 version(), "interrupted")
+        native = h.getModelStatus()
+        info = h.getInfo()
+        sol = h.getSolution()
+        x = np.asarray(sol.col_value) if sol.value_valid else None
+        status = mapped(HIGHS_STATUS, native, x is not None)
+        if x is not None and status in (Status.ERROR, Status.INFEASIBLE, Status.TIME_LIMIT_NO_SOLUTION):
+            x = None  # values that come with no usable status (an LP's, a failed run's) are no plan
+        duals = np.asarray(sol.row_dual) * model.scale if (options.relax and sol.dual_valid) else None
+        objective = float(info.objective_function_value) * model.scale if x is not None else None
+        if options.relax:
+            bound = objective if status is Status.OPTIMAL else None
+        else:
+            bound = float(info.mip_dual_bound) * model.scale if np.isfinite(info.mip_dual_bound) else None
+        return BackendResult(status, x, duals, objective, bound, time.perf_counter() - t0, self.name, version(),
+                             h.modelStatusToString(native))
 
 
-def _enforce_time_limit(h, until: float) -> None:
-    """Interrupt HiGHS from its own callbacks once the wall-clock budget is spent.
+BACKEND = Highs()
+
+
+def _subscribe_interrupt(h, until: float, stop: threading.Event) -> None:
+    """Interrupt HiGHS from its own callbacks once the wall-clock budget is spent or ``stop`` is set.
 
     HiGHS's time_limit option is not honoured everywhere: proving a large MIP
     infeasible ran for minutes past it here.  The interrupt callbacks fire inside
-    simplex, IPM and branch-and-bound, so the budget holds.
+    simplex, IPM and branch-and-bound, so the budget holds; ``stop`` is set by the
+    main thread on a signal (see ``model.runtime.run_native``).
     """
     def check(event) -> None:
-        if time.perf_counter() > until:
+        if stop.is_set() or time.perf_counter() > until:
             event.interrupt()
 
     for name in ("cbMipInterrupt", "cbSimplexInterrupt", "cbIpmInterrupt"):
