@@ -58,7 +58,18 @@ class DeadlineExceeded(Exception):
 
 
 _state = {"signal": None, "shield": 0}
-_last_progress = [0.0]
+_last_progress = [time.perf_counter()]
+
+
+class _ProgressClock(logging.Filter):
+    """Any line of the "shapeplan" log says where the run is: the next progress line may wait."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        _last_progress[0] = time.perf_counter()
+        return True
+
+
+log.addFilter(_ProgressClock())
 
 
 def interrupt_signal() -> int | None:
@@ -163,21 +174,39 @@ class Deadline:
             log.info("%s: " + (progress or "working") + " (%.1f s left)", phase, *args, self.left())
 
 
-def progress_logged() -> None:
-    """Another log line just said where the run is: the next progress line may wait PROGRESS_S."""
-    _last_progress[0] = time.perf_counter()
+def still_running(what: str, since: float) -> None:
+    """A progress line for a call that cannot tick itself (a native solve), at most every PROGRESS_S."""
+    now = time.perf_counter()
+    if now - _last_progress[0] >= PROGRESS_S:
+        log.info("%s: still running (%.0f s)", what, now - since)
+
+
+@dataclass(frozen=True)
+class NativeRun:
+    """How a native call ended: its result, whether a signal stopped it, whether it was left behind."""
+
+    result: object
+    interrupted: bool
+    abandoned: bool  # it did not stop when told; its thread was left running (result is None)
+
+
+_abandoned: list[threading.Thread] = []
 
 
 def run_native(call: Callable[[], T], stop: Callable[[], None], until: float = math.inf,
-               grace_s: float = 2.0) -> tuple[T | None, bool]:
+               grace_s: float = 1.0, what: str = "solver") -> NativeRun:
     """Run a blocking native call in a helper thread; the main thread waits where signals reach it.
 
-    ``stop()`` is called once when a signal comes or ``until`` passes (the solver should
-    then return soon with what it has).  Returns (the call's result, interrupted).  If
-    the call does not return within ``grace_s`` of an interrupt it is abandoned (a
-    daemon thread) and (None, True) returned, so an uninterruptible native phase cannot
-    hold the exit back.  An exception raised by the call is raised here.
+    ``stop()`` is called once when a signal comes or ``until`` passes; the solver should
+    then return soon with what it has.  A solver that does not return within
+    ``grace_s`` of being told (a phase that polls no callback: HiGHS's root LP inside
+    a MIP ran seconds past its limit) is left behind in its daemon thread, so neither a
+    deadline nor an exit waits for it; the next native call waits for it first (two
+    solves of one library at once are not something to rely on).  An exception raised
+    by the call is raised here.  A progress line says ``what`` runs at least every
+    PROGRESS_S.
     """
+    _drain_abandoned()
     box: dict[str, object] = {}
 
     def body() -> None:
@@ -188,17 +217,34 @@ def run_native(call: Callable[[], T], stop: Callable[[], None], until: float = m
 
     worker = threading.Thread(target=body, name="shapeplan-solver", daemon=True)
     stopped_at = None
+    started = time.perf_counter()
     with shielded():
         worker.start()
         while worker.is_alive():
-            worker.join(0.05)
+            try:
+                worker.join(0.05)
+            except KeyboardInterrupt:  # no handler of ours installed (library use): the same as a signal
+                request_interrupt(signal.SIGINT)
+            still_running(what, started)
             if stopped_at is None and (interrupt_signal() is not None or time.perf_counter() >= until):
                 stopped_at = time.perf_counter()
                 stop()
-            if (stopped_at is not None and interrupt_signal() is not None
-                    and time.perf_counter() - stopped_at > grace_s):
-                log.info("the solver did not stop within %.0f s of the interrupt; leaving it behind", grace_s)
-                return None, True
+            if stopped_at is not None and worker.is_alive() and time.perf_counter() - stopped_at > grace_s:
+                log.info("%s did not stop within %.1f s of being told; leaving it behind", what, grace_s)
+                _abandoned.append(worker)
+                return NativeRun(None, interrupt_signal() is not None, True)
     if "error" in box:
         raise box["error"]
-    return box.get("result"), interrupt_signal() is not None
+    return NativeRun(box.get("result"), interrupt_signal() is not None, False)
+
+
+def _drain_abandoned() -> None:
+    """Wait for solver threads left behind earlier (not past a signal)."""
+    while _abandoned:
+        worker = _abandoned[0]
+        with shielded():
+            while worker.is_alive() and interrupt_signal() is None:
+                worker.join(0.05)
+        if worker.is_alive():
+            return
+        _abandoned.pop(0)

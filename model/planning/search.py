@@ -219,7 +219,7 @@ def solve_restricted(space: Space, solver: Backend, res: list[Restriction], star
     with_bound = Feature.LOWER_BOUND in solver.features
 
     def progress(inc: float, bnd: float | None) -> None:
-        if with_bound and bnd is not None:
+        if with_bound and bnd is not None and np.isfinite(bnd):
             log.info("  MIP incumbent %.6e (its bound %.6e)", inc, bnd)
         else:
             log.info("  MIP incumbent %.6e", inc)

@@ -1,6 +1,6 @@
 """OR-Tools CP-SAT: strong incumbents on large instances; needs integer coefficients.
 
-Fractional rows are scaled so that their coefficient sums stay far below 2**31 and
+Fractional rows are scaled so that their coefficient sums stay far inside int64 and
 rounded to the nearest integer (rounding every coefficient up instead rejected plans
 lying exactly on a limit); the rare plan a rounding lets past a limit by a hair is
 caught by the planner's exact re-evaluation and repaired.  The objective is the raw
@@ -14,6 +14,7 @@ reaches the main thread, which stops the search.
 from __future__ import annotations
 
 import functools
+import math
 import time
 
 import numpy as np
@@ -21,10 +22,10 @@ import pandas as pd
 from ortools.sat.python import cp_model
 
 from model.formulation.arrays import MipArrays
-from model.runtime import run_native
+from model.runtime import DeadlineExceeded, run_native, still_running
 from solvers.backends.result import BackendResult, Feature, SolveOptions, Status, mapped
 
-STOP_GRACE_S = 1.0  # past its time limit, a run still going is told to stop
+STOP_GRACE_S = 0.5  # a run still going this long after its time limit is left behind (see run_native)
 # CpSolverStatus -> (Status with a solution, Status without one).  FEASIBLE: a solution, stopped by
 # the time limit (a gap limit reached counts as OPTIMAL in CP-SAT); UNKNOWN: stopped before any
 # solution.  A user's interrupt is told apart before this table.
@@ -35,7 +36,11 @@ CPSAT_STATUS: dict[int, tuple[Status, Status]] = {
     cp_model.UNKNOWN: (Status.TIME_LIMIT_FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION),
     cp_model.MODEL_INVALID: (Status.ERROR, Status.ERROR),
 }
-SUM_LIMIT = 2 ** 27  # keep |coefficient| * (sum of upper bounds) below this, far below 2**31
+# |coefficient| * (sum of upper bounds) stays below this: far inside CP-SAT's int64 arithmetic
+# and exact in a double.  (2**27 made the objective's quantum 1e8 -- 0.03% of a twin workload's
+# cost -- and rounded limit rows to 1e-3 of their largest coefficient, letting plans past limits.)
+SUM_LIMIT = 2 ** 50
+PRESOLVE_MAX_COLS = 20_000  # CP-SAT's presolve alone ran > 30 s on an 80k-column box model
 
 
 @functools.cache
@@ -100,18 +105,26 @@ class CpSat:
         if options.relax or not model.integer.all():
             return BackendResult(Status.ERROR, None, None, None, None, 0.0, self.name, version(),
                                  "CP-SAT solves integer models only")
-        cp, xs, q, rounded = build(model, options.warm_start)
+        try:
+            cp, xs, q, rounded = build(model, options.warm_start, t0 + float(options.time_limit))
+        except DeadlineExceeded:
+            return BackendResult(Status.TIME_LIMIT_NO_SOLUTION, None, None, None, None, time.perf_counter() - t0,
+                                 self.name, version(), "time limit reached while building the model")
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(0.01, float(options.time_limit) - (time.perf_counter() - t0))
         solver.parameters.num_workers = int(options.threads)
         solver.parameters.random_seed = int(options.seed)
         solver.parameters.relative_gap_limit = float(options.mip_gap)
+        if model.n_cols > PRESOLVE_MAX_COLS:
+            solver.parameters.cp_model_presolve = False  # the (complete, feasible) hint is the first solution
         callback = _Progress(q, model.offset * model.scale, options.on_progress) if options.on_progress else None
-        native, interrupted = run_native(lambda: solver.solve(cp, callback), solver.stop_search,
-                                         until=t0 + float(options.time_limit) + STOP_GRACE_S)
-        if interrupted:
-            return BackendResult(Status.INTERRUPTED, None, None, None, None, time.perf_counter() - t0, self.name,
-                                 version(), "interrupted")
+        run = run_native(lambda: solver.solve(cp, callback), solver.stop_search, until=t0 + float(options.time_limit),
+                         grace_s=STOP_GRACE_S, what="CP-SAT")
+        if run.interrupted or run.abandoned:
+            status = Status.INTERRUPTED if run.interrupted else Status.TIME_LIMIT_NO_SOLUTION
+            return BackendResult(status, None, None, None, None, time.perf_counter() - t0, self.name, version(),
+                                 "interrupted" if run.interrupted else "did not stop at its time limit; left behind")
+        native = run.result
         has = native in (cp_model.OPTIMAL, cp_model.FEASIBLE)
         status = mapped(CPSAT_STATUS, native, has)
         label = solver.status_name(native)
@@ -130,43 +143,49 @@ class CpSat:
 BACKEND = CpSat()
 
 
-def build(model: MipArrays, warm_start: np.ndarray | None) -> tuple[cp_model.CpModel, list, float, bool]:
+def build(model: MipArrays, warm_start: np.ndarray | None,
+          until: float = math.inf) -> tuple[cp_model.CpModel, list, float, bool]:
     """The CP-SAT model of the arrays: (model, variables, objective quantum, whether rows were rounded).
 
-    Every row and the objective are weighted sums over the variables (one C++ call
-    each, not a Python sum of terms).
+    Every row and the objective are one weighted sum over the variables (one C++ call
+    each, not a Python sum of terms); the loop touches only Python lists, since numpy
+    scalars cost more per row than the call itself.  A warm start becomes the model's
+    solution hint, written into the proto in one go (``add_hint`` per variable took
+    half a second on an 80k-column model).  Stops with DeadlineExceeded once ``until``
+    passes (an 80k-row model takes seconds).
     """
     cp = cp_model.CpModel()
     ub = np.where(np.isfinite(model.ub), model.ub, 2 ** 31 - 1).astype(np.int64)
     lb = model.lb.astype(np.int64)
-    xs = [cp.new_int_var(int(lo_), int(up), f"v{i}") for i, (lo_, up) in enumerate(zip(lb, ub, strict=True))]
-    vals, lo, hi, bad_rows = integer_rows(model)
+    new = cp.new_int_var
+    xs = [new(lo_, up, "") for lo_, up in zip(lb.tolist(), ub.tolist(), strict=True)]
+    vals, lo, hi, rounded = integer_rows(model)
     order = np.argsort(model.rows, kind="stable")
-    rows, cols, vals = model.rows[order], model.cols[order], vals[order]
-    bounds = np.searchsorted(rows, np.arange(model.n_rows + 1))
-    weighted_sum = cp_model.LinearExpr.weighted_sum
-    for r in range(model.n_rows):
+    cols, vals = model.cols[order].tolist(), vals[order].tolist()
+    bounds = np.searchsorted(model.rows[order], np.arange(model.n_rows + 1)).tolist()
+    keep = np.isfinite(lo) | np.isfinite(hi)  # a row free on both sides constrains nothing
+    lo_i = np.where(np.isfinite(lo), np.ceil(np.where(np.isfinite(lo), lo, 0.0)), cp_model.INT_MIN)
+    hi_i = np.where(np.isfinite(hi), np.floor(np.where(np.isfinite(hi), hi, 0.0)), cp_model.INT_MAX)
+    weighted_sum, add = cp_model.LinearExpr.weighted_sum, cp.add_linear_constraint
+    started = time.perf_counter()
+    for r, lo_r, hi_r in zip(np.flatnonzero(keep).tolist(), lo_i[keep].astype(np.int64).tolist(),
+                             hi_i[keep].astype(np.int64).tolist(), strict=True):
+        if r % 4096 == 0:
+            if time.perf_counter() > until:
+                raise DeadlineExceeded("CP-SAT model building")
+            still_running(f"CP-SAT model building ({r} of {model.n_rows} rows)", started)
         s, e = bounds[r], bounds[r + 1]
-        expr = weighted_sum([xs[c] for c in cols[s:e].tolist()], vals[s:e].tolist())
-        has_lo, has_hi = bool(np.isfinite(lo[r])), bool(np.isfinite(hi[r]))
-        if has_lo and has_hi:
-            if lo[r] == hi[r]:
-                cp.add(expr == int(hi[r]))
-            else:
-                cp.add_linear_constraint(expr, int(np.ceil(lo[r])), int(np.floor(hi[r])))
-        elif has_hi:
-            cp.add(expr <= int(np.floor(hi[r])))
-        elif has_lo:
-            cp.add(expr >= int(np.ceil(lo[r])))
+        add(weighted_sum([xs[c] for c in cols[s:e]], vals[s:e]), lo_r, hi_r)
     raw = model.c * model.scale  # integer-valued costs (the arrays hold them divided by scale)
     q = _quantum(raw, float(ub.sum()))
     obj = np.round(raw / q).astype(np.int64)
     nz = np.flatnonzero(obj)
     cp.minimize(weighted_sum([xs[i] for i in nz.tolist()], obj[nz].tolist()))
     if warm_start is not None:
-        for v, h in zip(xs, np.clip(np.rint(warm_start), lb, ub).astype(np.int64).tolist(), strict=True):
-            cp.add_hint(v, h)
-    return cp, xs, q, len(bad_rows) > 0
+        hint = cp.proto.solution_hint
+        hint.vars.extend(range(len(xs)))
+        hint.values.extend(np.clip(np.rint(warm_start), lb, ub).astype(np.int64).tolist())
+    return cp, xs, q, len(rounded) > 0
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):

@@ -23,7 +23,7 @@ from solvers.backends.result import BackendResult, Feature, SolveOptions, Status
 # HiGHS's MIP presolve cannot be interrupted: on an 80k-column box model it ran 58 s
 # past a 3 s limit (with it off the limit held to 1 s), so large MIPs skip it
 PRESOLVE_MAX_COLS = 20_000
-STOP_GRACE_S = 1.0  # past its time limit, a run still going is told to stop (the callbacks should have)
+STOP_GRACE_S = 0.5  # a run still going this long after its time limit is left behind (see run_native)
 # HighsModelStatus -> (Status with a solution, Status without one).  A user's interrupt is told
 # apart before this table (the planner's signal flag); kInterrupt here is our own callbacks
 # stopping at the deadline.  Our models have costs >= 0 over columns >= 0, so they cannot be
@@ -126,20 +126,35 @@ class Highs:
         h.setOptionValue("mip_rel_gap", float(options.mip_gap))
         if not options.relax and model.n_cols > PRESOLVE_MAX_COLS:
             h.setOptionValue("presolve", "off")
+            # feasibility jump polls no interrupt either (1.4 s on an 80k-column model); a warm start is there
+            h.setOptionValue("mip_heuristic_run_feasibility_jump", False)
         h.passModel(_lp(model, options.relax))
         if options.warm_start is not None and not options.relax:
             sol = highspy.HighsSolution()
             sol.col_value = list(np.asarray(options.warm_start, dtype=np.float64))
             sol.value_valid = True
             h.setSolution(sol)
-        if options.on_progress is not None and not options.relax:
-            _subscribe_progress(h, model, options.on_progress)
+        incumbent = [options.warm_start] if options.warm_start is not None and not options.relax else [None]
+        if not options.relax:
+            _subscribe_progress(h, model, options.on_progress, incumbent)
         stop = threading.Event()
         _subscribe_interrupt(h, t0 + float(options.time_limit), stop)
-        _, interrupted = run_native(h.run, stop.set, until=t0 + float(options.time_limit) + STOP_GRACE_S)
-        if interrupted:
-            return BackendResult(Status.INTERRUPTED, None, None, None, None, time.perf_counter() - t0, self.name,
-                                 version(), "interrupted")
+        # HiGHS counts its limit from run(): give it what passing the model left
+        h.setOptionValue("time_limit", max(0.01, float(options.time_limit) - (time.perf_counter() - t0)))
+        run = run_native(h.run, stop.set, until=t0 + float(options.time_limit), grace_s=STOP_GRACE_S,
+                         what=f"HiGHS {'LP' if options.relax else 'MIP'}")
+        spent = time.perf_counter() - t0
+        if run.interrupted:
+            return BackendResult(Status.INTERRUPTED, None, None, None, None, spent, self.name, version(),
+                                 "interrupted")
+        if run.abandoned:  # it polled no interrupt in time: what it had found (or the start) is the answer
+            x = None if incumbent[0] is None else np.asarray(incumbent[0], dtype=np.float64)
+            if x is not None and not satisfies(model, x):
+                x = None
+            status = Status.TIME_LIMIT_NO_SOLUTION if x is None else Status.TIME_LIMIT_FEASIBLE
+            objective = None if x is None else float(model.c @ x + model.offset) * model.scale
+            return BackendResult(status, x, None, objective, None, spent, self.name, version(),
+                                 "did not stop at its time limit; left behind")
         native = h.getModelStatus()
         info = h.getInfo()
         sol = h.getSolution()
@@ -160,6 +175,17 @@ class Highs:
 BACKEND = Highs()
 
 
+def satisfies(model: MipArrays, x: np.ndarray, tol: float = 1e-6) -> bool:
+    """x meets the model's bounds, rows and integrality (a start HiGHS was given is not checked for us)."""
+    if len(x) != model.n_cols or (x < model.lb - tol).any() or (x > model.ub + tol).any():
+        return False
+    if (np.abs(x[model.integer] - np.round(x[model.integer])) > tol).any():
+        return False
+    act = np.bincount(model.rows, weights=model.vals * x[model.cols], minlength=model.n_rows)
+    scale = np.maximum(1.0, np.abs(act))
+    return bool(((act >= model.row_lo - tol * scale) & (act <= model.row_hi + tol * scale)).all())
+
+
 def _subscribe_interrupt(h, until: float, stop: threading.Event) -> None:
     """Interrupt HiGHS from its own callbacks once the wall-clock budget is spent or ``stop`` is set.
 
@@ -178,11 +204,13 @@ def _subscribe_interrupt(h, until: float, stop: threading.Event) -> None:
             hook.subscribe(check)
 
 
-def _subscribe_progress(h, model: MipArrays, report) -> None:
-    """Forward each improved incumbent (and the bound at that moment) to the caller."""
+def _subscribe_progress(h, model: MipArrays, report, incumbent: list) -> None:
+    """Keep each improved incumbent in ``incumbent[0]`` and forward it (with the bound) to ``report``."""
     def on_improve(event):
         data = event.data_out
-        report(float(data.objective_function_value) * model.scale, float(data.mip_dual_bound) * model.scale)
+        incumbent[0] = np.array(data.mip_solution, dtype=np.float64)
+        if report is not None:
+            report(float(data.objective_function_value) * model.scale, float(data.mip_dual_bound) * model.scale)
 
     try:
         h.cbMipImprovingSolution.subscribe(on_improve)

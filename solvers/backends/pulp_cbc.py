@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import shutil
 import signal
@@ -29,11 +30,11 @@ import numpy as np
 import pulp
 
 from model.formulation.arrays import MipArrays
-from model.runtime import interrupt_signal, shielded
+from model.runtime import DeadlineExceeded, interrupt_signal, shielded, still_running
 from solvers.backends.result import BackendResult, Feature, SolveOptions, Status, mapped
 
-STOP_GRACE_S = 1.0  # past its time limit, CBC gets SIGINT (it then writes what it has) ...
-KILL_GRACE_S = 2.0  # ... and SIGKILL this much later
+STOP_GRACE_S = 0.25  # this long past its time limit CBC gets SIGINT (it then writes what it has) ...
+KILL_GRACE_S = 0.5  # ... and SIGKILL this much later
 C = pulp.constants
 # (LpStatus, LpSolution status) as PuLP reads CBC's solution file -> (Status when values came back,
 # when none did).  "Stopped on time - objective value" reads as (Optimal, IntegerFeasible): CBC's
@@ -70,16 +71,20 @@ class Pulp:
     def solve(self, model: MipArrays, options: SolveOptions) -> BackendResult:
         """Translate the arrays into a PuLP problem, solve with CBC, read values (and LP duals)."""
         t0 = time.perf_counter()
-        prob, xs, names = build(model, options.relax)
+        try:
+            prob, xs, names = build(model, options.relax, t0 + float(options.time_limit))
+        except DeadlineExceeded:
+            return BackendResult(Status.TIME_LIMIT_NO_SOLUTION, None, None, None, None, time.perf_counter() - t0,
+                                 self.name, version(), "time limit reached while building the model")
         warm = options.warm_start is not None and not options.relax
         if warm:
             for v, val, lo, up in zip(xs, options.warm_start, model.lb, model.ub, strict=True):
                 v.setInitialValue(float(np.clip(round(val), lo, up)))  # CBC rejects a start off its bounds
         folder = tempfile.mkdtemp(prefix="shapeplan-cbc-")
-        cbc = _Cbc(mip=not options.relax, msg=False, timeLimit=max(0.01, float(options.time_limit)),
-                   threads=int(options.threads), warmStart=warm, gapRel=float(options.mip_gap))
+        cbc = _Cbc(mip=not options.relax, msg=False, threads=int(options.threads), warmStart=warm,
+                   gapRel=float(options.mip_gap))
         cbc.tmpDir = folder
-        cbc.until = t0 + float(options.time_limit) + STOP_GRACE_S
+        cbc.deadline = t0 + float(options.time_limit)
         try:
             prob.solve(cbc)
         finally:
@@ -112,35 +117,41 @@ class Pulp:
 BACKEND = Pulp()
 
 
-def build(model: MipArrays, relax: bool) -> tuple[pulp.LpProblem, list, list[tuple[int, str]]]:
+def build(model: MipArrays, relax: bool, until: float = math.inf) -> tuple[pulp.LpProblem, list, list[tuple[int, str]]]:
     """The PuLP problem: (problem, variables, (model row, constraint name) of every constraint).
 
     A row with both bounds finite and different is two constraints (``r<i>_lo`` and
-    ``r<i>``); a row with neither bound is left out.
+    ``r<i>``); a row with neither bound is left out.  Building is slow (about 20 us a
+    row), so it stops with DeadlineExceeded once ``until`` passes.
     """
     prob = pulp.LpProblem("shapeplan", pulp.LpMinimize)
-    cat = lambda i: pulp.LpInteger if (model.integer[i] and not relax) else pulp.LpContinuous  # noqa: E731
-    xs = [pulp.LpVariable(f"v{i}", lowBound=float(model.lb[i]),
-                          upBound=None if np.isinf(model.ub[i]) else float(model.ub[i]), cat=cat(i))
-          for i in range(model.n_cols)]
-    prob += pulp.LpAffineExpression([(xs[i], float(model.c[i])) for i in np.flatnonzero(model.c)]) + model.offset
+    integer = (model.integer & (not relax)).tolist()
+    ub = [None if math.isinf(u) else u for u in model.ub.tolist()]
+    xs = [prob.add_variable(f"v{i}", lo, up, pulp.LpInteger if whole else pulp.LpContinuous)
+          for i, (lo, up, whole) in enumerate(zip(model.lb.tolist(), ub, integer, strict=True))]
+    nz = np.flatnonzero(model.c).tolist()
+    prob += pulp.LpAffineExpression([(xs[i], model.c[i]) for i in nz]) + model.offset
     order = np.argsort(model.rows, kind="stable")
-    rows, cols, vals = model.rows[order], model.cols[order], model.vals[order]
-    bounds = np.searchsorted(rows, np.arange(model.n_rows + 1))
+    cols, vals = model.cols[order].tolist(), model.vals[order].tolist()
+    bounds = np.searchsorted(model.rows[order], np.arange(model.n_rows + 1)).tolist()
     names: list[tuple[int, str]] = []
-    for r in range(model.n_rows):
+    started = time.perf_counter()
+    for r, (lo, hi) in enumerate(zip(model.row_lo.tolist(), model.row_hi.tolist(), strict=True)):
+        if r % 4096 == 0:
+            if time.perf_counter() > until:
+                raise DeadlineExceeded("PuLP model building")
+            still_running(f"PuLP model building ({r} of {model.n_rows} rows)", started)
         s, e = bounds[r], bounds[r + 1]
-        terms = [(xs[c], v) for c, v in zip(cols[s:e].tolist(), vals[s:e].tolist(), strict=True)]
-        lo, hi = float(model.row_lo[r]), float(model.row_hi[r])
-        if np.isfinite(lo) and lo == hi:
-            prob += pulp.LpAffineExpression(terms) == hi, f"r{r}"
+        terms = list(zip([xs[c] for c in cols[s:e]], vals[s:e], strict=True))
+        if lo == hi:
+            prob.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), C.LpConstraintEQ, f"r{r}", hi))
             names.append((r, f"r{r}"))
             continue
-        if np.isfinite(hi):
-            prob += pulp.LpAffineExpression(terms) <= hi, f"r{r}"
+        if not math.isinf(hi):
+            prob.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), C.LpConstraintLE, f"r{r}", hi))
             names.append((r, f"r{r}"))
-        if np.isfinite(lo):
-            prob += pulp.LpAffineExpression(terms) >= lo, f"r{r}_lo"
+        if not math.isinf(lo):
+            prob.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), C.LpConstraintGE, f"r{r}_lo", lo))
             names.append((r, f"r{r}_lo"))
     return prob, xs, names
 
@@ -148,7 +159,7 @@ def build(model: MipArrays, relax: bool) -> tuple[pulp.LpProblem, list, list[tup
 class _Cbc(pulp.COIN_CMD):
     """PuLP's bundled CBC, run by us: own process group, killed on a signal, stopped past its time."""
 
-    until = float("inf")
+    deadline = float("inf")  # CBC's time limit (-sec) is what is left of this when it starts
     outcome = "not run"  # done | interrupted | killed | failed (exit status n)
 
     def __init__(self, **kwargs):
@@ -161,12 +172,16 @@ class _Cbc(pulp.COIN_CMD):
         if self.optionsDict.get("warmStart", False):
             self.writesol(tmp_mst, lp, vs, variable_names, constraint_names)
             args += ["-mips", tmp_mst]
-        if self.timeLimit is not None:
-            args += ["-sec", f"{self.timeLimit}"]
         for option in self.options + self.getOptions():
             args += ("-" + option).split()
-        args += ["-solve" if self.mip else "-initialSolve", "-printingOptions", "all", "-solution", tmp_sol]
-        self.outcome = _run(args, self.until)
+        left = self.deadline - time.perf_counter()
+        if left <= 0:  # writing the files spent the time
+            self.outcome = "killed"
+            lp.assignStatus(C.LpStatusNotSolved, C.LpSolutionNoSolutionFound)
+            return C.LpStatusNotSolved
+        args += ["-sec", f"{left:.3f}", "-solve" if self.mip else "-initialSolve", "-printingOptions", "all",
+                 "-solution", tmp_sol]
+        self.outcome = _run(args, self.deadline + STOP_GRACE_S)
         if self.outcome == "done" and os.path.exists(tmp_sol):
             status, values, reduced, prices, slacks, sol_status = self.readsol_MPS(
                 tmp_sol, lp, vs, variable_names, constraint_names)
@@ -193,6 +208,7 @@ def _run(args: list[str], until: float) -> str:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
     told = None
+    started = time.perf_counter()
     try:
         with shielded():
             while True:
@@ -201,6 +217,7 @@ def _run(args: list[str], until: float) -> str:
                     break
                 except subprocess.TimeoutExpired:
                     pass
+                still_running("CBC", started)
                 if interrupt_signal() is not None:
                     _kill(proc, signal.SIGKILL)
                     proc.wait()
