@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 import pandas as pd
-from ortools.sat.python import cp_model
+from ortools.sat.python import cp_model, cp_model_helper
 
 from model.formulation.arrays import MipArrays
 from model.runtime import DeadlineExceeded, run_native, still_running
@@ -29,7 +29,7 @@ STOP_GRACE_S = 0.5  # a run still going this long after its time limit is left b
 # CpSolverStatus -> (Status with a solution, Status without one).  FEASIBLE: a solution, stopped by
 # the time limit (a gap limit reached counts as OPTIMAL in CP-SAT); UNKNOWN: stopped before any
 # solution.  A user's interrupt is told apart before this table.
-CPSAT_STATUS: dict[int, tuple[Status, Status]] = {
+CPSAT_STATUS: dict[cp_model_helper.CpSolverStatus, tuple[Status, Status]] = {
     cp_model.OPTIMAL: (Status.OPTIMAL, Status.ERROR),
     cp_model.FEASIBLE: (Status.TIME_LIMIT_FEASIBLE, Status.ERROR),
     cp_model.INFEASIBLE: (Status.INFEASIBLE, Status.INFEASIBLE),
@@ -164,12 +164,11 @@ def build(model: MipArrays, warm_start: np.ndarray | None,
     cols, vals = model.cols[order].tolist(), vals[order].tolist()
     bounds = np.searchsorted(model.rows[order], np.arange(model.n_rows + 1)).tolist()
     keep = np.isfinite(lo) | np.isfinite(hi)  # a row free on both sides constrains nothing
-    lo_i = np.where(np.isfinite(lo), np.ceil(np.where(np.isfinite(lo), lo, 0.0)), cp_model.INT_MIN)
-    hi_i = np.where(np.isfinite(hi), np.floor(np.where(np.isfinite(hi), hi, 0.0)), cp_model.INT_MAX)
+    lo_i = [math.ceil(v) if math.isfinite(v) else cp_model.INT_MIN for v in lo[keep].tolist()]
+    hi_i = [math.floor(v) if math.isfinite(v) else cp_model.INT_MAX for v in hi[keep].tolist()]
     weighted_sum, add = cp_model.LinearExpr.weighted_sum, cp.add_linear_constraint
     started = time.perf_counter()
-    for r, lo_r, hi_r in zip(np.flatnonzero(keep).tolist(), lo_i[keep].astype(np.int64).tolist(),
-                             hi_i[keep].astype(np.int64).tolist(), strict=True):
+    for r, lo_r, hi_r in zip(np.flatnonzero(keep).tolist(), lo_i, hi_i, strict=True):
         if r % 4096 == 0:
             if time.perf_counter() > until:
                 raise DeadlineExceeded("CP-SAT model building")
