@@ -212,8 +212,8 @@ def write_plans(plans: dict[Path, Plan]) -> None:
             staged.append((_stage(current, plan_chunks(plan)), current))
         for tmp, current in staged:
             backups[current] = _keep_aside(current)
+            done.append(current)  # before the rename: an interrupt right after it must still roll it back
             os.replace(tmp, current)
-            done.append(current)
         for folder in {t.parent for t in plans}:
             _fsync_dir(folder)
     except OSError as exc:
