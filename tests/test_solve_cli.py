@@ -88,7 +88,8 @@ def evaluate_in_process(scenario: Path, plans: Path, *extra: str) -> int:
 
 def test_feasible_scenario_writes_plans_that_evaluate_accepts(small, tmp_path):
     out = tmp_path / "out"
-    done = run("--scenario", str(small), "--out", str(out), cwd=tmp_path)
+    # the MIP does not close its last 0.2% and would run the default 60 s
+    done = run("--scenario", str(small), "--out", str(out), "--time-limit", "5", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert set(plans_in(out)) == {"plan_chat.jsonl", "plan_short.jsonl"}
     assert "OK: every plan is valid and meets every limit" in done.stdout
@@ -100,7 +101,9 @@ def test_feasible_scenario_writes_plans_that_evaluate_accepts(small, tmp_path):
 @pytest.mark.parametrize("backend", ["cpsat", "pulp"])
 def test_other_backends(small, tmp_path, backend):
     out = tmp_path / "out"
-    done = run("--scenario", str(small), "--out", str(out), "--backend", backend, "--quiet", cwd=tmp_path)
+    # CP-SAT cannot prove these optimal and would use the default 60 s: the limit keeps the suite fast
+    done = run("--scenario", str(small), "--out", str(out), "--backend", backend, "--quiet", "--time-limit", "3",
+               cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"solver: mip ({backend} " in done.stdout
     assert evaluate_in_process(small, out) == 0

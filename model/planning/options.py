@@ -21,7 +21,9 @@ class PlannerOptions:
       pricing_budget: (box t values) x (gen values) x (cells) one pricing pass may
         touch before the gens are coarsened further.
       target_gap: once the incumbent is this close to the bound, only polish it.
-      polish_s: seconds the full MIP gets to polish an incumbent within target_gap.
+      polish_s, polish_share: the full MIP polishes an incumbent within target_gap
+        for polish_s seconds or polish_share of the time left, whichever is longer
+        (CP-SAT and PuLP spend seconds building an 80k-column model before they search).
       max_repairs: re-solves with tightened limits after the exact evaluation finds
         a limit the model missed (a compile spike it could not place harmlessly).
       greedy_max_requests: above this many requests the greedy warm start is skipped
@@ -50,6 +52,7 @@ class PlannerOptions:
     pricing_budget: float = 2.5e7
     target_gap: float = 1e-3
     polish_s: float = 3.0
+    polish_share: float = 0.2
     max_repairs: int = 2
     greedy_max_requests: int = 1_000_000
     all_shapes_max: int = 24

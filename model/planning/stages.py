@@ -244,7 +244,8 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
             grown = [merge(bm, g, prune(bm, g, r, d, gap), inc)
                      for bm, g, r, d, inc in zip(bms, grids, cg.res, cg.duals, best.res, strict=True)]
         # already within the target gap: a short polish (small models finish it, large ones stop early)
-        until = mip_deadline.within(options.polish_s) if close else mip_deadline
+        until = mip_deadline.within(max(options.polish_s, options.polish_share * mip_deadline.left())) \
+            if close else mip_deadline
         last = solve_restricted(space, solver, grown, best.assignment if best else warm, until)
         if last.assignment is not None and (best is None or last.objective < best.objective):
             best = last
