@@ -11,8 +11,10 @@ from model.cost.analytic import CostParams
 from model.cost.common import GRANULARITY, MODES
 from model.errors import InfeasibleError, InputError, NoPlanFound
 from model.pipeline import InputSpec, load_problem
-from model.runtime import Interrupted, shielded, signal_handlers
+from model.runtime import Interrupted, leave, shielded, signal_handlers
 from model.schema import LIMIT_KEYS, Limits, Problem, Scenario
+
+ABANDONED_WAIT_S = 5.0  # at exit, a solver left behind gets this long to end before the process leaves anyway
 
 
 def add_input_args(parser: argparse.ArgumentParser) -> None:
@@ -74,13 +76,15 @@ def check_time_limit(seconds: float) -> float:
     return seconds
 
 
-def run_main(main) -> None:
+def run_main(main, hard_exit: bool = False) -> None:
     """Run an entry point and turn its outcome into an exit status (see README, "Exit statuses").
 
     Bad input -> one line on stderr, exit 2; limits proven unmeetable -> exit 3; no
     plan found without such a proof (time limit, solver failure) -> exit 4; SIGINT or
     SIGTERM -> exit 130 or 143 (nothing written: the solvers are stopped, their child
-    processes and temporary files removed).
+    processes and temporary files removed).  ``hard_exit`` (the command lines' own
+    process): leave without the interpreter's shutdown if a solver thread that ignored
+    its stop is still running (``model.runtime.leave``); in-process callers get SystemExit.
     """
     code = 1
     with signal_handlers():
@@ -96,6 +100,8 @@ def run_main(main) -> None:
             code = _fail(exc.exit_code, f"{exc}; nothing written")
         except KeyboardInterrupt:
             code = _fail(130, "interrupted by SIGINT; nothing written")
+    if hard_exit:
+        leave(code, 0.0 if code in (130, 143) else ABANDONED_WAIT_S)
     sys.exit(code)
 
 

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 log = logging.getLogger("shapeplan")
 
@@ -174,6 +176,27 @@ class Deadline:
             log.info("%s: " + (progress or "working") + " (%.1f s left)", phase, *args, self.left())
 
 
+class BuildClock:
+    """Paces a model build row by row: stops it (DeadlineExceeded) once it cannot end in time.
+
+    ``then`` is the work that must follow the build, in build-times (PuLP writes its MPS
+    file in about the build's time): at ``done`` of ``total`` rows the projected end is
+    start + elapsed / done * total * (1 + then).  A build that cannot finish is stopped
+    early, not at the deadline, so its time is not spent for nothing.
+    """
+
+    def __init__(self, what: str, total: int, until: float, then: float = 0.0):
+        self.what, self.total, self.until, self.then = what, max(total, 1), until, then
+        self.start = time.perf_counter()
+
+    def row(self, done: int) -> None:
+        now = time.perf_counter()
+        projected = self.start + (now - self.start) / max(done, 1) * self.total * (1.0 + self.then)
+        if now > self.until or (done >= self.total // 10 and projected > self.until):
+            raise DeadlineExceeded(self.what)
+        still_running(f"{self.what} ({done} of {self.total} rows)", self.start)
+
+
 def still_running(what: str, since: float) -> None:
     """A progress line for a call that cannot tick itself (a native solve), at most every PROGRESS_S."""
     now = time.perf_counter()
@@ -236,6 +259,35 @@ def run_native(call: Callable[[], T], stop: Callable[[], None], until: float = m
     if "error" in box:
         raise box["error"]
     return NativeRun(box.get("result"), interrupt_signal() is not None, False)
+
+
+def settle_abandoned(timeout: float) -> bool:
+    """Give solver threads left behind up to ``timeout`` seconds to end; True if none is left running.
+
+    A left-behind solver still calls back into Python; doing that while the interpreter
+    shuts down can abort the process, so an exit with one still running skips the
+    shutdown (see ``model.cli_common.run_main``).
+    """
+    end = time.perf_counter() + timeout
+    with shielded():
+        for worker in list(_abandoned):
+            while worker.is_alive() and time.perf_counter() < end and interrupt_signal() is None:
+                worker.join(0.05)
+    _abandoned[:] = [w for w in _abandoned if w.is_alive()]
+    return not _abandoned
+
+
+def leave(code: int, wait_s: float) -> NoReturn:
+    """End the process with ``code``; past a solver still left behind after ``wait_s``, without the shutdown.
+
+    HiGHS left running in a daemon thread aborted the interpreter's shutdown ("terminate
+    called without an active exception", exit 134) when it next called back into Python.
+    """
+    if not settle_abandoned(wait_s):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def _drain_abandoned() -> None:

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """Console-script entry point."""
-    run_main(main)
+    run_main(main, hard_exit=True)
 
 
 if __name__ == "__main__":

@@ -96,11 +96,14 @@ def _box_value(bm: BucketModel, duals: Duals, t: int, gs: np.ndarray, cells: np.
     return F + (bm.hist.count[cells][None, :] * np.minimum(0.0, e)).sum(axis=1), F, e
 
 
-def box_values(bm: BucketModel, grid: Grid, duals: Duals, boxes: np.ndarray) -> np.ndarray:
-    """Unclipped v_k = F_k + sum_c n_c min(0, e_ck) of given boxes (h_k = min(0, v_k))."""
+def box_values(bm: BucketModel, grid: Grid, duals: Duals, boxes: np.ndarray,
+               check: Callable[[], None] | None = None) -> np.ndarray:
+    """Unclipped v_k = F_k + sum_c n_c min(0, e_ck) of given boxes (h_k = min(0, v_k)); ``check`` per box t."""
     t_all, g_all = grid.box(boxes)
     out = np.zeros(len(boxes))
     for t in np.unique(t_all):
+        if check is not None:
+            check()
         sel = np.flatnonzero(t_all == t)
         out[sel] = _box_value(bm, duals, int(t), g_all[sel], np.flatnonzero(bm.hist.S <= t))[0]
     return out
@@ -125,16 +128,19 @@ def price_boxes(bm: BucketModel, grid: Grid, duals: Duals, max_batch: int | None
 
 
 def box_arcs(bm: BucketModel, grid: Grid, duals: Duals, boxes: np.ndarray, slack: float,
-             max_per_box: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+             max_per_box: int | None = None, check: Callable[[], None] | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
     """Arcs (cell, position in ``boxes``) worth holding: e_ck <= slack, plus each box's own tight cells.
 
     ``max_per_box`` keeps only the most valuable arcs of each box: with penalty-driven
     prices (limits still violated) nearly every arc looks worth it, and the model
-    would balloon.
+    would balloon.  ``check`` is called for every box t (it may raise to stop).
     """
     t_all, g_all = grid.box(boxes)
     cells_out, pos_out = [], []
     for t in np.unique(t_all):
+        if check is not None:
+            check()
         sel = np.flatnonzero(t_all == t)
         cells = np.flatnonzero(bm.hist.S <= t)
         e = _cell_values(bm, duals, int(t), g_all[sel], cells)

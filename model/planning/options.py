@@ -42,6 +42,9 @@ class PlannerOptions:
       arcs_per_box: most valuable arcs a box gets per pricing round.
       full_arcs: a model with at most this many arcs is built whole (no column
         generation: the MIP is then exact).
+      max_polish_arcs: reduced-cost fixing keeps at most about this many arcs (each
+        box's most valuable) for the second MIP: with a weak bound it kept 5M arcs of a
+        long-context trace, which no backend could even load within the limit.
       min_call_s: the least time a solver call is granted (the deadline is honoured,
         not padded).
       repair_margin: a limit the exact evaluation found broken is lowered by this
@@ -64,5 +67,6 @@ class PlannerOptions:
     max_rounds: int = 30
     arcs_per_box: int = 96
     full_arcs: int = 20_000
+    max_polish_arcs: int = 400_000
     min_call_s: float = 0.05
     repair_margin: float = 1.01

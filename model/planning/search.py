@@ -8,6 +8,7 @@ can warm-start any bigger model without caring where its columns sit.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,15 +116,18 @@ def support(bm: BucketModel, grid: Grid, r: Restriction, model: MipArrays, x: np
     return seed_restriction(bm, grid, cell[used], box[used])
 
 
-def prune(bm: BucketModel, grid: Grid, r: Restriction, d: Duals, gap: float) -> Restriction:
+def prune(bm: BucketModel, grid: Grid, r: Restriction, d: Duals, gap: float, max_per_box: int | None = None,
+          check: Callable[[], None] | None = None) -> Restriction:
     """Reduced-cost fixing: keep only boxes and arcs a plan cheaper than the incumbent could use.
 
     A plan using box k costs at least LB + max(0, v_k), v_k its unclipped Lagrangian
     value, and each arc with e_ck > 0 adds e_ck more; so v_k > gap or e_ck > gap rules
-    the box or arc out.
+    the box or arc out.  With a weak bound (a wide gap) nearly every arc survives, so
+    ``max_per_box`` keeps each box's most valuable ones (the model stays a restriction).
+    ``check`` is called between chunks (it may raise to stop).
     """
-    keep_box = box_values(bm, grid, d, r.boxes) <= gap
-    cells, pos = box_arcs(bm, grid, d, r.boxes, slack=gap)
+    keep_box = box_values(bm, grid, d, r.boxes, check) <= gap
+    cells, pos = box_arcs(bm, grid, d, r.boxes, slack=gap, max_per_box=max_per_box, check=check)
     keep = keep_box[pos]
     old = keep_box[r.arc_box]
     cell, box = arcs_of(r)

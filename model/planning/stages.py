@@ -237,12 +237,23 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
     best = first if first.assignment is not None else None
     last = first
     close = best is not None and best.objective - cg.bound.total <= options.target_gap * best.objective
+    grown = None
     if not mip_deadline.expired() and (best is None or best.objective > cg.bound.total):
         grown = cg.res
         if best is not None and problem.mode == "reference":
             gap = best.objective - cg.bound.total
-            grown = [merge(bm, g, prune(bm, g, r, d, gap), inc)
-                     for bm, g, r, d, inc in zip(bms, grids, cg.res, cg.duals, best.res, strict=True)]
+            per_box = max(1, options.max_polish_arcs // max(1, sum(len(r.boxes) for r in cg.res)))
+
+            def check() -> None:
+                mip_deadline.tick("reduced-cost fixing")
+
+            try:
+                grown = [merge(bm, g, prune(bm, g, r, d, gap, per_box, check), inc)
+                         for bm, g, r, d, inc in zip(bms, grids, cg.res, cg.duals, best.res, strict=True)]
+            except DeadlineExceeded:
+                grown = None
+                notes.append("the time limit cut reduced-cost fixing short: the MIP searched only the LP's support")
+    if grown is not None:
         # already within the target gap: a short polish (small models finish it, large ones stop early)
         until = mip_deadline.within(max(options.polish_s, options.polish_share * mip_deadline.left())) \
             if close else mip_deadline

@@ -22,7 +22,7 @@ import pandas as pd
 from ortools.sat.python import cp_model, cp_model_helper
 
 from model.formulation.arrays import MipArrays
-from model.runtime import DeadlineExceeded, run_native, still_running
+from model.runtime import BuildClock, DeadlineExceeded, run_native
 from solvers.backends.result import BackendResult, Feature, SolveOptions, Status, mapped
 
 STOP_GRACE_S = 0.5  # a run still going this long after its time limit is left behind (see run_native)
@@ -167,12 +167,10 @@ def build(model: MipArrays, warm_start: np.ndarray | None,
     lo_i = [math.ceil(v) if math.isfinite(v) else cp_model.INT_MIN for v in lo[keep].tolist()]
     hi_i = [math.floor(v) if math.isfinite(v) else cp_model.INT_MAX for v in hi[keep].tolist()]
     weighted_sum, add = cp_model.LinearExpr.weighted_sum, cp.add_linear_constraint
-    started = time.perf_counter()
-    for r, lo_r, hi_r in zip(np.flatnonzero(keep).tolist(), lo_i, hi_i, strict=True):
-        if r % 4096 == 0:
-            if time.perf_counter() > until:
-                raise DeadlineExceeded("CP-SAT model building")
-            still_running(f"CP-SAT model building ({r} of {model.n_rows} rows)", started)
+    clock = BuildClock("CP-SAT model building", len(lo_i), until)
+    for k, (r, lo_r, hi_r) in enumerate(zip(np.flatnonzero(keep).tolist(), lo_i, hi_i, strict=True)):
+        if k % 1024 == 0:
+            clock.row(k)
         s, e = bounds[r], bounds[r + 1]
         add(weighted_sum([xs[c] for c in cols[s:e]], vals[s:e]), lo_r, hi_r)
     raw = model.c * model.scale  # integer-valued costs (the arrays hold them divided by scale)

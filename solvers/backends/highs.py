@@ -100,8 +100,8 @@ def _lp(model: MipArrays, relax: bool) -> highspy.HighsLp:
     lp.a_matrix_.index_ = index
     lp.a_matrix_.value_ = value
     if not relax and model.integer.any():
-        lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
-                           for i in model.integer]
+        kinds = (highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger)
+        lp.integrality_ = [kinds[i] for i in model.integer.tolist()]
     return lp
 
 
@@ -131,9 +131,12 @@ class Highs:
         h.passModel(_lp(model, options.relax))
         if options.warm_start is not None and not options.relax:
             sol = highspy.HighsSolution()
-            sol.col_value = list(np.asarray(options.warm_start, dtype=np.float64))
+            sol.col_value = np.asarray(options.warm_start, dtype=np.float64).tolist()
             sol.value_valid = True
             h.setSolution(sol)
+        if time.perf_counter() - t0 >= float(options.time_limit):  # passing a huge model spent the time
+            return BackendResult(Status.TIME_LIMIT_NO_SOLUTION, None, None, None, None, time.perf_counter() - t0,
+                                 self.name, version(), "time limit reached while passing the model")
         incumbent = [options.warm_start] if options.warm_start is not None and not options.relax else [None]
         if not options.relax:
             _subscribe_progress(h, model, options.on_progress, incumbent)

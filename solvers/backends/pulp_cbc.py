@@ -30,11 +30,14 @@ import numpy as np
 import pulp
 
 from model.formulation.arrays import MipArrays
-from model.runtime import DeadlineExceeded, interrupt_signal, shielded, still_running
+from model.runtime import BuildClock, DeadlineExceeded, interrupt_signal, shielded, still_running
 from solvers.backends.result import BackendResult, Feature, SolveOptions, Status, mapped
 
 STOP_GRACE_S = 0.25  # this long past its time limit CBC gets SIGINT (it then writes what it has) ...
 KILL_GRACE_S = 0.5  # ... and SIGKILL this much later
+# PuLP writes the MPS file (uninterruptibly) in about the time it took to build the problem:
+# with less than this many build-times left, CBC would start past the limit
+WRITE_FACTOR = 1.2
 C = pulp.constants
 # (LpStatus, LpSolution status) as PuLP reads CBC's solution file -> (Status when values came back,
 # when none did).  "Stopped on time - objective value" reads as (Optimal, IntegerFeasible): CBC's
@@ -76,6 +79,10 @@ class Pulp:
         except DeadlineExceeded:
             return BackendResult(Status.TIME_LIMIT_NO_SOLUTION, None, None, None, None, time.perf_counter() - t0,
                                  self.name, version(), "time limit reached while building the model")
+        built = time.perf_counter() - t0
+        if t0 + float(options.time_limit) - time.perf_counter() < WRITE_FACTOR * built:
+            return BackendResult(Status.TIME_LIMIT_NO_SOLUTION, None, None, None, None, time.perf_counter() - t0,
+                                 self.name, version(), "no time left to write the model for CBC")
         warm = options.warm_start is not None and not options.relax
         if warm:
             for v, val, lo, up in zip(xs, options.warm_start, model.lb, model.ub, strict=True):
@@ -135,12 +142,10 @@ def build(model: MipArrays, relax: bool, until: float = math.inf) -> tuple[pulp.
     cols, vals = model.cols[order].tolist(), model.vals[order].tolist()
     bounds = np.searchsorted(model.rows[order], np.arange(model.n_rows + 1)).tolist()
     names: list[tuple[int, str]] = []
-    started = time.perf_counter()
+    clock = BuildClock("PuLP model building", model.n_rows, until, then=WRITE_FACTOR)
     for r, (lo, hi) in enumerate(zip(model.row_lo.tolist(), model.row_hi.tolist(), strict=True)):
-        if r % 4096 == 0:
-            if time.perf_counter() > until:
-                raise DeadlineExceeded("PuLP model building")
-            still_running(f"PuLP model building ({r} of {model.n_rows} rows)", started)
+        if r % 1024 == 0:
+            clock.row(r)
         s, e = bounds[r], bounds[r + 1]
         terms = list(zip([xs[c] for c in cols[s:e]], vals[s:e], strict=True))
         if lo == hi:
