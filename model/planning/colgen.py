@@ -80,13 +80,21 @@ def floor_bound(space: Space) -> Bound:
     return Bound(sum(per), per if space.shapes is None else None, prices)
 
 
-def generate(space: Space, res: list[Restriction], lp_solver: Backend, deadline: Deadline) -> ColumnGeneration | None:
+class NoDuals(Exception):
+    """The first LP relaxation gave no duals (a time limit, a solver failure): nothing to generate from."""
+
+    def __init__(self, result: BackendResult):
+        self.result = result
+        super().__init__(f"the first LP relaxation gave no duals ({result.backend}: {result.status.text})")
+
+
+def generate(space: Space, res: list[Restriction], lp_solver: Backend, deadline: Deadline) -> ColumnGeneration:
     """Run column generation from ``res`` until converged, stalled, or ``deadline``.
 
     The LPs run on ``lp_solver`` (it must have Feature.LP_DUALS).  A round whose
     pricing the deadline cuts is dropped: its partial Lagrangian is no bound, so the
-    last complete one (or the own-box floor) stands.  None if the first LP gives no
-    duals (then there is nothing to generate from).
+    last complete one (or the own-box floor) stands.  Raises NoDuals if the first LP
+    gives no duals.
     """
     t0 = time.perf_counter()
     p = space.problem
@@ -102,7 +110,9 @@ def generate(space: Space, res: list[Restriction], lp_solver: Backend, deadline:
         if lp.status is not Status.OPTIMAL or lp.row_duals is None or lp.x is None:
             log.info("LP of round %d returned no duals (%s: %s)%s", rnd, lp_solver.name, lp.status.text,
                      f"; keeping round {rnd - 1}" if last is not None else "")
-            return replace(last, converged=False) if last is not None else None
+            if last is None:
+                raise NoDuals(lp)
+            return replace(last, converged=False)
         duals = [duals_from_lp(model, lp.row_duals, b, len(bm.hist)) for b, bm in enumerate(space.bms)]
         kappa = shape_cap_dual(model, lp.row_duals)
         slack = sum(float(lp.x[blk.slice()].sum()) for blk in model.col_blocks if blk.name.startswith("slack_"))

@@ -16,7 +16,7 @@ from model.errors import InfeasibleError
 from model.expand.assemble import box_of_requests
 from model.formulation.boxes import BucketModel, bucket_model, candidate_grid
 from model.histogram.cells import Histogram, build_histogram, gen_min_of
-from model.planning.colgen import exact_bound, generate
+from model.planning.colgen import NoDuals, exact_bound, generate
 from model.planning.options import PlannerOptions
 from model.planning.search import (
     Space,
@@ -220,11 +220,12 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
     notes = list(setup.notes)
     notes.append(f"column generation's LPs ran on {lp_solver.name}"
                  + ("" if lp_solver is solver else f" ({solver.name} has no LP duals)"))
-    cg = generate(space, res, lp_solver, deadline.share(options.colgen_share))
-    if cg is None:
-        notes.append(f"the first LP relaxation ({lp_solver.name}) gave no duals: no search")
-        return SearchOutcome(None, None, setup.bound, None, Status.ERROR, lp_solver.name, lp_solver.version(),
-                             tuple(notes), native="the first LP relaxation gave no duals")
+    try:
+        cg = generate(space, res, lp_solver, deadline.share(options.colgen_share))
+    except NoDuals as exc:
+        notes.append(f"{exc}: no search")
+        return SearchOutcome(None, None, setup.bound, None, exc.result.status, lp_solver.name, lp_solver.version(),
+                             tuple(notes), native=f"its first LP relaxation gave no duals ({exc.result.native})")
     if cg.cut:
         notes.append(f"the time limit cut column generation's pricing short: its bound is from "
                      f"{f'{cg.rounds} complete round(s)' if cg.rounds else 'the own-box floor'} (still valid)")
