@@ -225,11 +225,13 @@ def run_native(call: Callable[[], T], stop: Callable[[], None], until: float = m
     ``grace_s`` of being told (a phase that polls no callback: HiGHS's root LP inside
     a MIP ran seconds past its limit) is left behind in its daemon thread, so neither a
     deadline nor an exit waits for it; the next native call waits for it first (two
-    solves of one library at once are not something to rely on).  An exception raised
-    by the call is raised here.  A progress line says ``what`` runs at least every
-    PROGRESS_S.
+    solves of one library at once are not something to rely on), and if it is still
+    running at ``until``, that call is not made (reported as left behind too).  An
+    exception raised by the call is raised here.  A progress line says ``what`` runs at
+    least every PROGRESS_S.
     """
-    _drain_abandoned()
+    if not _drain_abandoned(until):
+        return NativeRun(None, interrupt_signal() is not None, True)
     box: dict[str, object] = {}
 
     def body() -> None:
@@ -290,13 +292,11 @@ def leave(code: int, wait_s: float) -> NoReturn:
     sys.exit(code)
 
 
-def _drain_abandoned() -> None:
-    """Wait for solver threads left behind earlier (not past a signal)."""
-    while _abandoned:
-        worker = _abandoned[0]
-        with shielded():
-            while worker.is_alive() and interrupt_signal() is None:
+def _drain_abandoned(until: float) -> bool:
+    """Wait for solver threads left behind earlier, until ``until`` or a signal; True if none is left."""
+    with shielded():
+        for worker in list(_abandoned):
+            while worker.is_alive() and interrupt_signal() is None and time.perf_counter() < until:
                 worker.join(0.05)
-        if worker.is_alive():
-            return
-        _abandoned.pop(0)
+    _abandoned[:] = [w for w in _abandoned if w.is_alive()]
+    return not _abandoned

@@ -76,6 +76,9 @@ def test_run_native_leaves_behind_a_call_that_ignores_stop():
                      until=t0 + 0.2, grace_s=0.2)
     assert run.abandoned and not run.interrupted and run.result is None
     assert stopped and 0.15 < stopped[0] < 0.4 and time.perf_counter() - t0 < 0.8
+    ran = []
+    skipped = run_native(lambda: ran.append(1), lambda: None, until=time.perf_counter() + 0.2)
+    assert skipped.abandoned and not ran  # the one left behind still runs at this call's deadline: not started
     done = run_native(lambda: 42, lambda: None)  # waits for the one left behind first
     assert done.result == 42 and time.perf_counter() - t0 >= 1.4
 
