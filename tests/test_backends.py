@@ -184,16 +184,18 @@ def market_split(m: int = 4, n: int = 40, seed: int = 1) -> MipArrays:
     return arrays(np.zeros(n), np.zeros(n), np.ones(n), rows)
 
 
-def solver_processes(marker: str) -> list[int]:
-    """Pids of live processes whose command line mentions ``marker`` (a private temporary folder)."""
+def solver_processes(marker: str, exclude: tuple[int, ...] = ()) -> list[int]:
+    """Pids of other live processes whose command line or environment mentions ``marker`` (a private
+    temporary folder: CBC's files live there, and every child process inherits TMPDIR)."""
     found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+        if entry.name.isdigit() and int(entry.name) not in (os.getpid(), *exclude):
             try:
-                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
+                seen = (entry / "cmdline").read_bytes() + b"\0" + (entry / "environ").read_bytes()
             except OSError:
                 continue
+            if marker.encode() in seen and b"State:\tZ" not in (entry / "status").read_bytes():
+                found.append(int(entry.name))
     return found
 
 
@@ -208,16 +210,21 @@ def private_tmp(tmp_path, monkeypatch):
     clear_interrupt()
 
 
+# a MIP above highs.CHILD_MIN_COLS columns runs in a child process of its own
+CASES = [*((name, 40) for name in BACKENDS), ("highs", highs_module.CHILD_MIN_COLS + 1000)]
+CASE_IDS = [*BACKENDS, "highs-child-process"]
+
+
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc to look for solver processes")
-@pytest.mark.parametrize("name", BACKENDS)
-def test_an_interrupt_stops_the_solver_and_leaves_nothing_behind(name, private_tmp):
-    """The signal handler's flag, set 0.5 s into a hopeless MIP: INTERRUPTED within a second or two, no CBC
-    process and no file left in the temporary folder."""
+@pytest.mark.parametrize("name, n", CASES, ids=CASE_IDS)
+def test_an_interrupt_stops_the_solver_and_leaves_nothing_behind(name, n, private_tmp):
+    """The signal handler's flag, set 0.5 s into a hopeless MIP: INTERRUPTED within a second or two, no solver
+    process (CBC, HiGHS's child) and no file left in the temporary folder."""
     timer = threading.Timer(0.5, request_interrupt)
     timer.start()
     t0 = time.perf_counter()
     try:
-        out = get_backend(name).solve(market_split(), SolveOptions(time_limit=30))
+        out = get_backend(name).solve(market_split(n=n), SolveOptions(time_limit=30))
     finally:
         timer.cancel()
         clear_interrupt()
@@ -227,14 +234,15 @@ def test_an_interrupt_stops_the_solver_and_leaves_nothing_behind(name, private_t
     assert not list(private_tmp.iterdir())
 
 
-@pytest.mark.parametrize("name", BACKENDS)
-def test_the_time_limit_holds_without_a_solution(name, private_tmp):
+@pytest.mark.parametrize("name, n", CASES, ids=CASE_IDS)
+def test_the_time_limit_holds_without_a_solution(name, n, private_tmp):
     """A hopeless MIP with a 1 s limit ends as TIME_LIMIT_NO_SOLUTION (not infeasible, not an error) in time."""
     t0 = time.perf_counter()
-    out = get_backend(name).solve(market_split(), SolveOptions(time_limit=1.0))
+    out = get_backend(name).solve(market_split(n=n), SolveOptions(time_limit=1.0))
     assert out.status is Status.TIME_LIMIT_NO_SOLUTION, out
     assert time.perf_counter() - t0 < 2.5
     assert not list(private_tmp.iterdir())
+    assert not solver_processes(str(private_tmp))
 
 
 def test_the_cbc_runner_cleans_up_when_cbc_fails(private_tmp, monkeypatch):
