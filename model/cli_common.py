@@ -10,11 +10,14 @@ from pathlib import Path
 from model.cost.analytic import CostParams
 from model.cost.common import GRANULARITY, MODES
 from model.deploy.flags import allowed_from_args
-from model.errors import InfeasibleError, InputError
+from model.errors import InfeasibleError, InputError, NoPlanFound
 from model.load.profile import load_profile
 from model.load.scenario import MAX_BATCH, MAX_SEQ_LEN, MAX_SHAPES
 from model.pipeline import InputSpec, load_problem
+from model.runtime import Interrupted, leave, shielded, signal_handlers
 from model.schema import LIMIT_KEYS, Limits, Problem, Scenario
+
+ABANDONED_WAIT_S = 5.0  # at exit, a solver left behind gets this long to end before the process leaves anyway
 
 
 def add_input_args(parser: argparse.ArgumentParser) -> None:
@@ -87,17 +90,44 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
     return load_problem(spec, default_scenario)
 
 
-def run_main(main) -> None:
-    """Run an entry point: bad input -> one line on stderr and exit 2; infeasible -> exit 3;
-    Ctrl-C (KeyboardInterrupt) anywhere -> one line and exit 130, never a traceback."""
-    try:
-        sys.exit(main())
-    except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except InfeasibleError as exc:
-        print(f"infeasible: {exc}", file=sys.stderr)
-        sys.exit(3)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+def check_time_limit(seconds: float) -> float:
+    """``--time-limit``: a positive, finite number of seconds (negative, zero, NaN or inf is bad input)."""
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise InputError("--time-limit", None, None, f"must be a positive number of seconds, got {seconds}")
+    return seconds
+
+
+def run_main(main, hard_exit: bool = False) -> None:
+    """Run an entry point and turn its outcome into an exit status (see README, "Exit statuses").
+
+    Bad input -> one line on stderr, exit 2; limits proven unmeetable -> exit 3; no
+    plan found without such a proof (time limit, solver failure) -> exit 4; SIGINT or
+    SIGTERM -> exit 130 or 143 (nothing written: the solvers are stopped, their child
+    processes and temporary files removed).  ``hard_exit`` (the command lines' own
+    process): leave without the interpreter's shutdown if a solver thread that ignored
+    its stop is still running (``model.runtime.leave``); in-process callers get SystemExit.
+    """
+    code = 1
+    with signal_handlers():
+        try:
+            code = main()
+        except InputError as exc:
+            code = _fail(2, f"error: {exc}")
+        except InfeasibleError as exc:
+            code = _fail(3, f"infeasible: {exc}")
+        except NoPlanFound as exc:
+            code = _fail(4, str(exc))
+        except Interrupted as exc:
+            code = _fail(exc.exit_code, f"{exc}; nothing written")
+        except KeyboardInterrupt:
+            code = _fail(130, "interrupted by SIGINT; nothing written")
+    if hard_exit:
+        leave(code, 0.0 if code in (130, 143) else ABANDONED_WAIT_S)
+    sys.exit(code)
+
+
+def _fail(code: int, message: str) -> int:
+    """Say why on stderr (a second signal meanwhile is only recorded) and return the exit status."""
+    with shielded():
+        print(message, file=sys.stderr)
+    return code

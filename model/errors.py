@@ -31,3 +31,11 @@ class InputError(Exception):
 
 class InfeasibleError(Exception):
     """The limits cannot all be met; the message says which ones conflict."""
+
+
+class NoPlanFound(Exception):
+    """No plan meeting every limit was found, and the limits are NOT proven unmeetable.
+
+    A time limit without a solution or a solver failure ends here (exit status 4),
+    never as an InfeasibleError: only a proof may say the limits cannot be met.
+    """

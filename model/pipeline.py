@@ -18,7 +18,7 @@ import numpy as np
 from model.cost.analytic import CostParams, compile_cost, decode_cost, member_latency, prefill_cost
 from model.cost.common import Mode, align
 from model.cost.device import DeviceProfile
-from model.errors import InfeasibleError, InputError
+from model.errors import InfeasibleError, InputError, NoPlanFound
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble
 from model.load.plans import write_plans
@@ -34,6 +34,7 @@ from model.schema import (
     Problem,
     Scenario,
     SolveReport,
+    Status,
 )
 from model.shapeset import check_fits
 from solvers.packers import PACKERS
@@ -197,7 +198,7 @@ def plan(problem: Problem, solver: str = MIP, backend: str = "highs", time_limit
         raise InputError("--solver", None, None, f"unknown solver {solver!r} ({', '.join(solver_names())})")
     t0 = time.perf_counter()
     batchings = PACKERS[solver](problem)
-    return Planned(batchings, SolveReport("heuristic", None, None, None, time.perf_counter() - t0,
+    return Planned(batchings, SolveReport(Status.HEURISTIC, None, None, None, time.perf_counter() - t0,
                                           f"packer:{solver}", "1"))
 
 
@@ -246,7 +247,7 @@ def compare_run(problem: Problem, solver: str) -> Evaluation | str:
     """One more planner's evaluated plans for a comparison table, or the reason it cannot plan."""
     try:
         return run(problem, solver).evaluation
-    except InfeasibleError as exc:
+    except (InfeasibleError, NoPlanFound) as exc:
         return str(exc)
 
 

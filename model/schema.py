@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -160,6 +161,40 @@ class Scenario:
         return Problem(**kw)
 
 
+class Status(enum.StrEnum):
+    """How a solve ended; ``value`` is the text tables and the sweep CSV show."""
+
+    OPTIMAL = "optimal"  # proven optimal (within the MIP gap)
+    FEASIBLE = "feasible"  # a solution, stopped for another reason than the clock
+    TIME_LIMIT_FEASIBLE = "time_limit"  # the time limit, with a solution
+    TIME_LIMIT_NO_SOLUTION = "time_limit_no_solution"  # the time limit, no solution: nothing proven
+    INFEASIBLE = "infeasible"  # proven: no solution exists
+    INTERRUPTED = "interrupted"  # a signal stopped it
+    ERROR = "error"  # the solver failed: nothing proven
+    HEURISTIC = "heuristic"  # a packer's plan (reports only; no backend returns it)
+
+    @property
+    def text(self) -> str:
+        """Words for a message ("time limit, no solution")."""
+        return _TEXT[self]
+
+    @property
+    def proven_infeasible(self) -> bool:
+        return self is Status.INFEASIBLE
+
+
+_TEXT = {
+    Status.OPTIMAL: "optimal",
+    Status.FEASIBLE: "feasible",
+    Status.TIME_LIMIT_FEASIBLE: "time limit, with a solution",
+    Status.TIME_LIMIT_NO_SOLUTION: "time limit, no solution",
+    Status.INFEASIBLE: "infeasible",
+    Status.INTERRUPTED: "interrupted",
+    Status.ERROR: "solver error",
+    Status.HEURISTIC: "heuristic",
+}
+
+
 @dataclass(frozen=True)
 class SolveReport:
     """What a planner says about its run, read from the solver's API (never its log).
@@ -168,7 +203,7 @@ class SolveReport:
     for heuristics); ``gap`` = (objective - bound) / objective.
     """
 
-    status: str  # "optimal" | "feasible" | "time_limit" | "heuristic" | "infeasible"
+    status: Status  # tables show status.value
     objective: float | None
     bound: float | None
     gap: float | None

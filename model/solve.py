@@ -5,8 +5,12 @@
     python -m model.solve a.jsonl b.csv --columns azure --cost-model strict --out DIR
 
 Plans are written only when every plan is valid and meets every limit, all at once
-(temporary files renamed into place).  Exit status: 0 written; 1 a plan breaks a rule
-or limit (nothing written); 2 bad input; 3 the limits cannot all be met.
+(temporary files renamed into place).  The whole run (not only the MIP) keeps within
+--time-limit, apart from loading and writing.  Exit status: 0 written; 1 a plan breaks
+a rule or limit (nothing written); 2 bad input; 3 the limits cannot all be met (proven);
+4 no plan found, not proven infeasible (a time limit without a solution, a solver
+failure; nothing written); 130 / 143 interrupted by SIGINT / SIGTERM (nothing written,
+old plans untouched).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from model.cli_common import (
     add_input_args,
     add_limit_args,
     build_problem,
+    check_time_limit,
     cli_limits,
     run_main,
 )
@@ -40,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     add_limit_args(parser)
     parser.add_argument("--solver", default="mip", help=f"planner: {', '.join(pipeline.solver_names())}")
     parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
-    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds for the MIP (default 60)")
+    parser.add_argument("--time-limit", type=float, default=60.0,
+                        help="seconds for planning: the whole run apart from loading and writing (default 60)")
     parser.add_argument("--max-batch-size", type=int, default=None, help="at most this many requests per batch")
     parser.add_argument("--out", type=Path, default=Path("out"), help="folder for plan_<bucket>.jsonl (default out/)")
     parser.add_argument("--compare", action="store_true", help="also run every heuristic packer and compare")
@@ -50,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="[%(relativeCreated)6.0f ms] %(message)s")
+    check_time_limit(args.time_limit)
     fraction = parse_fraction(args.holdout)
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO, cli_limits(args))
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
@@ -66,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run.evaluation.results
     rep = run.planned.report
     for i, result in enumerate(results):
-        extra = {"solver": f"{args.solver} ({rep.backend} {rep.version}), status {rep.status}"}
+        extra = {"solver": f"{args.solver} ({rep.backend} {rep.version}), status {rep.status.value}"}
         if rep.bucket_bounds is not None:
             lb = rep.bucket_bounds[i]
             cost = result.metrics.cost if result.metrics else None
@@ -100,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """Console-script entry point."""
-    run_main(main)
+    run_main(main, hard_exit=True)
 
 
 if __name__ == "__main__":

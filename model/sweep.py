@@ -7,8 +7,8 @@
 Loads and aggregates the input once, solves it for each K (and each factor on one
 limit, applied to every bucket), writes a tidy CSV (one row per point x bucket x
 planner) and, with --report, report.md / report.html with pictures.  Infeasible
-points are rows with status "infeasible", never a crash.  Exit status: 0 done;
-2 bad input.
+points are rows with status "infeasible" (proven) or "no_plan" (none found in time),
+never a crash.  Exit status: 0 done; 2 bad input; 130 / 143 interrupted.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from model import pipeline
-from model.cli_common import add_input_args, add_limit_args, build_problem, run_main
+from model.cli_common import add_input_args, add_limit_args, build_problem, check_time_limit, run_main
 from model.deploy.flags import add_holdout_args, add_shape_args, parse_fraction
 from model.deploy.holdout import Holdout, Split, split, sweep_checks
 from model.deploy.present import sweep_holdout_blocks
@@ -102,8 +102,7 @@ def check_outputs(out: Path | None, report: Path | None) -> None:
 
 def check_settings(args: argparse.Namespace) -> None:
     """Every flag that needs no input, checked before anything is loaded, solved or written."""
-    if args.time_limit <= 0:
-        raise InputError("--time-limit", None, None, f"must be positive, got {args.time_limit}")
+    check_time_limit(args.time_limit)
     if not 0 <= args.tolerance < math.inf:
         raise InputError("--tolerance", None, None, f"must be a finite non-negative share, got {args.tolerance}")
     if args.factors is not None and not args.sweep_limit:
@@ -179,7 +178,7 @@ def holdout_checks(part: Split, result: SweepResult, args: argparse.Namespace) -
 
 def entry() -> None:
     """Console-script entry point."""
-    run_main(main)
+    run_main(main, hard_exit=True)
 
 
 if __name__ == "__main__":

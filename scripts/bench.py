@@ -198,8 +198,9 @@ def scale_run(n: int, folder: Path, seed: int, time_limit: float) -> list[Stage]
     (results, _), evaluate = measured(n, "evaluate", lambda: evaluate_plans(problem, plans))
     _, write = measured(n, "write", lambda: write_plans({folder / f"plan_{n}.jsonl": plans[0]}))
     ok = all(r.ok for r in results)
+    gap = f" gap {planned.report.gap:.2%}" if planned.report.gap is not None else ""
     print(f"  n = {n:>12,}: plan valid {'yes' if ok else 'NO'}, cost {results[0].metrics.cost:.4e}, "
-          f"MIP {planned.report.status}" + (f" gap {planned.report.gap:.2%}" if planned.report.gap is not None else ""))
+          f"MIP {planned.report.status.value}{gap}")
     for f in (source, folder / f"plan_{n}.jsonl"):
         f.unlink(missing_ok=True)
     return [load, aggregate, solve, expand, evaluate, write]

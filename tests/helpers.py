@@ -20,7 +20,7 @@ from model.evaluation.validate import BucketResult, evaluate_plans, limit_checks
 from model.formulation.arrays import MipArrays, Restriction, build_model, restriction
 from model.formulation.boxes import BucketModel, bucket_model, candidate_grid
 from model.histogram.cells import build_histogram
-from model.schema import Batching, Bucket, Limits, Planned, Problem, SolveReport
+from model.schema import Batching, Bucket, Limits, Planned, Problem, SolveReport, Status
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
@@ -42,7 +42,7 @@ def problem(*buckets: Bucket, k: int = 8, limits: Limits = Limits(), **kw) -> Pr
 
 def planned(batchings: tuple[Batching, ...]) -> Planned:
     """Batchings wrapped as a planner's output, so they go through the real expansion."""
-    return Planned(batchings, SolveReport("heuristic", None, None, None, 0.0, "test", "1"))
+    return Planned(batchings, SolveReport(Status.HEURISTIC, None, None, None, 0.0, "test", "1"))
 
 
 def evaluated(prob: Problem, plan: Planned) -> list[BucketResult]:

@@ -38,7 +38,7 @@ def lat(s: int, g: int) -> float:
 
 
 def solve(arrays: MipArrays) -> BackendResult:
-    return highs.solve(arrays, SolveOptions(time_limit=20))
+    return highs.BACKEND.solve(arrays, SolveOptions(time_limit=20))
 
 
 def blocks(arrays: MipArrays, kind: str, name: str):

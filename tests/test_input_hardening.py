@@ -109,7 +109,7 @@ def test_ctrl_c_outside_the_solver_is_one_line_and_exit_130(inputs: Path, capsys
         main, argv = sweep.main, ["--scenario", "s.toml", "--k", "1", "--solvers", "greedy", "--out", "out/sweep.csv", "--quiet"]
         assert engine.run_sweep is not sweep.run_sweep
     status, _, err = exit_of(main, argv, capsys)
-    assert (status, err) == (130, "interrupted\n")
+    assert (status, err) == (130, "interrupted by SIGINT; nothing written\n")
     assert {k: v[0] for k, v in tree(inputs).items()} == {k: v[0] for k, v in before.items()}
 
 

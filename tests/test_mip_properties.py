@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from model import pipeline
-from model.errors import InfeasibleError
+from model.errors import InfeasibleError, NoPlanFound
 from model.planning.mip import plan_mip
 from model.schema import Limits, Problem
 from solvers.packers import PACKERS
@@ -75,7 +75,7 @@ def problems(draw, modes=("reference", "strict"), p95: bool = True) -> Problem:
 def run_mip(prob: Problem) -> Outcome:
     try:
         out = plan_mip(prob, time_limit=20)
-    except InfeasibleError:
+    except (InfeasibleError, NoPlanFound):
         return Outcome(prob, None, None, [])
     results = check_valid(prob, out.batchings)
     cost = sum(r.metrics.cost for r in results)

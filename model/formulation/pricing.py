@@ -22,6 +22,7 @@ prices columns: boxes with h_k < 0 improve the restricted LP.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,27 +121,34 @@ def _box_value(bm: BucketModel, duals: Duals, t: int, gs: np.ndarray, vs: np.nda
     return np.where(lo > hi, np.inf, value), F, e, hi
 
 
-def box_values(bm: BucketModel, grid: Grid, duals: Duals, boxes: np.ndarray) -> np.ndarray:
-    """Unclipped v_k = F_k + sum_c n_c min(0, e_ck) of given boxes (h_k = min(0, v_k))."""
+def box_values(bm: BucketModel, grid: Grid, duals: Duals, boxes: np.ndarray,
+               check: Callable[[], None] | None = None) -> np.ndarray:
+    """Unclipped v_k = F_k + sum_c n_c min(0, e_ck) of given boxes (h_k = min(0, v_k)); ``check`` per box t."""
     t_all, g_all = grid.box(boxes)
     v_all = grid.variant(boxes)
     out = np.zeros(len(boxes))
     for t in np.unique(t_all):
+        if check is not None:
+            check()
         sel = np.flatnonzero(t_all == t)
         out[sel] = _box_value(bm, duals, int(t), g_all[sel], v_all[sel], np.flatnonzero(bm.hist.S <= t), None)[0]
     return out
 
 
-def price_boxes(bm: BucketModel, grid: Grid, duals: Duals, max_batch: int | None) -> np.ndarray:
+def price_boxes(bm: BucketModel, grid: Grid, duals: Duals, max_batch: int | None,
+                check: Callable[[], None] | None = None) -> np.ndarray:
     """h_k <= 0 for every box of the grid (flat, t-major): the value of opening it at these prices.
 
     With a cap of hi_k members per batch, m batches hold at most m hi_k members, so each
     member also carries at least F_k / hi_k: the value is at least
     sum_c n_c min(0, e_ck + F_k / hi_k), whichever of the two bounds is larger.
+    ``check`` is called before every chunk (it may raise to stop a pass the deadline cuts).
     """
     h = np.zeros(len(grid))
     col_g, col_v = grid.col_g, grid.col_v
     for i, t, cells, lo, hi in _t_chunks(bm, grid):
+        if check is not None:
+            check()
         value, F, e, cap = _box_value(bm, duals, t, col_g[lo:hi], col_v[lo:hi], cells, max_batch)
         capped = cap < NO_CAP
         if capped.any():
@@ -153,17 +161,20 @@ def price_boxes(bm: BucketModel, grid: Grid, duals: Duals, max_batch: int | None
 
 
 def box_arcs(bm: BucketModel, grid: Grid, duals: Duals, boxes: np.ndarray, slack: float,
-             max_per_box: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+             max_per_box: int | None = None, check: Callable[[], None] | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
     """Arcs (cell, position in ``boxes``) worth holding: e_ck <= slack, plus each box's own tight cells.
 
     ``max_per_box`` keeps only the most valuable arcs of each box: with penalty-driven
     prices (limits still violated) nearly every arc looks worth it, and the model
-    would balloon.
+    would balloon.  ``check`` is called for every box t (it may raise to stop).
     """
     t_all, g_all = grid.box(boxes)
     v_all = grid.variant(boxes)
     cells_out, pos_out = [], []
     for t in np.unique(t_all):
+        if check is not None:
+            check()
         sel = np.flatnonzero(t_all == t)
         cells = np.flatnonzero(bm.hist.S <= t)
         e = _cell_values(bm, duals, int(t), g_all[sel], v_all[sel], cells)
@@ -206,9 +217,14 @@ class Bound:
 
 def lagrangian_bound(bms: list[BucketModel], grids: list[Grid], duals: list[Duals], max_batch: int | None,
                      shapes: np.ndarray | None = None, kappa: float = 0.0, max_shapes: int = 0,
-                     compile_fixed: list[float] | None = None) -> Bound:
-    """L(multipliers): a valid lower bound on the optimal total cost (see module docstring)."""
-    prices = tuple(price_boxes(bm, grid, d, max_batch) for bm, grid, d in zip(bms, grids, duals, strict=True))
+                     compile_fixed: list[float] | None = None, check: Callable[[], None] | None = None) -> Bound:
+    """L(multipliers): a valid lower bound on the optimal total cost (see module docstring).
+
+    ``check`` is called between pricing chunks; if it raises, no bound is returned (a
+    Lagrangian evaluated over part of the boxes is not a bound).
+    """
+    prices = tuple(price_boxes(bm, grid, d, max_batch, check)
+                   for bm, grid, d in zip(bms, grids, duals, strict=True))
     fixed = compile_fixed or [0.0] * len(bms)
     consts = [bucket_constant(bm, d, f) for bm, d, f in zip(bms, duals, fixed, strict=True)]
     if shapes is None:

@@ -17,6 +17,7 @@ import pyarrow.json as pajson
 from model.cost.common import GRANULARITY, HEADS, HIDDEN
 from model.errors import InputError
 from model.load.requests import MAX_LEN, JsonFieldError, check_utf8, line_numbers, strict_json
+from model.runtime import shielded
 from model.schema import Plan
 
 SHAPE_KEYS = ("seq_align", "heads_align", "hidden_align")
@@ -248,29 +249,32 @@ def write_together(files: dict[Path, Iterable[bytes]]) -> None:
             staged.append((_stage(current, chunks), current))
         for tmp, current in staged:
             backups[current] = _keep_aside(current)
+            done.append(current)  # before the rename: an interrupt right after it must still roll it back
             os.replace(tmp, current)
-            done.append(current)
         for folder in {t.parent for t in files}:
             _fsync_dir(folder)
         ok = True
     except OSError as exc:
-        _roll_back(done, backups)
+        with shielded():
+            _roll_back(done, backups)
         raise InputError(str(current), None, None, f"cannot write: {exc.strerror or exc}") from exc
-    except BaseException:
-        _roll_back(done, backups)
+    except BaseException:  # an interrupt (SIGINT, SIGTERM) too: every target goes back as it was
+        with shielded():
+            _roll_back(done, backups)
         raise
     finally:
-        for tmp, _ in staged:
-            _remove(tmp)
-        for aside in backups.values():
-            if aside is not None:
-                _remove(aside)
-        if not ok:
-            for folder in made:
-                try:
-                    os.rmdir(folder)
-                except OSError:
-                    pass
+        with shielded():
+            for tmp, _ in staged:
+                _remove(tmp)
+            for aside in backups.values():
+                if aside is not None:
+                    _remove(aside)
+            if not ok:
+                for folder in made:
+                    try:
+                        os.rmdir(folder)
+                    except OSError:
+                        pass
 
 
 def _missing_dirs(files: dict[Path, object]) -> list[Path]:
@@ -301,7 +305,8 @@ def _stage(target: Path, chunks: Iterable[bytes]) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
-        _remove(Path(tmp))
+        with shielded():
+            _remove(Path(tmp))
         raise
     return Path(tmp)
 

@@ -8,7 +8,6 @@ limits are probed by the planner's own search to name the ones that conflict.
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -19,8 +18,11 @@ from model.cost.metrics import fastest_latency, spike_ms
 from model.formulation.boxes import bucket_model, request_floor
 from model.histogram.cells import build_histogram
 from model.planning.stages import greedy_plan, search, shape_setup
-from model.schema import Bucket, Limits, Problem
+from model.runtime import Deadline, DeadlineExceeded
+from model.schema import Bucket, Limits, Problem, Status
 from solvers.backends import get_backend
+
+PROBE_MIN_S = 0.5  # a pair probe needs at least this much of the time limit left
 
 
 def at_best(bucket: Bucket, problem: Problem) -> dict[str, float]:
@@ -55,8 +57,8 @@ def at_best(bucket: Bucket, problem: Problem) -> dict[str, float]:
     return {"cost": floor, "pad_ratio": pad, "p95_latency_ms": p95, "sequential_ms": max(float(own.max()), spiked)}
 
 
-def explain_infeasible(problem: Problem, deadline_s: float = 30.0) -> str:
-    """One line per finding: limits that can never be met, else pairs that conflict."""
+def unmeetable(problem: Problem) -> list[str]:
+    """The limits no plan can meet (each below its ``at_best``): a proof, one line per limit."""
     found = []
     for bucket, limits in zip(problem.buckets, problem.limits, strict=True):
         best = at_best(bucket, problem)
@@ -64,30 +66,45 @@ def explain_infeasible(problem: Problem, deadline_s: float = 30.0) -> str:
             if limit < best[metric]:
                 found.append(f"{bucket.name}: {metric} <= {limit:.6g} can never be met: no plan goes below "
                              f"{best[metric]:.6g}")
+    return found
+
+
+def explain_infeasible(problem: Problem, deadline: Deadline = Deadline.never(), proof: str = "") -> str:
+    """One line per finding: limits that can never be met, else pairs that conflict.
+
+    ``proof`` names what proved the problem infeasible when no single limit explains
+    it (the pair probes then say which limits conflict, within ``deadline``).
+    """
+    found = unmeetable(problem)
     if found:
         return "the limits cannot all be met; " + "; ".join(found)
-    pairs = conflicting_pairs(problem, time.perf_counter() + deadline_s)
+    pairs = conflicting_pairs(problem, deadline)
     bests = "; ".join(f"{b.name}: " + ", ".join(f"{m} at best {v:.6g}" for m, v in at_best(b, problem).items()
                                                   if lim.get(m) is not None)
                       for b, lim in zip(problem.buckets, problem.limits, strict=True) if lim.items())
+    lead = f"the limits cannot all be met ({proof})" if proof else "the limits cannot all be met"
     if pairs:
-        return f"the limits cannot all be met; these conflict: {'; '.join(pairs)} (each alone: {bests})"
-    return (f"no plan meeting every limit was found (each limit alone is reachable: {bests}; "
+        return f"{lead}; these conflict: {'; '.join(pairs)} (each alone: {bests})"
+    return (f"{lead}: no plan meets every limit (each limit alone is reachable: {bests}; "
             "no pair of them conflicts within the probe's time, so the conflict needs three or more)")
 
 
-def conflicting_pairs(problem: Problem, deadline: float) -> list[str]:
+def conflicting_pairs(problem: Problem, deadline: Deadline) -> list[str]:
     """Pairs of one bucket's limits for which the planner's search finds no plan."""
     solver = get_backend("highs")
     out = []
     for b, (bucket, limits) in enumerate(zip(problem.buckets, problem.limits, strict=True)):
         for (m1, v1), (m2, v2) in itertools.combinations(limits.items(), 2):
-            if time.perf_counter() > deadline:
+            if deadline.left() < PROBE_MIN_S:
                 return out
             single = replace(problem, buckets=(bucket,), limits=(Limits.of_metrics({m1: v1, m2: v2}),))
             fine = [build_histogram(bucket)]
-            until = min(deadline, time.perf_counter() + 10.0)
-            outcome = search(single, fine, shape_setup(single, fine), greedy_plan(single), solver, until)
-            if outcome.batchings is None:
+            until = deadline.within(10.0)
+            try:
+                outcome = search(single, fine, shape_setup(single, fine, deadline=until),
+                                 greedy_plan(single, deadline=until), solver, until)
+            except DeadlineExceeded:
+                return out
+            if outcome.batchings is None and outcome.status is Status.INFEASIBLE:
                 out.append(f"{bucket.name}: {m1} <= {v1:.6g} with {m2} <= {v2:.6g}")
     return out

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -27,10 +26,11 @@ from model.histogram.cells import Histogram
 from model.planning.options import PlannerOptions
 from model.planning.shapes import ShapeChoice, choose_shapes
 from model.planning.stages import SearchOutcome, bucket_models
-from model.schema import Batching, Problem
+from model.runtime import Deadline, interrupted
+from model.schema import Batching, Problem, Status
 from model.shapeset import round_up_to, usable
-from solvers.backends import get_backend
-from solvers.backends.result import SolveOptions
+from solvers.backends import Backend, get_backend
+from solvers.backends.result import Feature, SolveOptions
 from solvers.packers.grouping import balanced_batching
 
 log = logging.getLogger("shapeplan")
@@ -215,8 +215,9 @@ def warm_vector(problem: Problem, bms: list[BucketModel], levels: list[Levels], 
     return x
 
 
-def solve_levels(problem: Problem, hists: list[Histogram], bms: list[BucketModel], levels: list[Levels], solver,
-                 until: float, warm: tuple[Batching, ...] | None, spikes: bool, options: PlannerOptions):
+def solve_levels(problem: Problem, hists: list[Histogram], bms: list[BucketModel], levels: list[Levels],
+                 solver: Backend, until: Deadline, warm: tuple[Batching, ...] | None, spikes: bool,
+                 options: PlannerOptions):
     """Build and solve one flow model; returns (model, blocks, result)."""
     model, blocks = build_flow_model(bms, levels, problem.max_shapes, problem.max_batch_size, spikes=spikes)
     start = warm_vector(problem, bms, levels, blocks, model.n_cols, warm)
@@ -227,11 +228,15 @@ def solve_levels(problem: Problem, hists: list[Histogram], bms: list[BucketModel
             used |= start[fb.z.slice()] > 0
         start[y.slice()] = used.astype(float)
         start = _with_flows(model, start)
-    result = solver.solve(model, SolveOptions(time_limit=max(options.min_call_s, until - time.perf_counter()),
-                                              warm_start=start,
-                                              on_progress=lambda inc, bnd: log.info("  MIP incumbent %.6e", inc)))
+    warm_ok = start is not None and Feature.WARM_START in solver.features
+    progress = (lambda inc, bnd: log.info("  MIP incumbent %.6e", inc)) if Feature.PROGRESS in solver.features \
+        else None
+    result = solver.solve(model, SolveOptions(time_limit=max(options.min_call_s, until.left()),
+                                              warm_start=start if warm_ok else None, on_progress=progress))
+    if result.status is Status.INTERRUPTED:
+        raise interrupted()
     log.info("flow model: %d columns, %d rows: %s, objective %s, bound %s (%s %.1f s)", model.n_cols, model.n_rows,
-             result.status, result.objective, result.bound, result.backend, result.time_s)
+             result.status.value, result.objective, result.bound, result.backend, result.time_s)
     return model, blocks, result
 
 
@@ -242,7 +247,7 @@ def _with_flows(model, start: np.ndarray) -> np.ndarray | None:
     ub = np.where(fixed, start, model.ub)
     lp = replace(model, lb=lb, ub=ub, c=np.zeros(model.n_cols), integer=np.zeros(model.n_cols, bool))
     res = get_backend("highs").solve(lp, SolveOptions(time_limit=5.0, relax=True))
-    return res.x if res.x is not None and res.status == "optimal" else None
+    return res.x if res.x is not None and res.status is Status.OPTIMAL else None
 
 
 def _flow_columns(model) -> np.ndarray:
@@ -253,16 +258,17 @@ def _flow_columns(model) -> np.ndarray:
     return mask
 
 
-def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, ...] | None, solver,
-                deadline: float, reserves: tuple[int, ...] | None = None,
+def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, ...] | None, solver: Backend,
+                deadline: Deadline, reserves: tuple[int, ...] | None = None,
                 options: PlannerOptions = PlannerOptions(), want_bound: bool = True) -> SearchOutcome:
-    """Plan by the flow model and certify a bound (see module docstring); never raises for infeasibility."""
-    t0 = time.perf_counter()
+    """Plan by the flow model and certify a bound (see module docstring); never raises for infeasibility.
+
+    With exact levels and no held-back P95 members the model is the whole problem in
+    device mode, so its INFEASIBLE is a proof (``SearchOutcome.exact``)."""
     bms = bucket_models(problem, fine, reserves)
     plan_levels = flow_levels(problem, fine, options, "ceil", warm)
     exact = exact_levels(plan_levels, fine, problem)
-    share = 1.0 if exact or not want_bound else options.flow_plan_share
-    until = min(deadline, t0 + share * max(0.0, deadline - t0))
+    until = deadline
     model, blocks, result = solve_levels(problem, fine, bms, plan_levels, solver, until, warm,
                                          spikes=True, options=options)
     notes = [f"{problem.mode} mode: flow model over {len(plan_levels[0].ts)} shape levels and "
@@ -274,12 +280,14 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
                      "batch under the best K shapes) and the flow model's own bound where that one is certified")
         if exact and result.bound is not None and not any(reserves or ()) and problem.mode == "device":
             bound = max(bound, result.bound)
+    whole = exact and not any(reserves or ()) and problem.mode == "device"
     if not result.has_solution:
-        return SearchOutcome(None, None, bound, None, result.status, result.backend, result.version, tuple(notes))
+        return SearchOutcome(None, None, bound, None, result.status, result.backend, result.version, tuple(notes),
+                             whole, result.native)
     used = served(result.x, blocks)
     ts = plan_levels[0].ts
     batchings = tuple(flow_batching(problem, b, h, ts, lv.gs, u)
                       for b, (h, lv, u) in enumerate(zip(fine, plan_levels, used, strict=True)))
     return SearchOutcome(batchings, result.objective, bound, None, result.status, result.backend, result.version,
-                         tuple(notes))
+                         tuple(notes), whole)
 

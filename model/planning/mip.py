@@ -14,6 +14,11 @@ Flow (data one way):
      plan and the greedy packer's plan that meets every limit is returned; if the MIP
      plan breaks a limit the model thought it met (a compile spike it could not place
      harmlessly), the limit is tightened by the excess and the search repeated.
+
+One deadline (``model.runtime.Deadline``) runs through every step, the final judging
+included, so a run ends within its time limit.  No plan ends as InfeasibleError only
+with a proof (a limit below what any plan reaches, or the whole model infeasible);
+otherwise as NoPlanFound (a time limit, a solver failure).
 """
 
 from __future__ import annotations
@@ -24,20 +29,26 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from model.errors import InfeasibleError
+from model.errors import InfeasibleError, InputError, NoPlanFound
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble
 from model.histogram.cells import build_histogram
-from model.planning.diagnose import explain_infeasible
+from model.planning.diagnose import explain_infeasible, unmeetable
 from model.planning.flow import all_shapes, flow_search, shape_levels, shape_relaxation
 from model.planning.options import PlannerOptions
 from model.planning.runs import device_start
-from model.planning.stages import greedy_plan, search, shape_setup, spike_reserves
-from model.schema import Batching, Evaluation, Plan, Planned, Problem, SolveReport
+from model.planning.stages import SearchOutcome, greedy_plan, search, shape_setup, spike_reserves
+from model.runtime import Deadline
+from model.schema import Batching, Evaluation, Plan, Planned, Problem, SolveReport, Status
 from solvers.backends import get_backend
+from solvers.backends.result import Feature
 from solvers.packers import PACKERS
 
 log = logging.getLogger("shapeplan")
+# the final judging (expansion and exact evaluation) must fit in the time limit too: it is
+# timed on greedy's plan and that much (times the margin) kept; without greedy, estimated
+JUDGE_MARGIN = 1.5
+JUDGE_S_PER_REQUEST = 3e-6
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,7 +100,7 @@ def tightened(problem: Problem, reserves: tuple[int, ...], broken: tuple[tuple[i
     return replace(problem, limits=tuple(limits)), tuple(reserves)
 
 
-def device_fallbacks(problem: Problem, start: tuple[Batching, ...] | None) -> list[Judged]:
+def device_fallbacks(problem: Problem) -> list[Judged]:
     """Device mode: the plans of the packers that meet every limit (dpfill, pow2, solo), judged exactly.
 
     The exact-batching start ignores the limits; when it breaks one, the cheapest packer
@@ -109,31 +120,46 @@ def device_fallbacks(problem: Problem, start: tuple[Batching, ...] | None) -> li
 
 def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
              options: PlannerOptions = PlannerOptions()) -> Planned:
-    """Plan every bucket by optimisation; the report carries a certified lower bound and its gap."""
+    """Plan every bucket by optimisation; the report carries a certified lower bound and its gap.
+
+    Everything -- the greedy warm start, the shape choice, column generation, the
+    MIPs, the bound, the repairs and the final judging -- finishes within
+    ``time_limit`` seconds (give or take a solver's reaction time).  Raises
+    InfeasibleError only with a proof that the limits cannot all be met, NoPlanFound
+    when no plan was found without one, and Interrupted on a signal.
+    """
     t0 = time.perf_counter()
-    deadline = t0 + time_limit
+    clock = Deadline.after(time_limit)
     solver = get_backend(backend)
+    if Feature.MIP not in solver.features:
+        raise InputError("--backend", None, None, f"backend {backend!r} cannot solve integer models")
+    n_requests = sum(len(b) for b in problem.buckets)
     fine = [build_histogram(b) for b in problem.buckets]
     flow = problem.mode == "device"
-    setup = None if flow else shape_setup(problem, fine, options)
-    greedy = greedy_plan(problem, options)
+    greedy = greedy_plan(problem, options, clock.share(options.greedy_share))
     if flow:
         starts = [np.asarray(shape_relaxation(problem, fine).shapes)]
         if greedy is not None:
             starts.append(np.unique(np.concatenate([bt.shape_of for bt in greedy])))
         greedy = device_start(problem, starts, all_shapes(problem, fine), shape_levels(problem, fine, options),
-                              t0 + options.start_share * time_limit)
-    fallbacks = device_fallbacks(problem, greedy) if flow else []
-    if fallbacks and not judge(problem, "start", greedy).acceptable:
+                              clock.share(options.start_share).at)
+    fallbacks = device_fallbacks(problem) if flow else []
+    t_judge = time.perf_counter()
+    judged_greedy = judge(problem, "exact-runs start" if flow else "greedy", greedy) if greedy is not None else None
+    if flow and fallbacks and not judged_greedy.acceptable:
         greedy = min(fallbacks, key=lambda j: j.cost).batchings  # a start that meets the limits
-    first, mip_ok, attempt_problem = None, None, problem
+    # the final judging of the MIP's plan must fit too: keep about what judging greedy's took
+    spent = time.perf_counter() - t_judge if greedy is not None else JUDGE_S_PER_REQUEST * n_requests
+    work = Deadline(clock.at - JUDGE_MARGIN * spent)
+    setup = None if flow else shape_setup(problem, fine, options, work)
+    first, mip_ok, judged, attempt_problem, attempt = None, None, None, problem, 0
     reserves = spike_reserves(problem, fine)
     for attempt in range(options.max_repairs + 1):
         if flow:
-            outcome = flow_search(attempt_problem, fine, greedy, solver, deadline, reserves, options,
+            outcome = flow_search(attempt_problem, fine, greedy, solver, work, reserves, options,
                                   want_bound=first is None)
         else:
-            outcome = search(attempt_problem, fine, setup, greedy, solver, deadline, reserves, options)
+            outcome = search(attempt_problem, fine, setup, greedy, solver, work, reserves, options)
         first = first or outcome  # its bound is for the original limits: the only one certified
         if outcome.batchings is None:
             break
@@ -141,28 +167,56 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
         if judged.acceptable:
             mip_ok = judged
             break
-        if attempt == options.max_repairs or time.perf_counter() > deadline:
+        if attempt == options.max_repairs or work.expired():
             break
         log.info("exact re-evaluation: the MIP plan breaks %s; tightening and solving again",
                  ", ".join(f"{problem.buckets[b].name} {m}" for b, m, _, _ in judged.broken))
         attempt_problem, reserves = tightened(attempt_problem, reserves, judged.broken, options)
-    options_ = ([mip_ok] if mip_ok else []) + fallbacks
-    if greedy is not None:
-        judged_greedy = judge(problem, "exact-runs start" if flow else "greedy", greedy)
-        if judged_greedy.acceptable:
-            options_.append(judged_greedy)
-    if not options_:
-        raise InfeasibleError(explain_infeasible(problem, deadline_s=max(10.0, 0.5 * time_limit)))
-    chosen = min(options_, key=lambda j: j.cost)
+    candidates = ([mip_ok] if mip_ok else []) + fallbacks
+    if judged_greedy is not None and judged_greedy.acceptable:
+        candidates.append(judged_greedy)
+    if not candidates:
+        raise no_plan(problem, solver.name, first, outcome, judged, judged_greedy, attempt, clock)
+    chosen = min(candidates, key=lambda j: j.cost)
     notes = list(first.notes)
     if chosen.name != "mip":
         notes.append(f"the {chosen.name} plan is cheaper under the exact cost model than the MIP's and is returned "
-                     "(the MIP searched a coarsened or time-limited space)")
+                     "(the MIP searched a coarsened or time-limited space)" if mip_ok else
+                     f"the MIP found no plan meeting every limit ({solver.name}: {outcome.status.text}); the "
+                     f"{chosen.name} plan is returned")
     if attempt:
         notes.append(f"repaired: re-solved {attempt} time(s) with limits tightened by what the exact evaluation "
                      "found the model had missed")
     gap = (chosen.cost - first.bound) / chosen.cost if chosen.cost > 0 else 0.0
-    status = "optimal" if gap <= 1e-4 else ("time_limit" if outcome.status == "time_limit" else "feasible")
+    if gap <= 1e-4:
+        status = Status.OPTIMAL
+    elif outcome.status in (Status.TIME_LIMIT_FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION) or clock.expired():
+        status = Status.TIME_LIMIT_FEASIBLE
+    else:
+        status = Status.FEASIBLE
     report = SolveReport(status, chosen.cost, first.bound, gap, time.perf_counter() - t0, outcome.backend,
                          outcome.version, first.bucket_bounds, tuple(notes))
     return Planned(chosen.batchings, report, chosen.plans, chosen.evaluation)
+
+
+def no_plan(problem: Problem, backend: str, first: SearchOutcome, last: SearchOutcome, judged: Judged | None,
+            judged_greedy: Judged | None, repairs: int, clock: Deadline) -> Exception:
+    """Why no plan came out: InfeasibleError with a proof, else NoPlanFound saying what happened instead."""
+    proofs = unmeetable(problem)
+    if proofs:
+        return InfeasibleError("the limits cannot all be met; " + "; ".join(proofs))
+    if first.proven_infeasible:
+        return InfeasibleError(explain_infeasible(problem, clock, f"{backend} proved the whole model infeasible"))
+    if last.batchings is not None and judged is not None:
+        broken = ", ".join(f"{problem.buckets[b].name} {m}" for b, m, _, _ in judged.broken)
+        what = f"the MIP's plan still breaks {broken} under the exact evaluation after {repairs} repair(s)"
+    elif last.status is Status.TIME_LIMIT_NO_SOLUTION or (last.status is Status.ERROR and clock.expired()):
+        what = f"no plan found within the time limit ({backend}: {last.status.text})"
+    elif last.status is Status.INFEASIBLE:
+        what = (f"no plan found: the MIP over the boxes the search kept is infeasible ({backend}), which does not "
+                "prove the limits unmeetable")
+    else:
+        what = f"no plan found ({backend}: {last.status.text}{f': {last.native}' if last.native else ''})"
+    greedy = ("" if judged_greedy is None else "; the greedy packer's plan breaks "
+              + ", ".join(f"{problem.buckets[b].name} {m}" for b, m, _, _ in judged_greedy.broken))
+    return NoPlanFound(f"{what}{greedy}; not proven infeasible")

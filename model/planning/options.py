@@ -21,14 +21,20 @@ class PlannerOptions:
       pricing_budget: (box t values) x (gen values) x (cells) one pricing pass may
         touch before the gens are coarsened further.
       target_gap: once the incumbent is this close to the bound, only polish it.
-      polish_s: seconds the full MIP gets to polish an incumbent within target_gap.
+      polish_s, polish_share: the full MIP polishes an incumbent within target_gap
+        for polish_s seconds or polish_share of the time left, whichever is longer
+        (CP-SAT and PuLP spend seconds building an 80k-column model before they search).
       max_repairs: re-solves with tightened limits after the exact evaluation finds
         a limit the model missed (a compile spike it could not place harmlessly).
       greedy_max_requests: above this many requests the greedy warm start is skipped
         (its merges work per request and would eat the time limit).
       all_shapes_max: strict mode searches every candidate shape up to this many,
         else only the shape relaxation's choice.
+      greedy_share: share of the time limit the greedy warm start may use (cut
+        short, the search starts without it).
       colgen_share: share of the time limit column generation may use.
+      exact_bound_share: share of what column generation left that is kept for
+        the bound on the exact histogram (after the MIP) when gens were coarsened.
       support_share: share of what is left that the first MIP (over the LP's
         support) may use before the full search.
       columns_per_round: boxes added per bucket per column-generation round.
@@ -36,6 +42,9 @@ class PlannerOptions:
       arcs_per_box: most valuable arcs a box gets per pricing round.
       full_arcs: a model with at most this many arcs is built whole (no column
         generation: the MIP is then exact).
+      max_polish_arcs: reduced-cost fixing keeps at most about this many arcs (each
+        box's most valuable) for the second MIP: with a weak bound it kept 5M arcs of a
+        long-context trace, which no backend could even load within the limit.
       min_call_s: the least time a solver call is granted (the deadline is honoured,
         not padded).
       repair_margin: a limit the exact evaluation found broken is lowered by this
@@ -43,8 +52,6 @@ class PlannerOptions:
       flow_shape_levels, flow_gen_levels: strict/device mode's flow model keeps at most
         this many shape levels (shared) and gen levels (per bucket); beyond that they
         are request-weighted quantiles and the bound comes from the relaxed model.
-      flow_plan_share: share of the time limit the plan model gets when a relaxed
-        model must also be solved for the bound.
       start_share: share of the time limit device mode's start (shape local search with
         exact batching) may use.
     """
@@ -53,18 +60,21 @@ class PlannerOptions:
     pricing_budget: float = 2.5e7
     target_gap: float = 1e-3
     polish_s: float = 3.0
+    polish_share: float = 0.2
     max_repairs: int = 2
     greedy_max_requests: int = 1_000_000
     all_shapes_max: int = 24
+    greedy_share: float = 0.25
     colgen_share: float = 0.45
+    exact_bound_share: float = 0.3
     support_share: float = 0.25
     columns_per_round: int = 300
     max_rounds: int = 30
     arcs_per_box: int = 96
     full_arcs: int = 20_000
+    max_polish_arcs: int = 400_000
     min_call_s: float = 0.05
     repair_margin: float = 1.01
     flow_shape_levels: int = 48
     flow_gen_levels: int = 160
-    flow_plan_share: float = 0.6
     start_share: float = 0.2

@@ -22,6 +22,7 @@ import numpy as np
 
 from model.cost.common import align
 from model.cost.device import DeviceProfile, batch_time, linear_parts
+from model.runtime import check_interrupt
 from model.schema import Batching, Problem
 from solvers.packers.grouping import batch_capacity
 
@@ -156,6 +157,7 @@ def improve_shapes(problem: Problem, shapes: np.ndarray, candidates: np.ndarray,
     current = total(shapes)
     improved = True
     while improved and time.perf_counter() < deadline:
+        check_interrupt()
         improved = False
         for k in range(len(shapes) - 1):
             pos = int(np.searchsorted(candidates, shapes[k]))
@@ -193,6 +195,7 @@ def interval_costs(problem: Problem, candidates: np.ndarray, deadline: float) ->
                     total += filled_cost(np.sort(bucket.gen_len[sel]), top, problem.params,
                                          problem.max_batch_size) + problem.params.compile_ms
             cost[lo + 1, hi] = total
+            check_interrupt()
             if time.perf_counter() > deadline:
                 return None
     return cost

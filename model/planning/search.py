@@ -8,7 +8,7 @@ can warm-start any bigger model without caring where its columns sit.
 from __future__ import annotations
 
 import logging
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,11 +17,12 @@ from model.formulation.arrays import MipArrays, Restriction, build_model, restri
 from model.formulation.boxes import BucketModel, Grid, variant_of_size, variant_range
 from model.formulation.pricing import Duals, box_arcs, box_values
 from model.planning.options import PlannerOptions
+from model.runtime import Deadline, interrupted
 from model.schema import Batching, Problem
-from solvers.backends.result import BackendResult, SolveOptions
+from solvers.backends import Backend
+from solvers.backends.result import BackendResult, Feature, SolveOptions, Status
 
 log = logging.getLogger("shapeplan")
-
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,15 +118,18 @@ def support(bm: BucketModel, grid: Grid, r: Restriction, model: MipArrays, x: np
     return seed_restriction(bm, grid, cell[used], box[used])
 
 
-def prune(bm: BucketModel, grid: Grid, r: Restriction, d: Duals, gap: float) -> Restriction:
+def prune(bm: BucketModel, grid: Grid, r: Restriction, d: Duals, gap: float, max_per_box: int | None = None,
+          check: Callable[[], None] | None = None) -> Restriction:
     """Reduced-cost fixing: keep only boxes and arcs a plan cheaper than the incumbent could use.
 
     A plan using box k costs at least LB + max(0, v_k), v_k its unclipped Lagrangian
     value, and each arc with e_ck > 0 adds e_ck more; so v_k > gap or e_ck > gap rules
-    the box or arc out.
+    the box or arc out.  With a weak bound (a wide gap) nearly every arc survives, so
+    ``max_per_box`` keeps each box's most valuable ones (the model stays a restriction).
+    ``check`` is called between chunks (it may raise to stop).
     """
-    keep_box = box_values(bm, grid, d, r.boxes) <= gap
-    cells, pos = box_arcs(bm, grid, d, r.boxes, slack=gap)
+    keep_box = box_values(bm, grid, d, r.boxes, check) <= gap
+    cells, pos = box_arcs(bm, grid, d, r.boxes, slack=gap, max_per_box=max_per_box, check=check)
     keep = keep_box[pos]
     old = keep_box[r.arc_box]
     cell, box = arcs_of(r)
@@ -198,28 +202,46 @@ def _positions(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray | None:
 
 @dataclass(frozen=True, eq=False)
 class Solved:
-    """A MIP solved over a restriction, with its solution read back by meaning."""
+    """A MIP solved over a restriction, with its solution read back by meaning (None without a solution)."""
 
     res: list[Restriction]
     result: BackendResult
-    assignment: list[Assignment]
+    assignment: list[Assignment] | None
 
     @property
     def objective(self) -> float:
         return float(self.result.objective)
 
 
-def solve_restricted(space: Space, solver, res: list[Restriction], start: list[Assignment] | None,
-                     until: float) -> Solved | None:
-    """Solve the MIP over a restriction with the limits hard, warm-started from ``start`` if it fits."""
+def solve_restricted(space: Space, solver: Backend, res: list[Restriction], start: list[Assignment] | None,
+                     until: Deadline) -> Solved:
+    """Solve the MIP over a restriction with the limits hard, warm-started from ``start`` if it fits.
+
+    The backend gets the time left before ``until`` (at least ``min_call_s``); a warm
+    start only if it has Feature.WARM_START.  A run stopped by a signal raises
+    ``Interrupted``.
+    """
     model = space.model(res, relax_limits=False)
-    warm = vector_of(space, model, res, start) if start is not None else None
-    progress = lambda inc, bnd: log.info("  MIP incumbent %.6e", inc)  # noqa: E731
-    budget = max(space.options.min_call_s, until - time.perf_counter())
+    warm = None
+    if start is not None and Feature.WARM_START in solver.features:
+        warm = vector_of(space, model, res, start)
+    with_bound = Feature.LOWER_BOUND in solver.features
+
+    def progress(inc: float, bnd: float | None) -> None:
+        if with_bound and bnd is not None and np.isfinite(bnd):
+            log.info("  MIP incumbent %.6e (its bound %.6e)", inc, bnd)
+        else:
+            log.info("  MIP incumbent %.6e", inc)
+
+    budget = max(space.options.min_call_s, until.left())
+    n_boxes, n_arcs = sum(len(r.boxes) for r in res), sum(len(r.arc_cell) for r in res)
+    log.info("MIP (%s) over %d boxes / %d arcs, up to %.1f s%s", solver.name, n_boxes, n_arcs, budget,
+             ", warm-started" if warm is not None else "")
     out = solver.solve(model, SolveOptions(time_limit=budget, warm_start=warm,
-                                           on_progress=progress))
-    log.info("MIP over %d boxes / %d arcs: %s, objective %s (%s %.1f s)", sum(len(r.boxes) for r in res),
-             sum(len(r.arc_cell) for r in res), out.status, out.objective, out.backend, out.time_s)
-    if not out.has_solution:
-        return None
-    return Solved(res, out, assignment_of(model, res, out.x))
+                                           on_progress=progress if Feature.PROGRESS in solver.features else None))
+    if out.status is Status.INTERRUPTED:
+        raise interrupted()
+    bound = f", bound {out.bound:.6e}" if with_bound and out.bound is not None else ""
+    log.info("MIP over %d boxes / %d arcs: %s, objective %s%s (%s %.1f s)", n_boxes, n_arcs, out.status.value,
+             out.objective, bound, out.backend, out.time_s)
+    return Solved(res, out, assignment_of(model, res, out.x) if out.has_solution else None)

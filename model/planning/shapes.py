@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from model.formulation.boxes import BucketModel, batch_floor, request_floor, shape_compile
+from model.runtime import Deadline
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,11 @@ class ShapeChoice:
     shapes: tuple[int, ...]
 
 
-def interval_costs(bms: list[BucketModel], shapes: np.ndarray) -> np.ndarray:
+def interval_costs(bms: list[BucketModel], shapes: np.ndarray, deadline: Deadline = Deadline.never()) -> np.ndarray:
     """cost[lo+1, hi]: relaxed cost of serving every request with S in (shapes[lo], shapes[hi]] at shapes[hi].
 
     Row 0 stands for "no shape below" (lo = -1); entries with lo >= hi are +inf.
+    Raises DeadlineExceeded if ``deadline`` passes first.
     """
     T = len(shapes)
     acc = np.zeros((T + 1, T))
@@ -47,6 +49,7 @@ def interval_costs(bms: list[BucketModel], shapes: np.ndarray) -> np.ndarray:
         s_max_j = int(np.searchsorted(shapes, hist.S.max()))
         has_j = np.bincount(j_of_cell, minlength=T) > 0
         for hi in range(T):
+            deadline.tick("shape relaxation", "shape %d of %d", hi, T)
             fits = j_of_cell <= hi
             unit = request_floor(bm, np.int64(shapes[hi]), hist.G[fits])
             per_j = np.bincount(j_of_cell[fits], weights=hist.count[fits] * unit, minlength=T)[:hi + 1]
@@ -59,13 +62,18 @@ def interval_costs(bms: list[BucketModel], shapes: np.ndarray) -> np.ndarray:
     return np.where(valid, acc, np.inf)
 
 
-def choose_shapes(bms: list[BucketModel], shapes: np.ndarray, max_shapes: int) -> ShapeChoice:
-    """Best shape set of size <= K under the relaxation (shortest path with at most K edges)."""
-    cost = interval_costs(bms, shapes)
+def choose_shapes(bms: list[BucketModel], shapes: np.ndarray, max_shapes: int,
+                  deadline: Deadline = Deadline.never()) -> ShapeChoice:
+    """Best shape set of size <= K under the relaxation (shortest path with at most K edges).
+
+    Raises DeadlineExceeded if ``deadline`` passes first.
+    """
+    cost = interval_costs(bms, shapes, deadline)
     top = int(np.searchsorted(shapes, max(int(bm.hist.S.max()) for bm in bms)))
     f = [cost[0]]  # f[k-1][hi]: best with k shapes, the highest being shapes[hi], all S <= shapes[hi] served
     back = [np.full(len(shapes), -1)]
     for _ in range(2, max_shapes + 1):
+        deadline.tick("shape relaxation")
         cand = f[-1][:, None] + cost[1:, :]  # [lo, hi]
         back.append(np.argmin(cand, axis=0))
         f.append(cand[back[-1], np.arange(len(shapes))])

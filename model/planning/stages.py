@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -18,7 +17,7 @@ from model.errors import InfeasibleError
 from model.expand.assemble import box_of_requests
 from model.formulation.boxes import BucketModel, Grid, bucket_model, candidate_grid
 from model.histogram.cells import Histogram, build_histogram, gen_min_of
-from model.planning.colgen import exact_bound, generate
+from model.planning.colgen import NoDuals, exact_bound, generate
 from model.planning.options import PlannerOptions
 from model.planning.search import (
     Assignment,
@@ -33,9 +32,13 @@ from model.planning.search import (
     support,
 )
 from model.planning.shapes import choose_shapes
-from model.schema import Batching, Problem
+from model.runtime import Deadline, DeadlineExceeded
+from model.schema import Batching, Problem, Status
 from model.shapeset import round_up_to, usable
+from solvers.backends import Backend, get_backend
+from solvers.backends.result import Feature
 from solvers.packers import PACKERS
+from solvers.packers.greedy import pack as greedy_pack
 from solvers.packers.grouping import balanced_batching, group_batching
 
 log = logging.getLogger("shapeplan")
@@ -55,16 +58,27 @@ class ShapeSetup:
 
 @dataclass(frozen=True, eq=False)
 class SearchOutcome:
-    """One search: its plan (or None), the model's objective and the certified bound."""
+    """One search: its plan (or None), the model's objective and the certified bound.
+
+    ``status`` is the last MIP's; ``exact`` says the search's last MIP held the whole
+    problem (every box, exact cells, no held-back P95 members), so its INFEASIBLE is
+    a proof for the problem, not only for the boxes the search kept.
+    """
 
     batchings: tuple[Batching, ...] | None
     objective: float | None
     bound: float
     bucket_bounds: tuple[float, ...] | None
-    status: str
+    status: Status
     backend: str
     version: str
     notes: tuple[str, ...]
+    exact: bool = False
+    native: str = ""  # the last MIP's status in the solver's own words
+
+    @property
+    def proven_infeasible(self) -> bool:
+        return self.batchings is None and self.exact and self.status is Status.INFEASIBLE
 
 
 def bucket_models(problem: Problem, hists: list[Histogram], reserves: tuple[int, ...] | None = None
@@ -129,8 +143,13 @@ def reference_shapes(bms: list[BucketModel], max_shapes: int, allowed: np.ndarra
     return [min(v for v in picks if v >= n) for n in need]
 
 
-def shape_setup(problem: Problem, fine: list[Histogram], options: PlannerOptions = PlannerOptions()) -> ShapeSetup:
-    """Settle the shapes the search works with (see module docstring, step 2)."""
+def shape_setup(problem: Problem, fine: list[Histogram], options: PlannerOptions = PlannerOptions(),
+                deadline: Deadline = Deadline.never()) -> ShapeSetup:
+    """Settle the shapes the search works with (see module docstring, step 2).
+
+    If the deadline cuts the strict-mode shape relaxation short, the search gets the
+    one shape that covers every prompt, and no bound from the relaxation.
+    """
     bms = bucket_models(problem, fine)
     allowed = usable(problem)
     if allowed is not None and (not len(allowed) or max(int(h.S.max()) for h in fine) > allowed[-1]):
@@ -149,7 +168,14 @@ def shape_setup(problem: Problem, fine: list[Histogram], options: PlannerOptions
         # which never raises a metric: those are the only candidates, so the relaxation's DP over them
         # and the Lagrangian over their boxes bound the restricted problem
         all_shapes = np.unique(round_up_to(all_shapes, allowed))
-    choice = choose_shapes(bms, all_shapes, problem.max_shapes)
+    try:
+        choice = choose_shapes(bms, all_shapes, problem.max_shapes, deadline)
+    except DeadlineExceeded:
+        top = all_shapes[-1:]
+        note = (f"{problem.mode} mode: the time limit cut the shape relaxation short; searching the one shape "
+                f"{int(top[0])} that covers every prompt, with no bound from the relaxation")
+        log.info(note)
+        return ShapeSetup(top, None, [0.0] * len(fine), -np.inf, len(all_shapes) == 1, (note,))
     log.info("%s mode: shape relaxation bound %.6e at shapes %s", problem.mode, choice.bound, list(choice.shapes))
     # few candidates: search them all (exact); many: at the relaxation's shapes, since a large
     # shape layer left fractional by the LP stalls column generation
@@ -164,29 +190,38 @@ def gen_budget(hist: Histogram, n_t: int, options: PlannerOptions) -> int:
     return int(np.clip(options.pricing_budget / (n_t * max(len(hist), 1)), 48, options.max_gen_values))
 
 
-def greedy_plan(problem: Problem, options: PlannerOptions = PlannerOptions()) -> tuple[Batching, ...] | None:
-    """The greedy packer's plan (dpfill's in device mode): a warm start and a fallback, or None if it finds none.
+def greedy_plan(problem: Problem, options: PlannerOptions = PlannerOptions(),
+                deadline: Deadline = Deadline.never()) -> tuple[Batching, ...] | None:
+    """The greedy packer's plan (dpfill's in device mode): a warm start and a fallback, or None if it finds
+    none in time.
 
     Skipped above ``options.greedy_max_requests``: its merges work per request, not per
     cell, and would spend the whole time limit before the optimiser starts.
     """
-    packer = PACKERS.get("dpfill" if problem.mode == "device" else "greedy")
-    if packer is None or sum(len(b) for b in problem.buckets) > options.greedy_max_requests:
+    if sum(len(b) for b in problem.buckets) > options.greedy_max_requests:
         return None
     try:
-        return packer(problem)
+        return PACKERS["dpfill"](problem) if problem.mode == "device" else greedy_pack(problem, deadline)
     except InfeasibleError:
+        return None
+    except DeadlineExceeded:
+        log.info("greedy warm start: cut by its share of the time limit; the search starts without it")
         return None
 
 
-def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, solver, deadline: float,
+def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, solver: Backend, deadline: Deadline,
            reserves: tuple[int, ...] | None = None, options: PlannerOptions = PlannerOptions()) -> SearchOutcome:
-    """Column generation then MIP over one problem (steps 3-4); never raises for infeasibility."""
-    t_start = time.perf_counter()
+    """Column generation then MIP over one problem (steps 3-4); never raises for infeasibility.
+
+    Column generation's LPs run on ``solver`` if it has LP duals, else on HiGHS (a
+    note says which).  Every phase stops by ``deadline``; a bound the deadline cut
+    short falls back to the last complete one (a note says so).
+    """
     n_t = len(setup.shapes) if setup.shapes is not None else len(np.unique(np.concatenate([h.S for h in fine])))
     budgets = [gen_budget(h, n_t, options) for h in fine]
     hists = [build_histogram(b, k) if k < len(np.unique(h.G)) else h
              for b, h, k in zip(problem.buckets, fine, budgets, strict=True)]
+    coarsened = any(h.coarsened for h in hists)
     bms = [replace(bm, const_cost=bm.const_cost + f) for bm, f in zip(bucket_models(problem, hists, reserves),
                                                                       setup.compile_fixed, strict=True)]
     grids = [candidate_grid(bm, setup.shapes) for bm in bms]
@@ -196,44 +231,78 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
         warm = [assignment_from_batching(bm, g, bt) for bm, g, bt in zip(bms, grids, greedy, strict=True)]
         warm = None if any(w is None for w in warm) else warm
     empty = np.zeros(0, np.int64)
-    if sum(full_size(bm, g, options.full_arcs) for bm, g in zip(bms, grids, strict=True)) <= options.full_arcs:
+    whole = sum(full_size(bm, g, options.full_arcs) for bm, g in zip(bms, grids, strict=True)) <= options.full_arcs
+    if whole:
         res = [full_restriction(bm, g) for bm, g in zip(bms, grids, strict=True)]
     else:
         res = [seed_restriction(bm, g, w.arc_cell if w else empty, w.arc_box if w else empty)
                for bm, g, w in zip(bms, grids, warm or [None] * len(bms), strict=True)]
-    cg = generate(space, res, deadline, budget=options.colgen_share * max(0.0, deadline - t_start))
+    # the MIP over every box of exact cells, nothing held back, is the problem itself
+    exact = whole and setup.covers_all and not coarsened and not any(reserves or ())
+    lp_solver = solver if Feature.LP_DUALS in solver.features else get_backend("highs")
     notes = list(setup.notes)
-    bound, bucket_bounds = setup.bound, None
-    if setup.covers_all:
-        lag = exact_bound(space, fine, cg, setup.compile_fixed) if any(h.coarsened for h in hists) \
-            else cg.bound
-        if any(h.coarsened for h in hists):
-            notes.append("gen values were coarsened for the search; the bound is certified on the exact histogram")
-        if lag.total > bound:
-            bound, bucket_bounds = lag.total, lag.per_bucket
+    notes.append(f"column generation's LPs ran on {lp_solver.name}"
+                 + ("" if lp_solver is solver else f" ({solver.name} has no LP duals)"))
+    try:
+        cg = generate(space, res, lp_solver, deadline.share(options.colgen_share))
+    except NoDuals as exc:
+        notes.append(f"{exc}: no search")
+        return SearchOutcome(None, None, setup.bound, None, exc.result.status, lp_solver.name, lp_solver.version(),
+                             tuple(notes), native=f"its first LP relaxation gave no duals ({exc.result.native})")
+    if cg.cut:
+        notes.append(f"the time limit cut column generation's pricing short: its bound is from "
+                     f"{f'{cg.rounds} complete round(s)' if cg.rounds else 'the own-box floor'} (still valid)")
+    # the exact-histogram bound runs after the MIP, with a share of the time kept for it
+    later = setup.covers_all and coarsened
+    mip_deadline = deadline.share(1.0 - options.exact_bound_share) if later else deadline
     sup = [support(bm, g, r, cg.lp_model, cg.lp.x, b)
            for b, (bm, g, r) in enumerate(zip(bms, grids, cg.lp_res, strict=True))]
-    first_until = time.perf_counter() + options.support_share * max(0.0, deadline - time.perf_counter())
-    best = solve_restricted(space, solver, sup, warm, min(deadline, first_until))
+    first = solve_restricted(space, solver, sup, warm, mip_deadline.share(options.support_share))
+    best = first if first.assignment is not None else None
+    last = first
     close = best is not None and best.objective - cg.bound.total <= options.target_gap * best.objective
-    if time.perf_counter() < deadline and (best is None or best.objective > cg.bound.total):
+    grown = None
+    if not mip_deadline.expired() and (best is None or best.objective > cg.bound.total):
         grown = cg.res
         if best is not None and problem.mode == "reference":
             gap = best.objective - cg.bound.total
-            grown = [merge(bm, g, prune(bm, g, r, d, gap), inc)
-                     for bm, g, r, d, inc in zip(bms, grids, cg.res, cg.duals, best.res, strict=True)]
+            per_box = max(1, options.max_polish_arcs // max(1, sum(len(r.boxes) for r in cg.res)))
+
+            def check() -> None:
+                mip_deadline.tick("reduced-cost fixing")
+
+            try:
+                grown = [merge(bm, g, prune(bm, g, r, d, gap, per_box, check), inc)
+                         for bm, g, r, d, inc in zip(bms, grids, cg.res, cg.duals, best.res, strict=True)]
+            except DeadlineExceeded:
+                grown = None
+                notes.append("the time limit cut reduced-cost fixing short: the MIP searched only the LP's support")
+    if grown is not None:
         # already within the target gap: a short polish (small models finish it, large ones stop early)
-        until = min(deadline, time.perf_counter() + options.polish_s) if close else deadline
-        full = solve_restricted(space, solver, grown, best.assignment if best else warm, until)
-        if full is not None and (best is None or full.objective < best.objective):
-            best = full
+        until = mip_deadline.within(max(options.polish_s, options.polish_share * mip_deadline.left())) \
+            if close else mip_deadline
+        last = solve_restricted(space, solver, grown, best.assignment if best else warm, until)
+        if last.assignment is not None and (best is None or last.objective < best.objective):
+            best = last
+    else:
+        exact = False  # the whole model was not searched
+    bound, bucket_bounds = setup.bound, None
+    if setup.covers_all:
+        lag, complete = cg.bound, True
+        if later:
+            lag, complete = exact_bound(space, fine, cg, setup.compile_fixed, deadline)
+            notes.append("gen values were coarsened for the search; the bound is certified on the exact histogram"
+                         if complete else "gen values were coarsened for the search and the time limit cut the "
+                         "exact-histogram bound short: the bound is the own-box floor on the exact histogram")
+        if lag.total > bound:
+            bound, bucket_bounds = lag.total, lag.per_bucket
     if best is None:
-        return SearchOutcome(None, None, bound, bucket_bounds, "infeasible", solver.NAME, solver.version(),
-                             tuple(notes))
+        return SearchOutcome(None, None, bound, bucket_bounds, last.result.status, solver.name, solver.version(),
+                             tuple(notes), exact, last.result.native)
     batchings = tuple(batching_of(problem, b, bm, g, a, setup) for b, (bm, g, a)
                       in enumerate(zip(bms, grids, best.assignment, strict=True)))
-    return SearchOutcome(batchings, best.objective, bound, bucket_bounds, best.result.status, best.result.backend,
-                         best.result.version, tuple(notes))
+    return SearchOutcome(batchings, best.objective, bound, bucket_bounds, best.result.status,
+                         best.result.backend, best.result.version, tuple(notes), exact)
 
 
 def batching_of(problem: Problem, b: int, bm: BucketModel, grid: Grid, a: Assignment, setup: ShapeSetup

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from model import pipeline
-from model.errors import InfeasibleError
+from model.errors import InfeasibleError, NoPlanFound
 from model.report.compare import failures
 from model.schema import Batching, BucketResult, Planned, Problem, SolveReport, Violation
 from model.sweeping.grid import SweepPoint, point_problem, tighter_neighbours
@@ -125,14 +125,16 @@ class SweepResult:
 
 
 def run_planner(problem: Problem, name: str, backend: str = "highs", time_limit: float = 20.0) -> PlannerOutcome:
-    """Plan, expand and evaluate with one planner; an InfeasibleError becomes an "infeasible" outcome."""
+    """Plan, expand and evaluate with one planner; no plan becomes an "infeasible" (proven) or "no_plan" outcome."""
     t0 = time.perf_counter()
     try:
         run = pipeline.run(problem, name, backend, time_limit)
     except InfeasibleError as exc:
         return PlannerOutcome(name, "infeasible", None, (), None, None, str(exc), time.perf_counter() - t0)
+    except NoPlanFound as exc:
+        return PlannerOutcome(name, "no_plan", None, (), None, None, str(exc), time.perf_counter() - t0)
     ev = run.evaluation
-    return PlannerOutcome(name, run.planned.report.status, ev.results, ev.global_problems, run.planned.report,
+    return PlannerOutcome(name, run.planned.report.status.value, ev.results, ev.global_problems, run.planned.report,
                    run.planned.batchings, "", time.perf_counter() - t0)
 
 

@@ -1,24 +1,44 @@
-"""MIP backends: each translates ``model.formulation.MipArrays`` and returns a BackendResult.
+"""MIP backends: objects that translate ``model.formulation.MipArrays`` and return a BackendResult.
 
-Every backend module has NAME, FEATURES (a frozenset naming what it can do: "lp",
-"mip", "duals", "bound", "warm_start", "time_limit", "progress") and
-``solve(model, options)``.
+Every backend satisfies ``Backend``: a ``name``, its ``version()``, the ``features``
+it has (``Feature``: LP, MIP, LP_DUALS, LOWER_BOUND, WARM_START, TIME_LIMIT,
+INTERRUPT, PROGRESS) and ``solve(model, options)``.  The planner asks for a feature
+before relying on it.  ``get_backend(name)`` returns the one instance of a backend.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
+import importlib
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from model.errors import InputError
+from solvers.backends.result import BackendResult, Feature, SolveOptions
+
+if TYPE_CHECKING:
+    from model.formulation.arrays import MipArrays
 
 BACKEND_MODULES = {"highs": "solvers.backends.highs", "cpsat": "solvers.backends.cpsat",
                    "pulp": "solvers.backends.pulp_cbc"}
 
 
-def get_backend(name: str) -> ModuleType:
-    """The backend module by name (imported on demand: each pulls in its own solver)."""
-    import importlib
+@runtime_checkable
+class Backend(Protocol):
+    """What the planner needs of a solver."""
 
+    name: str
+    features: frozenset[Feature]
+
+    def version(self) -> str:
+        """The solver's version text (for reports)."""
+        ...
+
+    def solve(self, model: MipArrays, options: SolveOptions) -> BackendResult:
+        """Solve the model (or its LP relaxation); never raises for a solver failure: Status.ERROR."""
+        ...
+
+
+def get_backend(name: str) -> Backend:
+    """The backend by name (its module is imported on demand: each pulls in its own solver)."""
     if name not in BACKEND_MODULES:
         raise InputError("--backend", None, None, f"unknown backend {name!r} ({', '.join(BACKEND_MODULES)})")
-    return importlib.import_module(BACKEND_MODULES[name])
+    return importlib.import_module(BACKEND_MODULES[name]).BACKEND

@@ -1,26 +1,67 @@
 """HiGHS through highspy, fed the model's arrays directly (the main backend).
 
 Reads status, objective, dual bound and duals through the API; accepts a warm start;
-single random seed, so runs repeat.
+single random seed, so runs repeat.  A run happens in a helper thread so a signal
+reaches the main thread at once, which then stops HiGHS through its interrupt
+callbacks; a big MIP runs in a child process instead, which can be killed (HiGHS's
+root analytic centre polls no interrupt).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
+import pickle
+import queue
+import signal
+import subprocess
 import sys
+import threading
 import time
+from dataclasses import replace
 
 import highspy
 import numpy as np
 
 from model.formulation.arrays import MipArrays
-from solvers.backends.result import BackendResult, SolveOptions
+from model.runtime import interrupt_signal, run_native, shielded, still_running
+from solvers.backends.result import BackendResult, Feature, SolveOptions, Status, mapped
 
-NAME = "highs"
+log = logging.getLogger("shapeplan")
 # HiGHS's MIP presolve cannot be interrupted: on an 80k-column box model it ran 58 s
 # past a 3 s limit (with it off the limit held to 1 s), so large MIPs skip it
 PRESOLVE_MAX_COLS = 20_000
-FEATURES = frozenset({"lp", "mip", "duals", "bound", "warm_start", "time_limit", "progress"})
+STOP_GRACE_S = 0.5  # a run still going this long after its time limit is left behind (see run_native)
+CHILD_MIN_COLS = PRESOLVE_MAX_COLS  # MIPs above this run in a child process (see solve_in_child) ...
+KILL_GRACE_S = 0.25  # ... killed this long after their time limit
+# HighsModelStatus -> (Status with a solution, Status without one).  A user's interrupt is told
+# apart before this table (the planner's signal flag); kInterrupt here is our own callbacks
+# stopping at the deadline.  Our models have costs >= 0 over columns >= 0, so they cannot be
+# unbounded: "unbounded or infeasible" is infeasible.
+_ms = highspy.HighsModelStatus
+HIGHS_STATUS: dict[highspy.HighsModelStatus, tuple[Status, Status]] = {
+    _ms.kOptimal: (Status.OPTIMAL, Status.ERROR),
+    _ms.kModelEmpty: (Status.OPTIMAL, Status.OPTIMAL),
+    _ms.kInfeasible: (Status.INFEASIBLE, Status.INFEASIBLE),
+    _ms.kUnboundedOrInfeasible: (Status.INFEASIBLE, Status.INFEASIBLE),
+    _ms.kTimeLimit: (Status.TIME_LIMIT_FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION),
+    _ms.kInterrupt: (Status.TIME_LIMIT_FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION),
+    _ms.kHighsInterrupt: (Status.TIME_LIMIT_FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION),
+    _ms.kIterationLimit: (Status.FEASIBLE, Status.ERROR),
+    _ms.kSolutionLimit: (Status.FEASIBLE, Status.ERROR),
+    _ms.kObjectiveBound: (Status.FEASIBLE, Status.ERROR),
+    _ms.kObjectiveTarget: (Status.FEASIBLE, Status.ERROR),
+    _ms.kMemoryLimit: (Status.FEASIBLE, Status.ERROR),
+    _ms.kUnknown: (Status.FEASIBLE, Status.ERROR),
+    _ms.kUnbounded: (Status.ERROR, Status.ERROR),
+    _ms.kNotset: (Status.ERROR, Status.ERROR),
+    _ms.kLoadError: (Status.ERROR, Status.ERROR),
+    _ms.kModelError: (Status.ERROR, Status.ERROR),
+    _ms.kPresolveError: (Status.ERROR, Status.ERROR),
+    _ms.kSolveError: (Status.ERROR, Status.ERROR),
+    _ms.kPostsolveError: (Status.ERROR, Status.ERROR),
+}
 
 
 def new_highs() -> highspy.Highs:
@@ -40,6 +81,7 @@ def new_highs() -> highspy.Highs:
         os.close(sink)
 
 
+@functools.cache
 def version() -> str:
     h = new_highs()
     return f"{h.version()}" if hasattr(h, "version") else highspy.__version__
@@ -69,14 +111,56 @@ def _lp(model: MipArrays, relax: bool) -> highspy.HighsLp:
     lp.a_matrix_.index_ = index
     lp.a_matrix_.value_ = value
     if not relax and model.integer.any():
-        lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
-                           for i in model.integer]
+        kinds = (highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger)
+        lp.integrality_ = [kinds[i] for i in model.integer.tolist()]
     return lp
 
 
-def solve(model: MipArrays, options: SolveOptions) -> BackendResult:
-    """Solve the model (or its LP relaxation) and report what HiGHS says through its API."""
-    t0 = time.perf_counter()
+class Highs:
+    """The HiGHS backend (LP with duals, MIP with a dual bound, warm starts, interruptible)."""
+
+    name = "highs"
+    features = frozenset({Feature.LP, Feature.MIP, Feature.LP_DUALS, Feature.LOWER_BOUND, Feature.WARM_START,
+                          Feature.TIME_LIMIT, Feature.INTERRUPT, Feature.PROGRESS})
+
+    def version(self) -> str:
+        return version()
+
+    def solve(self, model: MipArrays, options: SolveOptions) -> BackendResult:
+        """Solve the model (or its LP relaxation) and report what HiGHS says through its API.
+
+        A MIP above CHILD_MIN_COLS columns runs in a child process (see ``solve_in_child``),
+        anything smaller in a helper thread of this one.
+        """
+        if not options.relax and model.n_cols > CHILD_MIN_COLS:
+            return solve_in_child(model, options)
+        t0 = time.perf_counter()
+        h = configured(model, options)
+        if time.perf_counter() - t0 >= float(options.time_limit):  # passing a huge model spent the time
+            return BackendResult(Status.TIME_LIMIT_NO_SOLUTION, None, None, None, None, time.perf_counter() - t0,
+                                 self.name, version(), "time limit reached while passing the model")
+        incumbent = [options.warm_start] if options.warm_start is not None and not options.relax else [None]
+        if not options.relax:
+            _subscribe_progress(h, model, options.on_progress, incumbent)
+        stop = threading.Event()
+        _subscribe_interrupt(h, t0 + float(options.time_limit), stop)
+        # HiGHS counts its limit from run(): give it what passing the model left
+        h.setOptionValue("time_limit", max(0.01, float(options.time_limit) - (time.perf_counter() - t0)))
+        run = run_native(h.run, stop.set, until=t0 + float(options.time_limit), grace_s=STOP_GRACE_S,
+                         what=f"HiGHS {'LP' if options.relax else 'MIP'}")
+        if run.interrupted:
+            return BackendResult(Status.INTERRUPTED, None, None, None, None, time.perf_counter() - t0, self.name,
+                                 version(), "interrupted")
+        if run.abandoned:  # it polled no interrupt in time: what it had found (or the start) is the answer
+            return _incumbent_result(model, incumbent[0], t0, "did not stop at its time limit; left behind")
+        return read_result(h, model, options.relax, t0)
+
+
+BACKEND = Highs()
+
+
+def configured(model: MipArrays, options: SolveOptions) -> highspy.Highs:
+    """A Highs instance holding the model (and the warm start), with the options set."""
     h = new_highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(options.time_limit))
@@ -85,51 +169,161 @@ def solve(model: MipArrays, options: SolveOptions) -> BackendResult:
     h.setOptionValue("mip_rel_gap", float(options.mip_gap))
     if not options.relax and model.n_cols > PRESOLVE_MAX_COLS:
         h.setOptionValue("presolve", "off")
+        # feasibility jump polls no interrupt either (1.4 s on an 80k-column model); a warm start is there
+        h.setOptionValue("mip_heuristic_run_feasibility_jump", False)
     h.passModel(_lp(model, options.relax))
     if options.warm_start is not None and not options.relax:
         sol = highspy.HighsSolution()
-        sol.col_value = list(np.asarray(options.warm_start, dtype=np.float64))
+        sol.col_value = np.asarray(options.warm_start, dtype=np.float64).tolist()
         sol.value_valid = True
         h.setSolution(sol)
-    if options.on_progress is not None and not options.relax:
-        _subscribe_progress(h, model, options.on_progress)
-    _enforce_time_limit(h, t0 + float(options.time_limit))
-    h.run()
-    status = h.getModelStatus()
+    return h
+
+
+def read_result(h: highspy.Highs, model: MipArrays, relax: bool, t0: float) -> BackendResult:
+    """What HiGHS says after a run: its status through HIGHS_STATUS, values, duals, objective and bound."""
+    native = h.getModelStatus()
     info = h.getInfo()
-    ms = highspy.HighsModelStatus
-    if status == ms.kOptimal:
-        label = "optimal"
-    elif status in (ms.kInfeasible,):
-        label = "infeasible"
-    elif status in (ms.kTimeLimit, ms.kInterrupt, ms.kIterationLimit, ms.kSolutionLimit):
-        label = "time_limit"
-    elif status == ms.kUnboundedOrInfeasible or status == ms.kUnbounded:
-        label = "infeasible"
-    else:
-        label = "error"
     sol = h.getSolution()
     x = np.asarray(sol.col_value) if sol.value_valid else None
-    duals = np.asarray(sol.row_dual) * model.scale if (options.relax and sol.dual_valid) else None
+    status = mapped(HIGHS_STATUS, native, x is not None)
+    if x is not None and status in (Status.ERROR, Status.INFEASIBLE, Status.TIME_LIMIT_NO_SOLUTION):
+        x = None  # values that come with no usable status (an LP's, a failed run's) are no plan
+    duals = np.asarray(sol.row_dual) * model.scale if (relax and sol.dual_valid) else None
     objective = float(info.objective_function_value) * model.scale if x is not None else None
-    if options.relax:
-        bound = objective if label == "optimal" else None
+    if relax:
+        bound = objective if status is Status.OPTIMAL else None
     else:
         bound = float(info.mip_dual_bound) * model.scale if np.isfinite(info.mip_dual_bound) else None
-    if label == "time_limit" and x is not None:
-        label = "time_limit"
-    return BackendResult(label, x, duals, objective, bound, time.perf_counter() - t0, NAME, version())
+    return BackendResult(status, x, duals, objective, bound, time.perf_counter() - t0, "highs", version(),
+                         h.modelStatusToString(native))
 
 
-def _enforce_time_limit(h, until: float) -> None:
-    """Interrupt HiGHS from its own callbacks once the wall-clock budget is spent.
+def _incumbent_result(model: MipArrays, x, t0: float, native: str) -> BackendResult:
+    """A run we stopped waiting for: its last incumbent (or the warm start), if it is a solution of the model."""
+    x = None if x is None else np.asarray(x, dtype=np.float64)
+    if x is not None and not satisfies(model, x):
+        x = None
+    status = Status.TIME_LIMIT_NO_SOLUTION if x is None else Status.TIME_LIMIT_FEASIBLE
+    objective = None if x is None else float(model.c @ x + model.offset) * model.scale
+    return BackendResult(status, x, None, objective, None, time.perf_counter() - t0, "highs", version(), native)
+
+
+def solve_in_child(model: MipArrays, options: SolveOptions) -> BackendResult:
+    """A big MIP in a child process, killed at its time limit (plus KILL_GRACE_S) or on a signal.
+
+    At the root of a big MIP HiGHS computes an analytic centre in a task it waits for
+    and cannot interrupt: on twin-1's 80k-column polish MIP that ran 20-45 s past the
+    limit, and a thread left running blocked the next solve just as long.  A process
+    can be killed.  Incumbents come back as they are found, so a killed run still
+    returns its best (or the warm start).  The child is a plain ``python -c`` (not
+    multiprocessing, which re-imports the parent's main script) in its own session,
+    talking pickles over its stdin and stdout.
+    """
+    t0 = time.perf_counter()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    plain = SolveOptions(time_limit=options.time_limit, relax=False, mip_gap=options.mip_gap,
+                         warm_start=options.warm_start, threads=options.threads, seed=options.seed)
+    with shielded():
+        child = subprocess.Popen([sys.executable, "-c", "from solvers.backends.highs import child_main; child_main()"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True)
+    log.info("HiGHS MIP in its own process (pid %d)", child.pid)
+    messages: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=_read_messages, args=(child.stdout, messages), daemon=True)
+    reader.start()
+    incumbent = options.warm_start
+    until = t0 + float(options.time_limit) + KILL_GRACE_S
+    try:
+        with shielded():
+            try:
+                pickle.dump((model, plain), child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                child.stdin.close()
+            except OSError:
+                return _incumbent_result(model, incumbent, t0, "the HiGHS process did not start")
+            while True:
+                try:
+                    kind, *data = messages.get(timeout=0.05)
+                except queue.Empty:
+                    kind = None
+                if kind == "done":
+                    return replace(data[0], time_s=time.perf_counter() - t0)
+                if kind == "incumbent":
+                    incumbent = data[2]
+                    if options.on_progress is not None:
+                        options.on_progress(data[0], data[1])
+                    continue
+                if kind == "end":
+                    return _incumbent_result(model, incumbent, t0, f"the HiGHS process died ({child.poll()})")
+                still_running("HiGHS MIP (its own process)", t0)
+                if interrupt_signal() is not None:
+                    return BackendResult(Status.INTERRUPTED, None, None, None, None, time.perf_counter() - t0,
+                                         "highs", version(), "interrupted")
+                if time.perf_counter() > until:
+                    return _incumbent_result(model, incumbent, t0, "did not stop at its time limit; stopped")
+    finally:
+        with shielded():
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+            reader.join(1.0)
+            child.stdout.close()
+
+
+def _read_messages(stream, messages: queue.Queue) -> None:
+    """The child's pickled messages into a queue, then ("end",) when its stdout closes."""
+    try:
+        while True:
+            messages.put(pickle.load(stream))
+    except Exception:  # EOF or a torn message: the child is gone
+        messages.put(("end",))
+
+
+def child_main() -> None:
+    """The child process: read (model, options), solve, send each incumbent and then the result."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this process ends
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything HiGHS prints goes to stderr, not into the messages
+    model, options = pickle.load(sys.stdin.buffer)
+    t0 = time.perf_counter()
+    h = configured(model, options)
+
+    def send(message) -> None:
+        pickle.dump(message, out, protocol=pickle.HIGHEST_PROTOCOL)
+        out.flush()
+
+    def on_improve(event) -> None:
+        data = event.data_out
+        send(("incumbent", float(data.objective_function_value) * model.scale, float(data.mip_dual_bound) * model.scale,
+              np.array(data.mip_solution, dtype=np.float64)))
+
+    h.cbMipImprovingSolution.subscribe(on_improve)
+    h.setOptionValue("time_limit", max(0.01, float(options.time_limit) - (time.perf_counter() - t0)))
+    h.run()
+    send(("done", read_result(h, model, False, t0)))
+    out.close()
+
+
+def satisfies(model: MipArrays, x: np.ndarray, tol: float = 1e-6) -> bool:
+    """x meets the model's bounds, rows and integrality (a start HiGHS was given is not checked for us)."""
+    if len(x) != model.n_cols or (x < model.lb - tol).any() or (x > model.ub + tol).any():
+        return False
+    if (np.abs(x[model.integer] - np.round(x[model.integer])) > tol).any():
+        return False
+    act = np.bincount(model.rows, weights=model.vals * x[model.cols], minlength=model.n_rows)
+    scale = np.maximum(1.0, np.abs(act))
+    return bool(((act >= model.row_lo - tol * scale) & (act <= model.row_hi + tol * scale)).all())
+
+
+def _subscribe_interrupt(h, until: float, stop: threading.Event) -> None:
+    """Interrupt HiGHS from its own callbacks once the wall-clock budget is spent or ``stop`` is set.
 
     HiGHS's time_limit option is not honoured everywhere: proving a large MIP
     infeasible ran for minutes past it here.  The interrupt callbacks fire inside
-    simplex, IPM and branch-and-bound, so the budget holds.
+    simplex, IPM and branch-and-bound, so the budget holds; ``stop`` is set by the
+    main thread on a signal (see ``model.runtime.run_native``).
     """
     def check(event) -> None:
-        if time.perf_counter() > until:
+        if stop.is_set() or time.perf_counter() > until:
             event.interrupt()
 
     for name in ("cbMipInterrupt", "cbSimplexInterrupt", "cbIpmInterrupt"):
@@ -138,11 +332,13 @@ def _enforce_time_limit(h, until: float) -> None:
             hook.subscribe(check)
 
 
-def _subscribe_progress(h, model: MipArrays, report) -> None:
-    """Forward each improved incumbent (and the bound at that moment) to the caller."""
+def _subscribe_progress(h, model: MipArrays, report, incumbent: list) -> None:
+    """Keep each improved incumbent in ``incumbent[0]`` and forward it (with the bound) to ``report``."""
     def on_improve(event):
         data = event.data_out
-        report(float(data.objective_function_value) * model.scale, float(data.mip_dual_bound) * model.scale)
+        incumbent[0] = np.array(data.mip_solution, dtype=np.float64)
+        if report is not None:
+            report(float(data.objective_function_value) * model.scale, float(data.mip_dual_bound) * model.scale)
 
     try:
         h.cbMipImprovingSolution.subscribe(on_improve)

@@ -48,6 +48,7 @@ from model.cost.analytic import CostParams, decode_cost, member_latency
 from model.cost.common import allowed_above
 from model.errors import InfeasibleError
 from model.expand.assemble import batch_extents
+from model.runtime import Deadline
 from model.schema import Batching, Bucket, Limits, Problem
 from solvers.packers.cells import pack as pack_cells
 
@@ -174,8 +175,12 @@ def apply_merge(st: MergeState, a: int, b: int, prompts: dict[int, int]) -> list
     return [*rejoined, *((a, int(x)) for x in st.prev[:, a]), *((a, int(x)) for x in st.next[:, a])]
 
 
-def merge(bucket: Bucket, batching: Batching, limits: Limits, problem: Problem) -> Batching:
-    """The greedy merge of one bucket's cells plan (see the module docstring)."""
+def merge(bucket: Bucket, batching: Batching, limits: Limits, problem: Problem,
+          deadline: Deadline = Deadline.never()) -> Batching:
+    """The greedy merge of one bucket's cells plan (see the module docstring).
+
+    Raises DeadlineExceeded if ``deadline`` passes first (checked every 1024 merges).
+    """
     p = problem.params
     if limits.max_sequential_ms is None or len(batching.shape_of) == 0:
         return batching
@@ -198,7 +203,11 @@ def merge(bucket: Bucket, batching: Batching, limits: Limits, problem: Problem) 
                       problem.max_batch_size)
     heapq.heapify(heap)
     rejected: set[str] = set()
+    popped = 0
     while seq > target and heap:
+        popped += 1
+        if popped % 1024 == 0:
+            deadline.tick("greedy warm start", "bucket %s: %d merges tried", bucket.name, popped)
         _, a, b, va, vb, saved = heapq.heappop(heap)
         if st.owner[a] != a or st.owner[b] != b or st.version[a] != va or st.version[b] != vb:
             continue
@@ -237,7 +246,7 @@ def relabel(st: MergeState, batching: Batching) -> Batching:
     return Batching(batch_of=number[root[batching.batch_of]], shape_of=st.shape[alive])
 
 
-def pack(problem: Problem) -> tuple[Batching, ...]:
+def pack(problem: Problem, deadline: Deadline = Deadline.never()) -> tuple[Batching, ...]:
     """Greedy merge of every bucket's cells plan until its sequential-time limit holds."""
-    return tuple(merge(b, bt, lim, problem)
+    return tuple(merge(b, bt, lim, problem, deadline)
                  for b, bt, lim in zip(problem.buckets, pack_cells(problem), problem.limits, strict=True))

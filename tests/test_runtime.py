@@ -1,0 +1,313 @@
+"""The run's clock and its exits: a deadline reaches every long phase, a cut bound stays valid, no plan without a
+proof is exit 4 (never 3), signals are exit 130/143, and --time-limit must be a positive number.
+
+Phases are made slow by monkeypatching (each one still checks its deadline as the real one does), so these run
+in seconds; ``test_deadline_slow.py`` measures the real thing on big inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+
+import numpy as np
+import pytest
+from helpers import check_valid
+from test_solve_cli import OLD_PLAN, synthetic
+
+from model import solve, sweep
+from model.cli_common import run_main
+from model.errors import InfeasibleError, NoPlanFound
+from model.formulation import pricing
+from model.planning import mip, stages
+from model.planning.mip import plan_mip
+from model.runtime import (
+    Deadline,
+    DeadlineExceeded,
+    Interrupted,
+    clear_interrupt,
+    request_interrupt,
+    run_native,
+)
+from model.schema import Limits, Problem
+from solvers.backends import highs
+from solvers.backends.result import BackendResult, SolveOptions, Status
+
+SLACK = 0.3  # seconds a loaded test machine may add on top of the 10% allowance
+
+
+@pytest.fixture(autouse=True)
+def no_interrupt_left():
+    yield
+    clear_interrupt()
+
+
+def two_buckets(n: int = 150, seed: int = 3, limits: Limits = Limits()) -> Problem:
+    return Problem(synthetic(n, seed), (limits, limits), 8)
+
+
+# ---------------------------------------------------------------- the clock itself
+
+
+def test_deadline_arithmetic():
+    d = Deadline.after(10.0)
+    assert 9.0 < d.left() <= 10.0 and not d.expired()
+    assert d.within(1.0).left() <= 1.0 and d.within(100.0).at == d.at
+    assert 4.0 < d.share(0.5).left() <= 5.0
+    assert Deadline.never().left() == math.inf and Deadline(0.0).expired() and Deadline(0.0).left() == 0.0
+
+
+def test_tick_stops_at_the_deadline_and_on_an_interrupt():
+    Deadline.never().tick("phase")  # nothing to stop
+    with pytest.raises(DeadlineExceeded, match="phase"):
+        Deadline(0.0).tick("phase")
+    request_interrupt(signal.SIGTERM)
+    with pytest.raises(Interrupted) as stop:
+        Deadline.never().tick("phase")
+    assert stop.value.exit_code == 143
+
+
+def test_run_native_leaves_behind_a_call_that_ignores_stop():
+    """A native call that polls nothing is told to stop at ``until`` and left behind ``grace_s`` later."""
+    t0 = time.perf_counter()
+    stopped = []
+    run = run_native(lambda: time.sleep(1.5), lambda: stopped.append(time.perf_counter() - t0),
+                     until=t0 + 0.2, grace_s=0.2)
+    assert run.abandoned and not run.interrupted and run.result is None
+    assert stopped and 0.15 < stopped[0] < 0.4 and time.perf_counter() - t0 < 0.8
+    ran = []
+    skipped = run_native(lambda: ran.append(1), lambda: None, until=time.perf_counter() + 0.2)
+    assert skipped.abandoned and not ran  # the one left behind still runs at this call's deadline: not started
+    done = run_native(lambda: 42, lambda: None)  # waits for the one left behind first
+    assert done.result == 42 and time.perf_counter() - t0 >= 1.4
+
+
+def test_run_native_hands_back_the_result_and_the_exception():
+    assert run_native(lambda: "x", lambda: None).result == "x"
+    with pytest.raises(ZeroDivisionError):
+        run_native(lambda: 1 / 0, lambda: None)
+
+
+# ---------------------------------------------------------------- slow phases honour the deadline
+
+
+def slow_pricing(monkeypatch, seconds: float):
+    """Every pricing pass takes ``seconds`` (checking its deadline every 50 ms, as the real chunks do)."""
+    real = pricing.price_boxes
+
+    def slow(bm, grid, duals, max_batch, check=None):
+        for _ in range(int(seconds / 0.05)):
+            time.sleep(0.05)
+            if check is not None:
+                check()
+        return real(bm, grid, duals, max_batch, check)
+
+    monkeypatch.setattr(pricing, "price_boxes", slow)
+
+
+@pytest.mark.parametrize("mode", ["reference", "strict"])
+def test_slow_pricing_is_cut_at_the_deadline_and_the_bound_stays_valid(monkeypatch, mode):
+    """Pricing that takes 3 s a pass under a 1.5 s limit: the run still ends in time, says the pricing was cut,
+    and its bound (the own-box floor: no pass completed) is below the plan's exact cost."""
+    slow_pricing(monkeypatch, 3.0)
+    prob = Problem(synthetic(150, 3), (Limits(), Limits()), 8, mode=mode)
+    t0 = time.perf_counter()
+    out = plan_mip(prob, time_limit=1.5)
+    spent = time.perf_counter() - t0
+    assert spent <= 1.5 * 1.1 + SLACK, spent
+    assert any("cut column generation's pricing short" in n for n in out.report.notes), out.report.notes
+    cost = sum(r.metrics.cost for r in check_valid(prob, out.batchings))
+    assert out.report.bound <= cost * (1 + 1e-12)
+
+
+def test_a_cut_exact_bound_falls_back_to_the_floor(monkeypatch):
+    """Coarsened gens: the exact-histogram bound is the last phase; cut, it must not be the partial Lagrangian."""
+    from model.planning import options as options_module
+
+    prob = two_buckets(300)
+    opts = options_module.PlannerOptions(max_gen_values=48, pricing_budget=1.0)  # force coarsening
+    calls = []
+    real = pricing.lagrangian_bound
+
+    def spy(*args, **kw):
+        calls.append(time.perf_counter())
+        if len(calls) > 1:  # colgen's rounds run fast; the exact-histogram pass is slow
+            slow_pricing(monkeypatch, 5.0)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(pricing, "lagrangian_bound", spy)
+    from model.planning import colgen
+
+    monkeypatch.setattr(colgen, "lagrangian_bound", spy)
+    t0 = time.perf_counter()
+    out = plan_mip(prob, time_limit=2.0, options=opts)
+    assert time.perf_counter() - t0 <= 2.0 * 1.1 + SLACK
+    cost = sum(r.metrics.cost for r in check_valid(prob, out.batchings))
+    assert out.report.bound <= cost
+    assert any("the time limit cut the exact-histogram bound short: the bound is the own-box floor" in n
+               for n in out.report.notes), out.report.notes
+
+
+def test_a_slow_greedy_warm_start_is_cut_at_its_share(monkeypatch):
+    def endless(problem, deadline):
+        while True:
+            time.sleep(0.02)
+            deadline.tick("greedy warm start")
+
+    monkeypatch.setattr(stages, "greedy_pack", endless)
+    t0 = time.perf_counter()
+    out = plan_mip(two_buckets(), time_limit=2.0)
+    assert time.perf_counter() - t0 <= 2.0 * 1.1 + SLACK
+    assert out.batchings is not None
+
+
+def test_a_slow_strict_shape_relaxation_falls_back_to_one_shape(monkeypatch):
+    from model.planning import shapes
+
+    real = shapes.interval_costs
+
+    def slow(bms, all_shapes, deadline):
+        while True:
+            time.sleep(0.02)
+            deadline.tick("shape relaxation")
+        return real(bms, all_shapes, deadline)
+
+    monkeypatch.setattr(shapes, "interval_costs", slow)
+    prob = Problem(synthetic(100, 4), (Limits(), Limits()), 8, mode="strict")
+    t0 = time.perf_counter()
+    out = plan_mip(prob, time_limit=1.5)
+    assert time.perf_counter() - t0 <= 1.5 * 1.1 + SLACK
+    assert any("cut the shape relaxation short" in n for n in out.report.notes), out.report.notes
+    check_valid(prob, out.batchings)
+
+
+# ---------------------------------------------------------------- no plan: proven or not
+
+
+def failing_mip(monkeypatch, status: Status, native: str = ""):
+    """HiGHS's MIPs end with ``status`` and no solution (its LPs still run), and greedy finds nothing."""
+    real = highs.BACKEND.solve
+
+    def solve_(model, options: SolveOptions) -> BackendResult:
+        if options.relax:
+            return real(model, options)
+        return BackendResult(status, None, None, None, None, 0.0, "highs", "test", native)
+
+    monkeypatch.setattr(highs.BACKEND, "solve", solve_)
+    monkeypatch.setattr(mip, "greedy_plan", lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("status, said", [
+    (Status.TIME_LIMIT_NO_SOLUTION, "no plan found within the time limit (highs: time limit, no solution)"),
+    (Status.ERROR, "no plan found (highs: solver error: boom)"),
+    (Status.INFEASIBLE, "the MIP over the boxes the search kept is infeasible (highs)"),
+])
+def test_no_plan_without_a_proof_is_not_infeasible(monkeypatch, status, said):
+    failing_mip(monkeypatch, status, "boom")
+    with pytest.raises(NoPlanFound) as stop:
+        plan_mip(two_buckets(150), time_limit=5)
+    assert said in str(stop.value) and str(stop.value).endswith("not proven infeasible")
+
+
+def test_no_plan_exits_4_and_writes_nothing(monkeypatch, tmp_path, capsys):
+    failing_mip(monkeypatch, Status.TIME_LIMIT_NO_SOLUTION)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "plan_chat.jsonl").write_bytes(OLD_PLAN)
+    monkeypatch.chdir(tmp_path)
+    from test_solve_cli import write_scenario
+
+    scenario = write_scenario(tmp_path / "s", synthetic(60, 3), (Limits(), Limits()))
+    with pytest.raises(SystemExit) as stop:
+        run_main(lambda: solve.main(["--scenario", str(scenario), "--out", "out", "--quiet", "--time-limit", "5"]))
+    err = capsys.readouterr().err
+    assert stop.value.code == 4, err
+    assert err.strip().splitlines()[-1] == ("no plan found within the time limit (highs: time limit, no solution); "
+                                            "not proven infeasible")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["plan_chat.jsonl"]
+    assert (tmp_path / "out" / "plan_chat.jsonl").read_bytes() == OLD_PLAN
+
+
+def test_a_whole_exact_model_proven_infeasible_is_exit_3():
+    """Six requests whose cost limit is one below the brute-force optimum (no single limit explains it): the
+    whole model is small and exact, so HiGHS's infeasible is a proof."""
+    from helpers import problem
+    from test_mip_known import SIX
+
+    prob = problem(SIX, k=2, limits=Limits(max_cost=124_940_157.0))
+    with pytest.raises(InfeasibleError, match="highs proved the whole model infeasible"):
+        plan_mip(prob, time_limit=10)
+
+
+def test_an_interrupted_backend_interrupts_the_planner(monkeypatch):
+    real = highs.BACKEND.solve
+
+    def solve_(model, options):
+        if options.relax:
+            return real(model, options)
+        request_interrupt(signal.SIGTERM)
+        return BackendResult(Status.INTERRUPTED, None, None, None, None, 0.0, "highs", "test", "interrupted")
+
+    monkeypatch.setattr(highs.BACKEND, "solve", solve_)
+    with pytest.raises(Interrupted) as stop:
+        plan_mip(two_buckets(60), time_limit=5)
+    assert stop.value.signum == signal.SIGTERM
+
+
+# ---------------------------------------------------------------- exit statuses
+
+
+@pytest.mark.parametrize("raised, code", [
+    (NoPlanFound("no plan found; not proven infeasible"), 4),
+    (InfeasibleError("the limits cannot all be met"), 3),
+    (Interrupted(signal.SIGINT), 130),
+    (Interrupted(signal.SIGTERM), 143),
+    (KeyboardInterrupt(), 130),
+])
+def test_run_main_exit_statuses(raised, code, capsys):
+    def main():
+        raise raised
+
+    with pytest.raises(SystemExit) as stop:
+        run_main(main)
+    assert stop.value.code == code
+    assert capsys.readouterr().err.strip()
+
+
+def test_run_main_restores_the_signal_handlers():
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit):
+        run_main(lambda: 0)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "-0.5"])
+@pytest.mark.parametrize("entry", [solve.main, sweep.main], ids=["solve", "sweep"])
+def test_time_limit_must_be_a_positive_number(entry, value, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        run_main(lambda: entry(["--time-limit", value, "--quiet"]))
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "--time-limit" in err and "positive" in err, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_floor_bound_needs_no_pricing(monkeypatch):
+    """The own-box floor is the bucket constants: computed without a pricing pass (minutes on big grids)."""
+    from model.planning import colgen
+
+    def no(*a, **k):
+        raise AssertionError("priced")
+
+    prob = two_buckets(50)
+    fine = [stages.build_histogram(b) for b in prob.buckets]
+    bms = stages.bucket_models(prob, fine)
+    space = stages.Space(prob, bms, [stages.candidate_grid(bm, None) for bm in bms], None, [1, 1])
+    expected = pricing.lagrangian_bound(space.bms, space.grids,
+                                        [colgen.own_box_duals(bm, g) for bm, g in zip(bms, space.grids, strict=True)],
+                                        None)
+    monkeypatch.setattr(pricing, "price_boxes", no)
+    monkeypatch.setattr(colgen, "lagrangian_bound", no)
+    floor = colgen.floor_bound(space)
+    assert floor.total == pytest.approx(expected.total, rel=1e-12)
+    assert np.allclose(floor.per_bucket, expected.per_bucket, rtol=1e-12)
