@@ -37,7 +37,7 @@ from model.planning.diagnose import explain_infeasible, unmeetable
 from model.planning.flow import all_shapes, flow_search, shape_levels, shape_relaxation
 from model.planning.options import PlannerOptions
 from model.planning.runs import device_start
-from model.planning.stages import SearchOutcome, greedy_plan, search, shape_setup, spike_reserves
+from model.planning.stages import SearchOutcome, greedy_plan, search, shape_setup
 from model.runtime import Deadline
 from model.schema import Batching, Evaluation, Plan, Planned, Problem, SolveReport, Status
 from solvers.backends import get_backend
@@ -153,7 +153,7 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     work = Deadline(clock.at - JUDGE_MARGIN * spent)
     setup = None if flow else shape_setup(problem, fine, options, work)
     first, mip_ok, judged, attempt_problem, attempt = None, None, None, problem, 0
-    reserves = spike_reserves(problem, fine)
+    reserves = (0,) * len(fine)  # the model places every compile spike exactly (arrays.spike_rows)
     for attempt in range(options.max_repairs + 1):
         if flow:
             outcome = flow_search(attempt_problem, fine, greedy, solver, work, reserves, options,

@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from model.cost.analytic import compile_cost
-from model.cost.metrics import fastest_latency, spike_ms
 from model.errors import InfeasibleError
 from model.expand.assemble import box_of_requests
 from model.formulation.boxes import BucketModel, Grid, bucket_model, candidate_grid
@@ -61,7 +60,7 @@ class SearchOutcome:
     """One search: its plan (or None), the model's objective and the certified bound.
 
     ``status`` is the last MIP's; ``exact`` says the search's last MIP held the whole
-    problem (every box, exact cells, no held-back P95 members), so its INFEASIBLE is
+    problem (every box, exact cells, no held-back P95 members, exact spike placement), so its INFEASIBLE is
     a proof for the problem, not only for the boxes the search kept.
     """
 
@@ -87,22 +86,6 @@ def bucket_models(problem: Problem, hists: list[Histogram], reserves: tuple[int,
     reserves = reserves or (0,) * len(hists)
     return [bucket_model(h, gen_min_of(b.gen_len, h), lim, problem.params, problem.mode, r, problem.max_batch_size)
             for h, b, lim, r in zip(hists, problem.buckets, problem.limits, reserves, strict=True)]
-
-
-def spike_reserves(problem: Problem, fine: list[Histogram]) -> tuple[int, ...]:
-    """One P95 member per bucket held back when even its fastest request cannot absorb a spike.
-
-    If every member's own latency plus the compile spike exceeds the limit, the spike
-    surely pushes one member over (unless it lands on one already over).
-    """
-    if problem.mode == "device":  # the flow model counts each spike that finds no spike-safe batch
-        return (0,) * len(fine)
-    out = []
-    for h, lim in zip(fine, problem.limits, strict=True):
-        limit = lim.max_p95_latency_ms
-        fastest = float(fastest_latency(h.S, h.G, problem.params, problem.mode).min())
-        out.append(int(limit is not None and fastest + spike_ms(problem.params) > limit))
-    return tuple(out)
 
 
 def reference_shapes(bms: list[BucketModel], max_shapes: int, allowed: np.ndarray | None = None) -> list[int]:
@@ -237,8 +220,9 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
     else:
         res = [seed_restriction(bm, g, w.arc_cell if w else empty, w.arc_box if w else empty)
                for bm, g, w in zip(bms, grids, warm or [None] * len(bms), strict=True)]
-    # the MIP over every box of exact cells, nothing held back, is the problem itself
-    exact = whole and setup.covers_all and not coarsened and not any(reserves or ())
+    # the MIP over every box of exact cells, nothing held back, spikes placed exactly, is the problem itself
+    exact = (whole and setup.covers_all and not coarsened and not any(reserves or ())
+             and space.spike_per_arc(res))
     lp_solver = solver if Feature.LP_DUALS in solver.features else get_backend("highs")
     notes = list(setup.notes)
     notes.append(f"column generation's LPs ran on {lp_solver.name}"
