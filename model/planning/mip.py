@@ -36,6 +36,7 @@ from model.histogram.cells import build_histogram
 from model.planning.diagnose import explain_infeasible, unmeetable
 from model.planning.flow import all_shapes, flow_search, shape_levels, shape_relaxation
 from model.planning.options import PlannerOptions
+from model.planning.reshape import redeclared
 from model.planning.runs import device_start
 from model.planning.stages import SearchOutcome, greedy_plan, search, shape_setup
 from model.runtime import Deadline
@@ -49,6 +50,8 @@ log = logging.getLogger("shapeplan")
 # timed on greedy's plan and that much (times the margin) kept; without greedy, estimated
 JUDGE_MARGIN = 1.5
 JUDGE_S_PER_REQUEST = 3e-6
+FINAL_PASS_JUDGES = 2  # the final shape pass judges up to this many re-declarations of the returned plan
+LAST_RESORT = ("solo", "cells", "pow2", "exp", "baseline")  # analytic modes: tried when nothing else meets the limits
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,6 +121,40 @@ def device_fallbacks(problem: Problem) -> list[Judged]:
     return out
 
 
+def last_resort(problem: Problem, deadline: Deadline, spent: float) -> list[Judged]:
+    """Analytic modes, when neither the MIP nor greedy met every limit: the packers' plans that do, judged
+    exactly while the time lasts (every request alone is one of them).  A search over part of the boxes, or
+    a time limit, may miss a plan such a simple rule has; no plan should be given up for that."""
+    out = []
+    for name in LAST_RESORT:
+        if deadline.left() < JUDGE_MARGIN * spent:
+            break
+        try:
+            judged = judge(problem, name, PACKERS[name](problem))
+        except InfeasibleError:
+            continue
+        if judged.acceptable:
+            out.append(judged)
+    return out
+
+
+def final_shapes(problem: Problem, judged: Judged, deadline: Deadline, spent: float) -> tuple[Judged, str | None]:
+    """The final shape pass (``model.planning.reshape``) on an acceptable plan: the cheapest re-declaration of
+    its shapes for the same batches that the exact evaluation finds cheaper and within every limit (spikes
+    move with the shapes), and a note saying what changed; else the plan as it was."""
+    for what, batchings in redeclared(problem, judged.batchings):
+        if deadline.left() < JUDGE_MARGIN * spent:
+            break
+        new = judge(problem, judged.name, batchings)
+        if new.acceptable and new.cost < judged.cost:
+            before = len(set().union(*(set(r.metrics.shapes) for r in judged.evaluation.results)))
+            after = len(set().union(*(set(r.metrics.shapes) for r in new.evaluation.results)))
+            return new, (f"final shape pass on the {judged.name} plan: {what} ({before} -> {after} shapes), cost "
+                         f"{judged.cost:.6g} -> {new.cost:.6g}")
+        # costs do not depend on where spikes land, so the candidates come cheapest first: the next is dearer
+    return judged, None
+
+
 def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
              options: PlannerOptions = PlannerOptions()) -> Planned:
     """Plan every bucket by optimisation; the report carries a certified lower bound and its gap.
@@ -150,7 +187,7 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
         greedy = min(fallbacks, key=lambda j: j.cost).batchings  # a start that meets the limits
     # the final judging of the MIP's plan must fit too: keep about what judging greedy's took
     spent = time.perf_counter() - t_judge if greedy is not None else JUDGE_S_PER_REQUEST * n_requests
-    work = Deadline(clock.at - JUDGE_MARGIN * spent)
+    work = Deadline(clock.at - (JUDGE_MARGIN + FINAL_PASS_JUDGES) * spent)
     setup = None if flow else shape_setup(problem, fine, options, work)
     first, mip_ok, judged, attempt_problem, attempt = None, None, None, problem, 0
     reserves = (0,) * len(fine)  # the model places every compile spike exactly (arrays.spike_rows)
@@ -175,9 +212,14 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     candidates = ([mip_ok] if mip_ok else []) + fallbacks
     if judged_greedy is not None and judged_greedy.acceptable:
         candidates.append(judged_greedy)
+    if not candidates and not flow:
+        candidates = last_resort(problem, clock, spent)
     if not candidates:
         raise no_plan(problem, solver.name, first, outcome, judged, judged_greedy, attempt, clock)
-    chosen = min(candidates, key=lambda j: j.cost)
+    passed = []
+    for cand in sorted(candidates, key=lambda j: j.cost):
+        passed.append(final_shapes(problem, cand, clock, spent))
+    chosen, pass_note = min(passed, key=lambda jn: jn[0].cost)
     notes = list(first.notes)
     if chosen.name != "mip":
         notes.append(f"the {chosen.name} plan is cheaper under the exact cost model than the MIP's and is returned "
@@ -187,6 +229,8 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     if attempt:
         notes.append(f"repaired: re-solved {attempt} time(s) with limits tightened by what the exact evaluation "
                      "found the model had missed")
+    if pass_note:
+        notes.append(pass_note)
     gap = (chosen.cost - first.bound) / chosen.cost if chosen.cost > 0 else 0.0
     if gap <= 1e-4:
         status = Status.OPTIMAL

@@ -18,6 +18,7 @@ from model.formulation.boxes import BucketModel, Grid, bucket_model, candidate_g
 from model.histogram.cells import Histogram, build_histogram, gen_min_of
 from model.planning.colgen import NoDuals, exact_bound, generate
 from model.planning.options import PlannerOptions
+from model.planning.reshape import reference_shape_set
 from model.planning.search import (
     Assignment,
     Space,
@@ -92,38 +93,12 @@ def reference_shapes(bms: list[BucketModel], max_shapes: int, allowed: np.ndarra
     """Reference mode: the declared shape only sets compile cost, so each bucket compiles ONE shape.
 
     Any plan must give bucket b a shape >= its largest aligned prompt; extra shapes only
-    add compile cost and spikes.  With K shapes across buckets, pick K of the bucket
-    maxima minimising total compile cost (each bucket uses the smallest pick above its
-    maximum) -- exact by dynamic programming over the sorted maxima.
-
-    With a fixed set of ``allowed`` shapes a bucket's need is the smallest allowed shape
-    covering its maximum, and the DP runs over those needs: a pick that is no bucket's
-    need can be lowered to the largest need it serves, so the DP stays exact (and its
-    compile cost a valid part of the bound) for the restricted problem.
+    add compile cost and spikes.  With K shapes across buckets, the exact DP of
+    ``model.planning.reshape.reference_shape_set`` picks them (with a fixed set of
+    ``allowed`` shapes, over each bucket's smallest allowed shape covering its maximum,
+    so the compile cost stays a valid part of the bound for the restricted problem).
     """
-    need = [int(bm.hist.S.max()) for bm in bms]
-    if allowed is not None:
-        need = [int(round_up_to(n, allowed)) for n in need]
-    values = sorted(set(need))
-    cost = [float(compile_cost(v, bms[0].params)) for v in values]
-    count = [need.count(v) for v in values]
-    inf = float("inf")
-    best = [[inf] * (max_shapes + 1) for _ in values]  # best[j][k]: values[j] picked, k picks so far
-    back = [[-1] * (max_shapes + 1) for _ in values]
-    for j in range(len(values)):
-        best[j][1] = sum(count[:j + 1]) * cost[j]
-        for k in range(2, max_shapes + 1):
-            for i in range(j):
-                val = best[i][k - 1] + sum(count[i + 1:j + 1]) * cost[j]
-                if val < best[j][k]:
-                    best[j][k], back[j][k] = val, i
-    j = len(values) - 1
-    k = min(range(1, max_shapes + 1), key=lambda kk: best[j][kk])
-    picks = []
-    while j >= 0 and k >= 1:
-        picks.append(values[j])
-        j, k = back[j][k], k - 1
-    return [min(v for v in picks if v >= n) for n in need]
+    return reference_shape_set([int(bm.hist.S.max()) for bm in bms], bms[0].params, max_shapes, allowed)
 
 
 def shape_setup(problem: Problem, fine: list[Histogram], options: PlannerOptions = PlannerOptions(),
