@@ -33,7 +33,7 @@ from model.errors import InfeasibleError, InputError, NoPlanFound
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble
 from model.histogram.cells import build_histogram
-from model.planning.diagnose import explain_infeasible, unmeetable
+from model.planning.diagnose import alone_message, explain_infeasible, single_limit, unmeetable
 from model.planning.flow import all_shapes, flow_search, shape_levels, shape_relaxation
 from model.planning.options import PlannerOptions
 from model.planning.reshape import redeclared
@@ -122,19 +122,18 @@ def device_fallbacks(problem: Problem) -> list[Judged]:
 
 
 def last_resort(problem: Problem, deadline: Deadline, spent: float) -> list[Judged]:
-    """Analytic modes, when neither the MIP nor greedy met every limit: the packers' plans that do, judged
-    exactly while the time lasts (every request alone is one of them).  A search over part of the boxes, or
-    a time limit, may miss a plan such a simple rule has; no plan should be given up for that."""
+    """Analytic modes, when neither the MIP nor greedy met every limit: the packers' plans, judged exactly
+    while the time lasts (every request alone is one of them), for the caller to take those that meet every
+    limit.  A search over part of the boxes, or a time limit, may miss a plan such a simple rule has; no plan
+    should be given up for that."""
     out = []
     for name in LAST_RESORT:
         if deadline.left() < JUDGE_MARGIN * spent:
             break
         try:
-            judged = judge(problem, name, PACKERS[name](problem))
+            out.append(judge(problem, name, PACKERS[name](problem)))
         except InfeasibleError:
             continue
-        if judged.acceptable:
-            out.append(judged)
     return out
 
 
@@ -212,10 +211,13 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     candidates = ([mip_ok] if mip_ok else []) + fallbacks
     if judged_greedy is not None and judged_greedy.acceptable:
         candidates.append(judged_greedy)
+    tried = [j for j in (judged_greedy, judged) if j is not None] + fallbacks
     if not candidates and not flow:
-        candidates = last_resort(problem, clock, spent)
+        resort = last_resort(problem, clock, spent)
+        tried += resort
+        candidates = [j for j in resort if j.acceptable]
     if not candidates:
-        raise no_plan(problem, solver.name, first, outcome, judged, judged_greedy, attempt, clock)
+        raise no_plan(problem, solver.name, first, outcome, judged, judged_greedy, tried, attempt, clock)
     passed = []
     for cand in sorted(candidates, key=lambda j: j.cost):
         passed.append(final_shapes(problem, cand, clock, spent))
@@ -244,13 +246,27 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
 
 
 def no_plan(problem: Problem, backend: str, first: SearchOutcome, last: SearchOutcome, judged: Judged | None,
-            judged_greedy: Judged | None, repairs: int, clock: Deadline) -> Exception:
-    """Why no plan came out: InfeasibleError with a proof, else NoPlanFound saying what happened instead."""
-    proofs = unmeetable(problem)
+            judged_greedy: Judged | None, tried: list[Judged], repairs: int, clock: Deadline) -> Exception:
+    """Why no plan came out: InfeasibleError with a proof, else NoPlanFound saying what happened instead.
+
+    With a single limit in the whole problem, that limit alone is what no plan met: the
+    message names it, with the best value known (from every plan tried, and a search
+    without it) -- proven unmeetable only when the failed search held the whole exact model.
+    """
+    proofs = unmeetable(problem, clock)
     if proofs:
         return InfeasibleError("the limits cannot all be met; " + "; ".join(proofs))
+    single = single_limit(problem)
+    known = {}
+    if single is not None:
+        b, metric, _ = single
+        known = {j.name: j.evaluation.results[b].metrics.value(metric) for j in tried
+                 if j.evaluation.results[b].metrics is not None}
     if first.proven_infeasible:
-        return InfeasibleError(explain_infeasible(problem, clock, f"{backend} proved the whole model infeasible"))
+        proof = f"{backend} proved the whole exact model infeasible"
+        if single is not None:
+            return InfeasibleError("the limits cannot all be met; " + alone_message(problem, proof, known, clock))
+        return InfeasibleError(explain_infeasible(problem, clock, proof))
     if last.batchings is not None and judged is not None:
         broken = ", ".join(f"{problem.buckets[b].name} {m}" for b, m, _, _ in judged.broken)
         what = f"the MIP's plan still breaks {broken} under the exact evaluation after {repairs} repair(s)"
@@ -261,6 +277,8 @@ def no_plan(problem: Problem, backend: str, first: SearchOutcome, last: SearchOu
                 "prove the limits unmeetable")
     else:
         what = f"no plan found ({backend}: {last.status.text}{f': {last.native}' if last.native else ''})"
+    if single is not None:
+        return NoPlanFound(f"{what}; {alone_message(problem, None, known, clock)}; not proven infeasible")
     greedy = ("" if judged_greedy is None else "; the greedy packer's plan breaks "
               + ", ".join(f"{problem.buckets[b].name} {m}" for b, m, _, _ in judged_greedy.broken))
     return NoPlanFound(f"{what}{greedy}; not proven infeasible")
