@@ -94,11 +94,13 @@ def at_best(bucket: Bucket, problem: Problem, deadline: Deadline = Deadline.neve
     mode less only by the widest prefill gap inside one batch); in strict mode also the
     least over shape sets of at most K of sum(latency)/B + one spike per shape (exact for
     B = 1).  Padding: the alignment pad (strict: the least prompt pad over shape sets of
-    at most K).  Cost: every request alone at its own shape, ceil(n/B) batch overheads and
-    the compile of the one shape it needs (strict: the least over shape sets of at most K,
-    compile and one batch per shape).  Device mode: a request's cost is at least its floor
-    (``boxes.request_floor``) and sequential time at least the cost.  If ``deadline``
-    passes, the shape-set terms fall back to every request at its own shape (still valid).
+    at most K; device mode too).  Cost: every request alone at its own shape, ceil(n/B)
+    batch overheads and the compile of the one shape it needs (strict: the least over shape
+    sets of at most K, compile and one batch per shape).  Device mode: a request's cost is
+    at least its floor (``boxes.request_floor``: exact alone with B = 1), least over shape
+    sets with one compile each, and sequential time at least that (a batch's time counts in
+    both, a compile spike as much as a compile).  If ``deadline`` passes, the shape-set
+    terms fall back to every request at its own shape (still valid).
     """
     p = problem.params
     n = len(bucket)
@@ -115,12 +117,6 @@ def at_best(bucket: Bucket, problem: Problem, deadline: Deadline = Deadline.neve
     per_batch = min(problem.max_batch_size or n, n)
     top_down = np.sort(own)[::-1]
     seq = float(top_down[::per_batch].sum())  # the j-th largest batch maximum is at least the (jB)-th latency
-    if problem.mode == "device":
-        hist = build_histogram(bucket)
-        bm = bucket_model(hist, hist.G, Limits(), p, "device", max_batch=problem.max_batch_size)
-        floor = float((hist.count * request_floor(bm, smallest_shape(problem, hist.S), hist.G)).sum()) + p.compile_ms
-        return {"cost": floor, "pad_ratio": pad, "p95_latency_ms": p95,
-                "sequential_ms": max(floor, float(own.max()) + p.compile_ms, seq + p.compile_ms)}
     batches = -(-n // per_batch)
     if problem.mode == "reference":
         need = int(smallest_shape(problem, S.max()))
@@ -130,22 +126,35 @@ def at_best(bucket: Bucket, problem: Problem, deadline: Deadline = Deadline.neve
         grows = spike if per_batch == 1 else max(0.0, spike - gap)
         return {"cost": cost, "pad_ratio": pad, "p95_latency_ms": p95,
                 "sequential_ms": max(seq + grows, float(own.min()) + spike)}
-    # strict mode: at own shapes, then (when the time allows) the least over shape sets of at most K
-    cost = float((prefill_cost(y, p) + decode_cost(y, bucket.gen_len, p)).sum()
-                 + p.Kbatch_overhead_cost * batches + compile_cost(int(y.max()), p))
-    seq = seq + spike
+    # strict and device mode: every request at its own shape, then (when the time allows) the least over
+    # shape sets of at most K; a spike raises its batch's time by all of it (a batch's members share one)
+    hist = build_histogram(bucket)
+    shapes = candidate_shapes(problem, S)
+    top = int(np.searchsorted(shapes, hist.S.max()))
+    K = problem.max_shapes
+    if problem.mode == "device":
+        bm = bucket_model(hist, hist.G, Limits(), p, "device", max_batch=problem.max_batch_size)
+        cost = float((hist.count * request_floor(bm, smallest_shape(problem, hist.S), hist.G)).sum()) + spike
+        seq = max(cost, float(own.max()) + spike, seq + spike)
+    else:
+        cost = float((prefill_cost(y, p) + decode_cost(y, bucket.gen_len, p)).sum()
+                     + p.Kbatch_overhead_cost * batches + compile_cost(int(y.max()), p))
+        seq = seq + spike
     try:
-        hist = build_histogram(bucket)
-        shapes = candidate_shapes(problem, S)
-        top = int(np.searchsorted(shapes, hist.S.max()))
-        K = problem.max_shapes
-        charge = compile_cost(shapes, p)
-        run = interval_sums(hist, shapes, lambda s, c: hist.count[c] * (prefill_cost(s, p) + decode_cost(
-            s, hist.G[c], p)), deadline)
-        cost = max(cost, least_over_shape_sets(run, charge + p.Kbatch_overhead_cost, K, top),
-                   least_over_shape_sets(run, charge, K, top) + p.Kbatch_overhead_cost * batches)
-        lat = interval_sums(hist, shapes, lambda s, c: hist.count[c] * member_latency(s, s, hist.G[c], p), deadline)
-        seq = max(seq, least_over_shape_sets(lat / per_batch, np.full(len(shapes), spike), K, top))
+        if problem.mode == "device":  # a batch's time is its cost and its sequential time; a shape's compile both
+            floor = interval_sums(hist, shapes, lambda s, c: hist.count[c] * request_floor(bm, np.int64(s),
+                                                                                            hist.G[c]), deadline)
+            least = least_over_shape_sets(floor, np.full(len(shapes), spike), K, top)
+            cost, seq = max(cost, least), max(seq, least)
+        else:
+            charge = compile_cost(shapes, p)
+            run = interval_sums(hist, shapes, lambda s, c: hist.count[c] * (prefill_cost(s, p) + decode_cost(
+                s, hist.G[c], p)), deadline)
+            cost = max(cost, least_over_shape_sets(run, charge + p.Kbatch_overhead_cost, K, top),
+                       least_over_shape_sets(run, charge, K, top) + p.Kbatch_overhead_cost * batches)
+            lat = interval_sums(hist, shapes, lambda s, c: hist.count[c] * member_latency(s, s, hist.G[c], p),
+                                deadline)
+            seq = max(seq, least_over_shape_sets(lat / per_batch, np.full(len(shapes), spike), K, top))
         prompt = interval_sums(hist, shapes, lambda s, c: hist.count[c] * s - hist.prompt_sum[c], deadline)
         pad = max(pad, least_over_shape_sets(prompt, np.zeros(len(shapes)), K, top) / real)
     except DeadlineExceeded:
