@@ -229,8 +229,8 @@ def test_plan_mip_p95_lets_exactly_the_allowed_members_above():
 
 
 def test_plan_mip_p95_counts_the_compile_spike():
-    """One request 100 ms under the limit: its compile spike (+1500 ms) breaks it in every plan.  The P95 row
-    counts latencies without spikes, so plan_mip must catch this after the exact evaluation."""
+    """One request 100 ms under the limit: its compile spike (+1500 ms) breaks it in every plan (the P95 is
+    the maximum), so plan_mip must say so with a proof."""
     prob = problem(bucket([64], [10]), limits=Limits(max_p95_latency_ms=lat(64, 10) + 100.0))
     assert raises_infeasible(prob)
 

@@ -11,9 +11,13 @@ Flow (data one way):
      TARGET_GAP -- over every generated box that reduced costs cannot rule out,
      warm-started from the incumbent (``model.search``);
   5. expansion and exact re-evaluation with the one cost model: the cheaper of the MIP
-     plan and the greedy packer's plan that meets every limit is returned; if the MIP
-     plan breaks a limit the model thought it met (a compile spike it could not place
-     harmlessly), the limit is tightened by the excess and the search repeated.
+     plan and the greedy packer's plan that meets every limit is returned (when neither
+     does, the simple packers' plans, every request alone first); if the MIP plan breaks
+     a limit the model thought it met, the limit is tightened by the excess and the
+     search repeated;
+  6. the final shape pass (``model.planning.reshape``): the returned batches declare the
+     shapes that cost least for them, if the exact evaluation finds that cheaper and
+     still within every limit.
 
 One deadline (``model.runtime.Deadline``) runs through every step, the final judging
 included, so a run ends within its time limit.  No plan ends as InfeasibleError only
@@ -89,8 +93,9 @@ def judge(problem: Problem, name: str, batchings: tuple[Batching, ...]) -> Judge
 
 def tightened(problem: Problem, reserves: tuple[int, ...], broken: tuple[tuple[int, str, float, float], ...],
               options: PlannerOptions = PlannerOptions()) -> tuple[Problem, tuple[int, ...]]:
-    """Tighten what the exact evaluation found broken: one more P95 member held back for a spike,
-    or the limit lowered by its excess (a spike's worth at least for sequential time)."""
+    """Tighten what the exact evaluation found broken: one more P95 member held back, or the limit lowered
+    by its excess (a spike's worth at least for sequential time).  The model places spikes exactly, so this
+    is a safety net (a search that held members back proves nothing, and the packers remain to try)."""
     limits, reserves = list(problem.limits), list(reserves)
     for b, metric, value, limit in broken:
         if metric == "p95_latency_ms":

@@ -75,7 +75,7 @@ class PlannerOptions:
     max_rounds: int = 30
     arcs_per_box: int = 96
     full_arcs: int = 20_000
-    spike_arcs: int = 50_000
+    spike_arcs: int = 20_000
     max_polish_arcs: int = 400_000
     min_call_s: float = 0.05
     repair_margin: float = 1.01
