@@ -2,8 +2,9 @@
 unmeetable limit named as such (proven only by an exact search, else "not proven" and NoPlanFound).
 
 - ``at_best`` never exceeds the true minimum of a metric over every plan of the problem -- its batch-size
-  cap, allowed shapes, K and cost mode included -- checked by enumeration on small instances; with B = 1
-  (every request its own batch) sequential time is exact: the solo latencies plus the spikes;
+  cap, allowed shapes, K and cost mode (device mode too) included -- checked by enumeration on small
+  instances; with B = 1 (every request its own batch) sequential time is exact: the solo latencies plus
+  the spikes;
 - with ``--max-batch-size 1`` on the embedded reference scenario the message names the exact least
   sequential time (it said 1.2e7 where the least is ~3e8 on the hostile tester's input);
 - a single limit no plan meets is said to be unmeetable alone, never "each limit alone is reachable".
@@ -17,10 +18,12 @@ import re
 import numpy as np
 import pytest
 from helpers import DATA, bucket, layout_metrics, layouts, problem
+from test_device_mode import TOY
 from test_mip_known import SIX
 from test_runtime import failing_mip
 
 from model import pipeline
+from model.cost.analytic import CostParams
 from model.cost.common import align
 from model.cost.metrics import fastest_latency
 from model.errors import InfeasibleError, NoPlanFound
@@ -47,7 +50,7 @@ def true_minima(prob: Problem) -> dict[str, float]:
     return best
 
 
-def small_problems(count: int, seed: int):
+def small_problems(count: int, seed: int, modes=("reference", "strict")):
     rng = np.random.default_rng(seed)
     for i in range(count):
         n = int(rng.integers(2, 6))
@@ -57,11 +60,12 @@ def small_problems(count: int, seed: int):
         if rng.random() < 0.3:
             top = int(align(b.prompt_len).max()) + 128
             allowed = tuple(sorted({int(x) for x in rng.choice(np.arange(1, 12) * 64, 4, replace=False)} | {top}))
-        yield Problem((b,), (Limits(),), int(rng.integers(1, 4)), mode=("reference", "strict")[i % 2],
+        mode = modes[i % len(modes)]
+        yield Problem((b,), (Limits(),), int(rng.integers(1, 4)), TOY if mode == "device" else CostParams(), mode,
                       max_batch_size=[None, 1, 2][int(rng.integers(0, 3))], allowed_shapes=allowed)
 
 
-@pytest.mark.parametrize("prob", list(small_problems(36, 1)))
+@pytest.mark.parametrize("prob", list(small_problems(36, 1)) + list(small_problems(12, 2, ("device",))))
 def test_at_best_holds_for_the_problem_as_given_and_is_exact_for_sequential_time_when_b_is_1(prob):
     best = true_minima(prob)
     claimed = at_best(prob.buckets[0], prob)
