@@ -229,8 +229,8 @@ def test_plan_mip_p95_lets_exactly_the_allowed_members_above():
 
 
 def test_plan_mip_p95_counts_the_compile_spike():
-    """One request 100 ms under the limit: its compile spike (+1500 ms) breaks it in every plan.  The P95 row
-    counts latencies without spikes, so plan_mip must catch this after the exact evaluation."""
+    """One request 100 ms under the limit: its compile spike (+1500 ms) breaks it in every plan (the P95 is
+    the maximum), so plan_mip must say so with a proof."""
     prob = problem(bucket([64], [10]), limits=Limits(max_p95_latency_ms=lat(64, 10) + 100.0))
     assert raises_infeasible(prob)
 
@@ -347,9 +347,43 @@ class Family:
 
     cost: float
     pad: float  # pad tokens
-    seq: float  # sum of batch latencies plus one spike per shape: the model's (conservative) sequential time
-    above: float  # members whose latency, spike excluded, exceeds the P95 limit
+    seq: float  # sum of batch latencies plus what the spikes add where the model places them
+    above: float  # members whose latency exceeds the P95 limit, spikes counted where the model places them
     shapes: frozenset[int]
+
+
+def spikes(prob: Problem, fm: FullModel, x: np.ndarray, b: int, member: np.ndarray, limit: float,
+           used: frozenset[int]) -> tuple[float, float]:
+    """What the compile spikes add to sequential time and to the members above the P95 limit, from the spike
+    columns' meaning: per shape one option -- some harmless member (w: a whole spike, no count), any member
+    (v: a whole spike, one count) or, in reference mode, a member of one arc (u: its batch grows by
+    max(0, its latency + spike - the box's largest), one count if it crosses the limit)."""
+    lim, r, a = prob.limits[b], fm.res[b], fm.arrays
+    col = {name: x[blk.slice()] if (blk := a.block("col", name, b)) is not None else np.zeros(0)
+           for name in ("spike_w", "spike_v", "spike_u")}
+    if lim.max_p95_latency_ms is None and lim.max_sequential_ms is None:
+        assert not any(len(c) for c in col.values())
+        return SPIKE * len(used), 0.0
+    xa = x[a.block("col", "x", b).slice()]
+    top = member_latency(r.t, r.t, r.g, prob.params)[r.arc_box]
+    harmless = (member + SPIKE <= limit) | (member > limit)
+    if prob.mode == "strict":
+        if lim.max_p95_latency_ms is None:
+            return SPIKE * len(used), 0.0
+        shapes = fm.shapes.tolist()
+        for s in used:
+            i = shapes.index(s)
+            assert col["spike_w"][i] + col["spike_v"][i] == 1, "one option per shape compiled"
+            assert col["spike_w"][i] == 0 or (harmless & (r.t[r.arc_box] == s) & (xa > 0)).any(), "w: harmless"
+        return SPIKE * len(used), float(col["spike_v"].sum())
+    arcs = np.flatnonzero(member < top) if lim.max_sequential_ms is not None else np.zeros(0, np.int64)
+    assert len(col["spike_u"]) == len(arcs)
+    assert col["spike_w"].sum() + col["spike_v"].sum() + col["spike_u"].sum() == 1, "one recipient"
+    assert col["spike_w"].sum() == 0 or (harmless & (xa > 0)).any(), "w: a harmless member rides"
+    assert (col["spike_u"] <= xa[arcs]).all(), "u: a member of its arc rides"
+    growth = np.maximum(0.0, member[arcs] + SPIKE - top[arcs])
+    seq = SPIKE * (col["spike_w"].sum() + col["spike_v"].sum()) + growth @ col["spike_u"]
+    return float(seq), float(col["spike_v"].sum() + (~harmless[arcs]) @ col["spike_u"])
 
 
 def families(prob: Problem, fm: FullModel, x: np.ndarray) -> list[Family]:
@@ -370,9 +404,11 @@ def families(prob: Problem, fm: FullModel, x: np.ndarray) -> list[Family]:
         cost = KB * m.sum() + decode_cost(t, g, p) @ xa + prefill + compile_cost(np.array(sorted(used)), p).sum()
         prompt_pad = (t @ xa if strict else h.S @ h.count) - h.prompt_sum.sum()
         pad = prompt_pad + (g - h.G[cell]) @ xa
-        seq = member_latency(r.t, r.t, r.g, p) @ m + SPIKE * len(used)
         limit = lim.max_p95_latency_ms if lim.max_p95_latency_ms is not None else np.inf
-        above = (member_latency(t if strict else h.S[cell], t, g, p) > limit) @ xa
+        member = member_latency(t if strict else h.S[cell], t, g, p)
+        spike_seq, spike_above = spikes(prob, fm, x, b, member, limit, used)
+        seq = member_latency(r.t, r.t, r.g, p) @ m + spike_seq
+        above = (member > limit) @ xa + spike_above
         out.append(Family(float(cost), float(pad), float(seq), float(above), used))
     return out
 

@@ -2,9 +2,9 @@
 every compile-spike placement, judged by ``model.cost.metrics.plan_metrics``.
 
 The brute force (``helpers.brute_force``) shares nothing with the planner but the cost model, so agreement
-to 1e-9 is evidence for the whole chain: histogram, boxes, model, backend, expansion.  Limits are picked
-where the model's conservative sequential-time reserve (one 1500 ms spike per shape) does not matter, so
-the exact optimum is the one the planner must find.
+to 1e-9 is evidence for the whole chain: histogram, boxes, model, backend, expansion.  The model places
+compile spikes exactly, so the exact optimum is the one the planner must find (``test_mip_spikes`` does the
+same with limits just above an enumerated plan's metrics, where a reserved spike would not do).
 """
 
 from __future__ import annotations

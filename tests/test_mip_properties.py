@@ -134,7 +134,7 @@ def test_emitted_plans_meet_every_limit(prob):
 
 # prompt 100 pads to 128 in strict mode (ratio 28/105), which the model's pad rows do not count
 STRICT_PAD = Problem((bucket([100], [5]),), (Limits(max_pad_ratio=0.1),), 8, mode="strict")
-# latency 2149.27 ms, 3649.27 with the compile spike the P95 row does not count
+# latency 2149.27 ms, 3649.27 with the compile spike (which the P95 row once left out)
 P95_SPIKE = Problem((bucket([64], [10]),), (Limits(max_p95_latency_ms=2249.27),), 8)
 
 

@@ -13,10 +13,10 @@ import time
 
 import numpy as np
 import pytest
-from helpers import check_valid
+from helpers import broken_limits, check_valid, evaluated
 from test_solve_cli import OLD_PLAN, synthetic
 
-from model import solve, sweep
+from model import pipeline, solve, sweep
 from model.cli_common import run_main
 from model.errors import InfeasibleError, NoPlanFound
 from model.formulation import pricing
@@ -186,7 +186,7 @@ def test_a_slow_strict_shape_relaxation_falls_back_to_one_shape(monkeypatch):
 
 
 def failing_mip(monkeypatch, status: Status, native: str = ""):
-    """HiGHS's MIPs end with ``status`` and no solution (its LPs still run), and greedy finds nothing."""
+    """HiGHS's MIPs end with ``status`` and no solution (its LPs still run), and no packer finds anything."""
     real = highs.BACKEND.solve
 
     def solve_(model, options: SolveOptions) -> BackendResult:
@@ -196,6 +196,7 @@ def failing_mip(monkeypatch, status: Status, native: str = ""):
 
     monkeypatch.setattr(highs.BACKEND, "solve", solve_)
     monkeypatch.setattr(mip, "greedy_plan", lambda *a, **k: None)
+    monkeypatch.setattr(mip, "LAST_RESORT", ())  # nor do the packers tried as a last resort
 
 
 @pytest.mark.parametrize("status, said", [
@@ -235,8 +236,22 @@ def test_a_whole_exact_model_proven_infeasible_is_exit_3():
     from test_mip_known import SIX
 
     prob = problem(SIX, k=2, limits=Limits(max_cost=124_940_157.0))
-    with pytest.raises(InfeasibleError, match="highs proved the whole model infeasible"):
+    with pytest.raises(InfeasibleError, match=r"cost <= 1.2494e\+08 cannot be met, even alone \(highs proved the "
+                       r"whole exact model infeasible\)"):
         plan_mip(prob, time_limit=10)
+
+
+def test_when_the_search_finds_nothing_the_simple_packers_are_tried_before_giving_up(monkeypatch):
+    """The MIP ends without a solution and greedy finds nothing: every request alone (solo, the first packer
+    tried as a last resort) meets a sequential limit set at its own sequential time, so that plan is returned."""
+    failing_mip(monkeypatch, Status.TIME_LIMIT_NO_SOLUTION)
+    monkeypatch.setattr(mip, "LAST_RESORT", ("solo", "cells"))
+    free = Problem(synthetic(40, 3), (Limits(), Limits()), 8)
+    solo = evaluated(free, pipeline.plan(free, "solo"))
+    prob = Problem(free.buckets, tuple(Limits(max_sequential_ms=r.metrics.sequential_ms) for r in solo), 8)
+    out = plan_mip(prob, time_limit=5)
+    assert not broken_limits(check_valid(prob, out.batchings))
+    assert any("the solo plan is returned" in n or "the cells plan is returned" in n for n in out.report.notes)
 
 
 def test_an_interrupted_backend_interrupts_the_planner(monkeypatch):

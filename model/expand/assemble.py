@@ -3,8 +3,9 @@
 Batch ids matter: each shape's compile spike (+1500 ms) lands on the first member,
 in plan-file order, of the batch whose id sorts first as a string among that
 shape's batches.  We choose ids and member order so that it lands where it hurts
-least: on a member that stays under the P95 limit, in the batch where it raises the
-batch's largest latency (its sequential-time contribution) the least.
+least (``model.expand.spikes``): on a member it does not push over the P95 limit,
+where it raises its batch's largest latency (the sequential-time contribution) the
+least -- trading the two off exactly when both limits are set.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 from model.cost.analytic import CostParams
 from model.cost.common import Mode, align
 from model.cost.metrics import Coefficients, batch_latencies, spike_ms
+from model.expand.spikes import spike_leads
 from model.schema import Batching, Bucket, Limits, Plan
 
 
@@ -35,10 +37,10 @@ def assemble(bucket: Bucket, batching: Batching, params: Coefficients = CostPara
     shape_of = np.asarray(batching.shape_of, dtype=np.int64)
     nb = len(shape_of)
     latency = batch_latencies(bucket.prompt_len, bucket.gen_len, codes, shape_of, params, mode)[0]
-    # each batch's gentlest member goes first: the one with the least latency
-    order = np.lexsort((np.arange(len(codes)), latency, codes))
-    first = order[np.r_[True, codes[order][1:] != codes[order][:-1]]]  # first member of each batch 0..nb-1
-    first_lat = latency[first]
+    # per shape, the member that takes the spike (``model.expand.spikes``) leads the batch that ranks 0;
+    # every other batch leads with its gentlest member, the one with the least latency
+    lead, takes = spike_leads(codes, shape_of, latency, spike_ms(params), limits)
+    first_lat = latency[lead]
     batch_max = np.full(nb, -np.inf)
     np.maximum.at(batch_max, codes, latency)
     spiked = first_lat + spike_ms(params)
@@ -46,12 +48,15 @@ def assemble(bucket: Bucket, batching: Batching, params: Coefficients = CostPara
     limit = limits.max_p95_latency_ms
     crosses = (first_lat <= limit) & (spiked > limit) if limit is not None else np.zeros(nb, bool)
     # per shape, the batch that takes the spike ranks 0; the rest keep their order
-    pick_order = np.lexsort((np.arange(nb), first_lat, seq_hurt, crosses, shape_of))
+    pick_order = np.lexsort((np.arange(nb), first_lat, seq_hurt, crosses, ~takes, shape_of))
     shapes_sorted = shape_of[pick_order]
     head = np.r_[True, shapes_sorted[1:] != shapes_sorted[:-1]]
     rank = np.empty(nb, dtype=np.int64)
     group_start = np.maximum.accumulate(np.where(head, np.arange(nb), 0))
     rank[pick_order] = np.arange(nb) - group_start
+    not_lead = np.ones(len(codes), dtype=bool)
+    not_lead[lead] = False
+    order = np.lexsort((np.arange(len(codes)), latency, not_lead, codes))
     width = len(str(max(int(rank.max()), 0)))
     ids = np.array([f"s{s}-{r:0{width}d}" for s, r in zip(shape_of.tolist(), rank.tolist(), strict=True)], dtype=object)
     batch_order = np.lexsort((rank, shape_of))

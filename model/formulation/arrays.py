@@ -9,7 +9,10 @@ a = (cell c, box k) with S_c <= t_k and G_c <= g_k:
                     fixed to 0 in the final MIP: limits are hard)
 
 and, in strict mode, z_{b,s} (bucket b compiles shape s) and y_s (shape s is one of
-the K global shapes).
+the K global shapes).  With a P95 or sequential limit (analytic modes), binaries say
+where each compile spike lands (``spike_rows``): on some harmless member, on any
+member, or (reference mode) on a member of a given arc -- so the limits count spikes
+exactly instead of reserving a whole one per shape.
 
   minimise  sum_b [ sum_k Kbatch*m_k + sum_a unit(k)*x_a + sum_s compile(s)*z_{b,s} ] + penalty*slacks
 
@@ -34,6 +37,7 @@ from model.formulation.boxes import (
     box_unit_cost,
     box_unit_seq,
     shape_compile,
+    spike_terms,
     variant_range,
 )
 
@@ -271,12 +275,15 @@ def pad_limit_row(bld, b, bm, res, x, relax) -> None:
     _limit_row(bld, "pad", b, x.start + np.arange(len(res.arc_cell)), pad, bm.pad_budget, relax, penalties(bm))
 
 
-def seq_limit_row(bld, b, bm, res, x, m, z, fixed_shapes: int, relax) -> None:
-    """Sequential time:  sum_k lat_k m_k + sum_a useq_a x_a + spike * (#shapes of b) <= max_sequential_ms.
+def seq_limit_row(bld, b, bm, res, x, m, z, fixed_shapes: int, relax, spikes: Terms | None = None) -> None:
+    """Sequential time:  sum_k lat_k m_k + sum_a useq_a x_a + spikes <= max_sequential_ms.
 
     Analytic modes: lat_k is the batch's largest member latency and useq = 0; device
     mode: a batch's time T = F + n u counts whole (lat = F, useq = u).  The compile
-    spike is reserved conservatively, one per shape the bucket compiles.
+    spikes: strict mode adds one whole spike per shape the bucket compiles (z; every
+    member of a batch has the same latency, so a spike raises its batch's largest by
+    exactly that); reference mode adds what its spike's recipient adds (``spikes``,
+    from ``spike_rows``); without those terms, one whole spike per fixed shape.
     """
     if bm.limits.max_sequential_ms is None:
         return
@@ -287,22 +294,132 @@ def seq_limit_row(bld, b, bm, res, x, m, z, fixed_shapes: int, relax) -> None:
     if useq.any():
         cols.append(x.start + np.arange(len(res.arc_cell)))
         vals.append(useq)
-    rhs = bm.limits.max_sequential_ms - spike * fixed_shapes
+    rhs = bm.limits.max_sequential_ms - (0.0 if spikes is not None else spike * fixed_shapes)
+    if spikes is not None:
+        cols.append(spikes.cols)
+        vals.append(spikes.vals)
     if z is not None:
         cols.append(np.arange(z.start, z.stop))
         vals.append(np.full(z.stop - z.start, spike))
     _limit_row(bld, "seq", b, np.concatenate(cols), np.concatenate(vals), rhs, relax, penalties(bm))
 
 
-def p95_limit_row(bld, b, bm, res, x, relax) -> None:
-    """P95 latency:  sum over arcs whose member latency > L of x_a <= n - ceil(0.95 n)."""
+def p95_limit_row(bld, b, bm, res, x, relax, spikes: Terms | None = None) -> None:
+    """P95 latency:  sum over arcs whose member latency > L of x_a + spikes that cross L <= n - ceil(0.95 n).
+
+    ``spikes`` (from ``spike_rows``) counts each compile spike that lands on a member it
+    pushes over the limit.
+    """
     if bm.p95_allowed is None:
         return
     t, g = res.t, res.g
     viol = arc_violates(bm, res.arc_cell, t[res.arc_box], g[res.arc_box], res.variant[res.arc_box])
     keep = viol > 0
-    _limit_row(bld, "p95", b, x.start + np.flatnonzero(keep), viol[keep], float(bm.p95_allowed), relax,
-               penalties(bm))
+    cols, vals = x.start + np.flatnonzero(keep), viol[keep]
+    if spikes is not None:
+        cols, vals = np.concatenate([cols, spikes.cols]), np.concatenate([vals, spikes.vals])
+    _limit_row(bld, "p95", b, cols, vals, float(bm.p95_allowed), relax, penalties(bm))
+
+
+@dataclass(frozen=True, eq=False)
+class Terms:
+    """Columns and coefficients one family adds to a limit row."""
+
+    cols: np.ndarray
+    vals: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class SpikeColumns:
+    """Which arcs the per-arc recipient columns ``spike_u`` of a bucket stand for (reference mode)."""
+
+    arcs: np.ndarray  # arc position of each spike_u column
+    harmless: np.ndarray  # per arc of the restriction (see ``boxes.spike_terms``)
+    growth: np.ndarray
+
+
+def spike_arcs(bm: BucketModel, res: Restriction, per_arc: bool) -> SpikeColumns:
+    """The spike terms of every arc, and the arcs that get a recipient column of their own: those whose member
+    is prefilled below its box's t, so a spike raises its batch's largest latency by less than a whole spike
+    (only those can do better than "some harmless member" or "any member"); only in reference mode, with a
+    sequential limit and ``per_arc``."""
+    harmless, growth = spike_terms(bm, res.arc_cell, res.t[res.arc_box], res.g[res.arc_box])
+    arcs = np.zeros(0, np.int64)
+    if per_arc and bm.limits.max_sequential_ms is not None and bm.mode == "reference":
+        arcs = np.flatnonzero(bm.hist.S[res.arc_cell] < res.t[res.arc_box])  # prefilled below t: growth < spike
+    return SpikeColumns(arcs, harmless, growth)
+
+
+def spike_rows(bld, b, bm, res, x, z, shapes, per_arc: bool) -> tuple[Terms | None, Terms | None]:
+    """Where each compile spike lands, exactly (analytic modes): the (P95, sequential) terms it adds.
+
+    Each shape a bucket compiles puts its spike on one member of its batches, and the
+    expansion may pick any (``model.expand.spikes``).  Options, exactly one per shape
+    compiled (reference mode: the bucket's one shape, "= 1"; strict: "= z_{b,s}"):
+
+      spike_w  some harmless member takes it (w <= sum of x over harmless arcs): no P95
+               count; a whole spike of sequential time;
+      spike_v  any member takes it: one P95 count; a whole spike;
+      spike_u  (reference mode, per arc, with ``per_arc``) a member of that arc takes it
+               (u_a <= x_a): a P95 count if it crosses the limit, and its ``growth`` of
+               sequential time -- less than a spike for a member prefilled below t.
+
+    Without a P95 limit every member is harmless (no v, no w row).  Strict mode adds
+    only w and v per shape (its sequential time already counts one spike per z).  The
+    bound leaves all of this out, which only relaxes it.  Returns (None, None) where
+    spikes cannot matter (no P95 or sequential limit, device mode).
+    """
+    lim = bm.limits
+    if bm.mode == "device" or (lim.max_p95_latency_ms is None and lim.max_sequential_ms is None):
+        return None, None
+    if shapes is not None and lim.max_p95_latency_ms is None:
+        return None, None  # strict: the sequential row counts one spike per shape (z) exactly
+    sc = spike_arcs(bm, res, per_arc)
+    spike = spike_ms(bm.params)
+    n_opt = 1 if shapes is None else len(shapes)
+    t_pos = None if shapes is None else np.searchsorted(shapes, res.t[res.arc_box])
+    w = bld.add_cols("spike_w", np.zeros(n_opt), 0.0, 1.0, True, b)
+    one_cols, one_rows = [w.start + np.arange(n_opt)], [np.arange(n_opt)]
+    p95 = ([], [])
+    seq = ([w.start + np.arange(n_opt)], [np.full(n_opt, spike)])
+    if lim.max_p95_latency_ms is not None:
+        v = bld.add_cols("spike_v", np.zeros(n_opt), 0.0, 1.0, True, b)
+        one_cols.append(v.start + np.arange(n_opt))
+        one_rows.append(np.arange(n_opt))
+        p95[0].append(v.start + np.arange(n_opt))
+        p95[1].append(np.ones(n_opt))
+        seq[0].append(v.start + np.arange(n_opt))
+        seq[1].append(np.full(n_opt, spike))
+        safe = np.flatnonzero(sc.harmless)
+        row_of_safe = np.zeros(len(safe), np.int64) if shapes is None else t_pos[safe]
+        bld.add_rows("spike_safe", np.concatenate([np.arange(n_opt), row_of_safe]),
+                     np.concatenate([w.start + np.arange(n_opt), x.start + safe]),
+                     np.concatenate([np.ones(n_opt), -np.ones(len(safe))]), np.full(n_opt, -np.inf),
+                     np.zeros(n_opt), b)
+    if len(sc.arcs):
+        nu = len(sc.arcs)
+        u = bld.add_cols("spike_u", np.zeros(nu), 0.0, 1.0, True, b)
+        one_cols.append(u.start + np.arange(nu))
+        one_rows.append(np.zeros(nu, np.int64))
+        cross = ~sc.harmless[sc.arcs]
+        p95[0].append(u.start + np.flatnonzero(cross))
+        p95[1].append(np.ones(int(cross.sum())))
+        seq[0].append(u.start + np.arange(nu))
+        seq[1].append(sc.growth[sc.arcs])
+        bld.add_rows("spike_arc", np.concatenate([np.arange(nu), np.arange(nu)]),
+                     np.concatenate([u.start + np.arange(nu), x.start + sc.arcs]),
+                     np.concatenate([np.ones(nu), -np.ones(nu)]), np.full(nu, -np.inf), np.zeros(nu), b)
+    rows, cols = np.concatenate(one_rows), np.concatenate(one_cols)
+    vals = np.ones(len(cols))
+    if shapes is None:
+        bld.add_rows("spike_one", rows, cols, vals, 1.0, 1.0, b)
+    else:
+        bld.add_rows("spike_one", np.concatenate([rows, np.arange(n_opt)]),
+                     np.concatenate([cols, z.start + np.arange(n_opt)]), np.concatenate([vals, -np.ones(n_opt)]),
+                     np.zeros(n_opt), np.zeros(n_opt), b)
+    p95_terms = Terms(np.concatenate(p95[0]), np.concatenate(p95[1])) if p95[0] else None
+    seq_terms = Terms(np.concatenate(seq[0]), np.concatenate(seq[1])) if shapes is None else None
+    return p95_terms, seq_terms
 
 
 def shape_link_rows(bld, b, res, m, z, t_of_box_shape: np.ndarray, m_ub: np.ndarray) -> None:
@@ -340,11 +457,13 @@ def m_upper(bm: BucketModel, res: Restriction, lo: np.ndarray, hi: np.ndarray) -
 
 def build_model(bms: list[BucketModel], restrictions: list[Restriction],
                 shapes: np.ndarray | None, max_shapes: int, fixed_shapes: list[int], max_batch: int | None,
-                relax_limits: bool) -> MipArrays:
+                relax_limits: bool, spike_per_arc: bool = True) -> MipArrays:
     """Assemble the whole model: columns per bucket, then each constraint family.
 
     ``shapes`` is None in reference mode (shape choice is settled outside: it only
     moves compile cost), else the candidate shape values of strict and device mode.
+    ``spike_per_arc``: reference mode gives every arc a spike-recipient column (exact);
+    without, a spike counts whole against sequential time (sound, a smaller model).
     """
     bld = _Builder()
     zs: list[Block] = []
@@ -370,8 +489,10 @@ def build_model(bms: list[BucketModel], restrictions: list[Restriction],
         link_rows(bld, b, bm, res, x, m, lo, hi)
         cost_limit_row(bld, b, bm, res, x, m, z, unit, shapes, relax_limits)
         pad_limit_row(bld, b, bm, res, x, relax_limits)
-        seq_limit_row(bld, b, bm, res, x, m, z, 0 if shapes is not None else fixed_shapes[b], relax_limits)
-        p95_limit_row(bld, b, bm, res, x, relax_limits)
+        p95_spikes, seq_spikes = spike_rows(bld, b, bm, res, x, z, shapes, spike_per_arc)
+        seq_limit_row(bld, b, bm, res, x, m, z, 0 if shapes is not None else fixed_shapes[b], relax_limits,
+                      seq_spikes)
+        p95_limit_row(bld, b, bm, res, x, relax_limits, p95_spikes)
         if shapes is not None:
             shape_link_rows(bld, b, res, m, z, np.searchsorted(shapes, res.t), m_ub)
     if shapes is not None:

@@ -23,7 +23,7 @@ import numpy as np
 from model.cost.analytic import decode_cost, member_latency, prefill_cost
 from model.cost.common import Mode, allowed_above
 from model.cost.device import batch_time, linear_parts, max_members
-from model.cost.metrics import Coefficients, shape_charge
+from model.cost.metrics import Coefficients, shape_charge, spike_ms
 from model.histogram.cells import Histogram
 from model.schema import Limits
 
@@ -236,6 +236,24 @@ def arc_violates(bm: BucketModel, cell: np.ndarray, t: np.ndarray, g: np.ndarray
     if bm.mode == "device":
         return np.broadcast_to(bm.slow[np.broadcast_to(v, shape)], shape).astype(np.float64)
     return (arc_latency(bm, cell, t, g) > limit).astype(np.float64)
+
+
+def spike_terms(bm: BucketModel, cell: np.ndarray, t: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What a compile spike does when it lands on a member of a cell in box (t, g) -- analytic modes only.
+
+    Returns (harmless, growth) per arc: ``harmless`` where the spike does not push the
+    member over the P95 limit (it stays under it with the spike, or is over it anyway;
+    every arc without a limit), ``growth`` how much it raises the batch's largest
+    latency: ``max(0, lat + spike - lat(t, t, g))`` -- the whole spike in strict mode,
+    where every member of a batch has the same latency, less in reference mode for a
+    member prefilled below t.
+    """
+    spike = spike_ms(bm.params)
+    lat = arc_latency(bm, cell, t, g)
+    growth = np.maximum(0.0, lat + spike - member_latency(t, t, g, bm.params))
+    limit = bm.limits.max_p95_latency_ms
+    harmless = np.ones(np.shape(lat), bool) if limit is None else (lat + spike <= limit) | (lat > limit)
+    return harmless, growth
 
 
 def shape_compile(shapes: np.ndarray, params: Coefficients) -> np.ndarray:

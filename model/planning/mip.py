@@ -11,9 +11,13 @@ Flow (data one way):
      TARGET_GAP -- over every generated box that reduced costs cannot rule out,
      warm-started from the incumbent (``model.search``);
   5. expansion and exact re-evaluation with the one cost model: the cheaper of the MIP
-     plan and the greedy packer's plan that meets every limit is returned; if the MIP
-     plan breaks a limit the model thought it met (a compile spike it could not place
-     harmlessly), the limit is tightened by the excess and the search repeated.
+     plan and the greedy packer's plan that meets every limit is returned (when neither
+     does, the simple packers' plans, every request alone first); if the MIP plan breaks
+     a limit the model thought it met, the limit is tightened by the excess and the
+     search repeated;
+  6. the final shape pass (``model.planning.reshape``): the returned batches declare the
+     shapes that cost least for them, if the exact evaluation finds that cheaper and
+     still within every limit.
 
 One deadline (``model.runtime.Deadline``) runs through every step, the final judging
 included, so a run ends within its time limit.  No plan ends as InfeasibleError only
@@ -33,11 +37,12 @@ from model.errors import InfeasibleError, InputError, NoPlanFound
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble
 from model.histogram.cells import build_histogram
-from model.planning.diagnose import explain_infeasible, unmeetable
+from model.planning.diagnose import alone_message, explain_infeasible, single_limit, unmeetable
 from model.planning.flow import all_shapes, flow_search, shape_levels, shape_relaxation
 from model.planning.options import PlannerOptions
+from model.planning.reshape import redeclared
 from model.planning.runs import device_start
-from model.planning.stages import SearchOutcome, greedy_plan, search, shape_setup, spike_reserves
+from model.planning.stages import SearchOutcome, greedy_plan, search, shape_setup
 from model.runtime import Deadline
 from model.schema import Batching, Evaluation, Plan, Planned, Problem, SolveReport, Status
 from solvers.backends import get_backend
@@ -49,6 +54,8 @@ log = logging.getLogger("shapeplan")
 # timed on greedy's plan and that much (times the margin) kept; without greedy, estimated
 JUDGE_MARGIN = 1.5
 JUDGE_S_PER_REQUEST = 3e-6
+FINAL_PASS_JUDGES = 2  # the final shape pass judges up to this many re-declarations of the returned plan
+LAST_RESORT = ("solo", "cells", "pow2", "exp", "baseline")  # analytic modes: tried when nothing else meets the limits
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,8 +93,9 @@ def judge(problem: Problem, name: str, batchings: tuple[Batching, ...]) -> Judge
 
 def tightened(problem: Problem, reserves: tuple[int, ...], broken: tuple[tuple[int, str, float, float], ...],
               options: PlannerOptions = PlannerOptions()) -> tuple[Problem, tuple[int, ...]]:
-    """Tighten what the exact evaluation found broken: one more P95 member held back for a spike,
-    or the limit lowered by its excess (a spike's worth at least for sequential time)."""
+    """Tighten what the exact evaluation found broken: one more P95 member held back, or the limit lowered
+    by its excess (a spike's worth at least for sequential time).  The model places spikes exactly, so this
+    is a safety net (a search that held members back proves nothing, and the packers remain to try)."""
     limits, reserves = list(problem.limits), list(reserves)
     for b, metric, value, limit in broken:
         if metric == "p95_latency_ms":
@@ -116,6 +124,39 @@ def device_fallbacks(problem: Problem) -> list[Judged]:
         if judged.acceptable:
             out.append(judged)
     return out
+
+
+def last_resort(problem: Problem, deadline: Deadline, spent: float) -> list[Judged]:
+    """Analytic modes, when neither the MIP nor greedy met every limit: the packers' plans, judged exactly
+    while the time lasts (every request alone is one of them), for the caller to take those that meet every
+    limit.  A search over part of the boxes, or a time limit, may miss a plan such a simple rule has; no plan
+    should be given up for that."""
+    out = []
+    for name in LAST_RESORT:
+        if deadline.left() < JUDGE_MARGIN * spent:
+            break
+        try:
+            out.append(judge(problem, name, PACKERS[name](problem)))
+        except InfeasibleError:
+            continue
+    return out
+
+
+def final_shapes(problem: Problem, judged: Judged, deadline: Deadline, spent: float) -> tuple[Judged, str | None]:
+    """The final shape pass (``model.planning.reshape``) on an acceptable plan: the cheapest re-declaration of
+    its shapes for the same batches that the exact evaluation finds cheaper and within every limit (spikes
+    move with the shapes), and a note saying what changed; else the plan as it was."""
+    for what, batchings in redeclared(problem, judged.batchings):
+        if deadline.left() < JUDGE_MARGIN * spent:
+            break
+        new = judge(problem, judged.name, batchings)
+        if new.acceptable and new.cost < judged.cost:
+            before = len(set().union(*(set(r.metrics.shapes) for r in judged.evaluation.results)))
+            after = len(set().union(*(set(r.metrics.shapes) for r in new.evaluation.results)))
+            return new, (f"final shape pass on the {judged.name} plan: {what} ({before} -> {after} shapes), cost "
+                         f"{judged.cost:.6g} -> {new.cost:.6g}")
+        # costs do not depend on where spikes land, so the candidates come cheapest first: the next is dearer
+    return judged, None
 
 
 def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
@@ -150,10 +191,10 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
         greedy = min(fallbacks, key=lambda j: j.cost).batchings  # a start that meets the limits
     # the final judging of the MIP's plan must fit too: keep about what judging greedy's took
     spent = time.perf_counter() - t_judge if greedy is not None else JUDGE_S_PER_REQUEST * n_requests
-    work = Deadline(clock.at - JUDGE_MARGIN * spent)
+    work = Deadline(clock.at - (JUDGE_MARGIN + FINAL_PASS_JUDGES) * spent)
     setup = None if flow else shape_setup(problem, fine, options, work)
     first, mip_ok, judged, attempt_problem, attempt = None, None, None, problem, 0
-    reserves = spike_reserves(problem, fine)
+    reserves = (0,) * len(fine)  # the model places every compile spike exactly (arrays.spike_rows)
     for attempt in range(options.max_repairs + 1):
         if flow:
             outcome = flow_search(attempt_problem, fine, greedy, solver, work, reserves, options,
@@ -175,9 +216,17 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     candidates = ([mip_ok] if mip_ok else []) + fallbacks
     if judged_greedy is not None and judged_greedy.acceptable:
         candidates.append(judged_greedy)
+    tried = [j for j in (judged_greedy, judged) if j is not None] + fallbacks
+    if not candidates and not flow:
+        resort = last_resort(problem, clock, spent)
+        tried += resort
+        candidates = [j for j in resort if j.acceptable]
     if not candidates:
-        raise no_plan(problem, solver.name, first, outcome, judged, judged_greedy, attempt, clock)
-    chosen = min(candidates, key=lambda j: j.cost)
+        raise no_plan(problem, solver.name, first, outcome, judged, judged_greedy, tried, attempt, clock)
+    passed = []
+    for cand in sorted(candidates, key=lambda j: j.cost):
+        passed.append(final_shapes(problem, cand, clock, spent))
+    chosen, pass_note = min(passed, key=lambda jn: jn[0].cost)
     notes = list(first.notes)
     if chosen.name != "mip":
         notes.append(f"the {chosen.name} plan is cheaper under the exact cost model than the MIP's and is returned "
@@ -187,6 +236,8 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     if attempt:
         notes.append(f"repaired: re-solved {attempt} time(s) with limits tightened by what the exact evaluation "
                      "found the model had missed")
+    if pass_note:
+        notes.append(pass_note)
     gap = (chosen.cost - first.bound) / chosen.cost if chosen.cost > 0 else 0.0
     if gap <= 1e-4:
         status = Status.OPTIMAL
@@ -200,13 +251,27 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
 
 
 def no_plan(problem: Problem, backend: str, first: SearchOutcome, last: SearchOutcome, judged: Judged | None,
-            judged_greedy: Judged | None, repairs: int, clock: Deadline) -> Exception:
-    """Why no plan came out: InfeasibleError with a proof, else NoPlanFound saying what happened instead."""
-    proofs = unmeetable(problem)
+            judged_greedy: Judged | None, tried: list[Judged], repairs: int, clock: Deadline) -> Exception:
+    """Why no plan came out: InfeasibleError with a proof, else NoPlanFound saying what happened instead.
+
+    With a single limit in the whole problem, that limit alone is what no plan met: the
+    message names it, with the best value known (from every plan tried, and a search
+    without it) -- proven unmeetable only when the failed search held the whole exact model.
+    """
+    proofs = unmeetable(problem, clock)
     if proofs:
         return InfeasibleError("the limits cannot all be met; " + "; ".join(proofs))
+    single = single_limit(problem)
+    known = {}
+    if single is not None:
+        b, metric, _ = single
+        known = {j.name: j.evaluation.results[b].metrics.value(metric) for j in tried
+                 if j.evaluation.results[b].metrics is not None}
     if first.proven_infeasible:
-        return InfeasibleError(explain_infeasible(problem, clock, f"{backend} proved the whole model infeasible"))
+        proof = f"{backend} proved the whole exact model infeasible"
+        if single is not None:
+            return InfeasibleError("the limits cannot all be met; " + alone_message(problem, proof, known, clock))
+        return InfeasibleError(explain_infeasible(problem, clock, proof))
     if last.batchings is not None and judged is not None:
         broken = ", ".join(f"{problem.buckets[b].name} {m}" for b, m, _, _ in judged.broken)
         what = f"the MIP's plan still breaks {broken} under the exact evaluation after {repairs} repair(s)"
@@ -217,6 +282,8 @@ def no_plan(problem: Problem, backend: str, first: SearchOutcome, last: SearchOu
                 "prove the limits unmeetable")
     else:
         what = f"no plan found ({backend}: {last.status.text}{f': {last.native}' if last.native else ''})"
+    if single is not None:
+        return NoPlanFound(f"{what}; {alone_message(problem, None, known, clock)}; not proven infeasible")
     greedy = ("" if judged_greedy is None else "; the greedy packer's plan breaks "
               + ", ".join(f"{problem.buckets[b].name} {m}" for b, m, _, _ in judged_greedy.broken))
     return NoPlanFound(f"{what}{greedy}; not proven infeasible")

@@ -42,6 +42,9 @@ class PlannerOptions:
       arcs_per_box: most valuable arcs a box gets per pricing round.
       full_arcs: a model with at most this many arcs is built whole (no column
         generation: the MIP is then exact).
+      spike_arcs: a reference-mode model with at most this many arcs gives every arc a
+        column for "the compile spike lands here" (exact spikes); a bigger one counts
+        each spike whole against sequential time (sound, and a smaller model).
       max_polish_arcs: reduced-cost fixing keeps at most about this many arcs (each
         box's most valuable) for the second MIP: with a weak bound it kept 5M arcs of a
         long-context trace, which no backend could even load within the limit.
@@ -72,6 +75,7 @@ class PlannerOptions:
     max_rounds: int = 30
     arcs_per_box: int = 96
     full_arcs: int = 20_000
+    spike_arcs: int = 20_000
     max_polish_arcs: int = 400_000
     min_call_s: float = 0.05
     repair_margin: float = 1.01

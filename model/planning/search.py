@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.formulation.arrays import MipArrays, Restriction, build_model, restriction
-from model.formulation.boxes import BucketModel, Grid, variant_of_size, variant_range
+from model.cost.metrics import spike_ms
+from model.formulation.arrays import MipArrays, Restriction, build_model, restriction, spike_arcs
+from model.formulation.boxes import BucketModel, Grid, arc_violates, variant_of_size, variant_range
 from model.formulation.pricing import Duals, box_arcs, box_values
 from model.planning.options import PlannerOptions
 from model.runtime import Deadline, interrupted
@@ -39,7 +40,12 @@ class Space:
     def model(self, res: list[Restriction], relax_limits: bool) -> MipArrays:
         p = self.problem
         return build_model(self.bms, res, self.shapes, p.max_shapes, self.fixed_shapes, p.max_batch_size,
-                           relax_limits)
+                           relax_limits, spike_per_arc=self.spike_per_arc(res))
+
+    def spike_per_arc(self, res: list[Restriction]) -> bool:
+        """Whether a model over ``res`` gives every arc a spike-recipient column (reference mode: exact
+        spikes; above ``options.spike_arcs`` arcs each spike counts whole against sequential time)."""
+        return sum(len(r.arc_cell) for r in res) <= self.options.spike_arcs
 
 
 @dataclass(frozen=True, eq=False)
@@ -188,7 +194,42 @@ def vector_of(space: Space, model: MipArrays, res: list[Restriction], sol: list[
             x[model.block("col", "z", b).start + used] = 1.0
             y = model.block("col", "y")
             x[y.start + used] = 1.0
+        counts = np.zeros(len(r.arc_cell))
+        counts[apos] = a.count
+        _spike_start(space, model, b, r, counts, x)
     return x
+
+
+def _spike_start(space: Space, model: MipArrays, b: int, r: Restriction, counts: np.ndarray, x: np.ndarray) -> None:
+    """Set a warm start's spike columns (``arrays.spike_rows``) for arc counts ``counts``: per shape, the
+    harmless option where one is used, else any member; in reference mode the recipient arc that adds the
+    least sequential time, crossing the P95 limit only while its allowance has room."""
+    w = model.block("col", "spike_w", b)
+    if w is None:
+        return
+    bm = space.bms[b]
+    v, u = model.block("col", "spike_v", b), model.block("col", "spike_u", b)
+    sc = spike_arcs(bm, r, u is not None)
+    used = counts > 0
+    if space.shapes is not None:
+        t_pos = np.searchsorted(space.shapes, r.t[r.arc_box])
+        for s in np.unique(t_pos[used]):
+            safe = bool((sc.harmless & used & (t_pos == s)).any())
+            x[(w if safe or v is None else v).start + s] = 1.0
+        return
+    spike = spike_ms(bm.params)
+    over = float(arc_violates(bm, r.arc_cell, r.t[r.arc_box], r.g[r.arc_box]) @ counts)
+    room = bm.p95_allowed is None or over + 1 <= bm.p95_allowed
+    options = []  # (crosses, growth, column)
+    if v is None or (sc.harmless & used).any():
+        options.append((False, spike, w.start))
+    if v is not None:
+        options.append((True, spike, v.start))
+    for i, arc in enumerate(sc.arcs.tolist()):
+        if used[arc]:
+            options.append((not sc.harmless[arc], float(sc.growth[arc]), u.start + i))
+    allowed = [o for o in options if room or not o[0]] or options
+    x[min(allowed, key=lambda o: (o[1], o[0]))[2]] = 1.0
 
 
 def _positions(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray | None:

@@ -12,13 +12,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from model.cost.analytic import compile_cost
-from model.cost.metrics import fastest_latency, spike_ms
 from model.errors import InfeasibleError
 from model.expand.assemble import box_of_requests
 from model.formulation.boxes import BucketModel, Grid, bucket_model, candidate_grid
 from model.histogram.cells import Histogram, build_histogram, gen_min_of
 from model.planning.colgen import NoDuals, exact_bound, generate
 from model.planning.options import PlannerOptions
+from model.planning.reshape import reference_shape_set
 from model.planning.search import (
     Assignment,
     Space,
@@ -61,7 +61,7 @@ class SearchOutcome:
     """One search: its plan (or None), the model's objective and the certified bound.
 
     ``status`` is the last MIP's; ``exact`` says the search's last MIP held the whole
-    problem (every box, exact cells, no held-back P95 members), so its INFEASIBLE is
+    problem (every box, exact cells, no held-back P95 members, exact spike placement), so its INFEASIBLE is
     a proof for the problem, not only for the boxes the search kept.
     """
 
@@ -89,58 +89,16 @@ def bucket_models(problem: Problem, hists: list[Histogram], reserves: tuple[int,
             for h, b, lim, r in zip(hists, problem.buckets, problem.limits, reserves, strict=True)]
 
 
-def spike_reserves(problem: Problem, fine: list[Histogram]) -> tuple[int, ...]:
-    """One P95 member per bucket held back when even its fastest request cannot absorb a spike.
-
-    If every member's own latency plus the compile spike exceeds the limit, the spike
-    surely pushes one member over (unless it lands on one already over).
-    """
-    if problem.mode == "device":  # the flow model counts each spike that finds no spike-safe batch
-        return (0,) * len(fine)
-    out = []
-    for h, lim in zip(fine, problem.limits, strict=True):
-        limit = lim.max_p95_latency_ms
-        fastest = float(fastest_latency(h.S, h.G, problem.params, problem.mode).min())
-        out.append(int(limit is not None and fastest + spike_ms(problem.params) > limit))
-    return tuple(out)
-
-
 def reference_shapes(bms: list[BucketModel], max_shapes: int, allowed: np.ndarray | None = None) -> list[int]:
     """Reference mode: the declared shape only sets compile cost, so each bucket compiles ONE shape.
 
     Any plan must give bucket b a shape >= its largest aligned prompt; extra shapes only
-    add compile cost and spikes.  With K shapes across buckets, pick K of the bucket
-    maxima minimising total compile cost (each bucket uses the smallest pick above its
-    maximum) -- exact by dynamic programming over the sorted maxima.
-
-    With a fixed set of ``allowed`` shapes a bucket's need is the smallest allowed shape
-    covering its maximum, and the DP runs over those needs: a pick that is no bucket's
-    need can be lowered to the largest need it serves, so the DP stays exact (and its
-    compile cost a valid part of the bound) for the restricted problem.
+    add compile cost and spikes.  With K shapes across buckets, the exact DP of
+    ``model.planning.reshape.reference_shape_set`` picks them (with a fixed set of
+    ``allowed`` shapes, over each bucket's smallest allowed shape covering its maximum,
+    so the compile cost stays a valid part of the bound for the restricted problem).
     """
-    need = [int(bm.hist.S.max()) for bm in bms]
-    if allowed is not None:
-        need = [int(round_up_to(n, allowed)) for n in need]
-    values = sorted(set(need))
-    cost = [float(compile_cost(v, bms[0].params)) for v in values]
-    count = [need.count(v) for v in values]
-    inf = float("inf")
-    best = [[inf] * (max_shapes + 1) for _ in values]  # best[j][k]: values[j] picked, k picks so far
-    back = [[-1] * (max_shapes + 1) for _ in values]
-    for j in range(len(values)):
-        best[j][1] = sum(count[:j + 1]) * cost[j]
-        for k in range(2, max_shapes + 1):
-            for i in range(j):
-                val = best[i][k - 1] + sum(count[i + 1:j + 1]) * cost[j]
-                if val < best[j][k]:
-                    best[j][k], back[j][k] = val, i
-    j = len(values) - 1
-    k = min(range(1, max_shapes + 1), key=lambda kk: best[j][kk])
-    picks = []
-    while j >= 0 and k >= 1:
-        picks.append(values[j])
-        j, k = back[j][k], k - 1
-    return [min(v for v in picks if v >= n) for n in need]
+    return reference_shape_set([int(bm.hist.S.max()) for bm in bms], bms[0].params, max_shapes, allowed)
 
 
 def shape_setup(problem: Problem, fine: list[Histogram], options: PlannerOptions = PlannerOptions(),
@@ -237,8 +195,9 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
     else:
         res = [seed_restriction(bm, g, w.arc_cell if w else empty, w.arc_box if w else empty)
                for bm, g, w in zip(bms, grids, warm or [None] * len(bms), strict=True)]
-    # the MIP over every box of exact cells, nothing held back, is the problem itself
-    exact = whole and setup.covers_all and not coarsened and not any(reserves or ())
+    # the MIP over every box of exact cells, nothing held back, spikes placed exactly, is the problem itself
+    exact = (whole and setup.covers_all and not coarsened and not any(reserves or ())
+             and space.spike_per_arc(res))
     lp_solver = solver if Feature.LP_DUALS in solver.features else get_backend("highs")
     notes = list(setup.notes)
     notes.append(f"column generation's LPs ran on {lp_solver.name}"
