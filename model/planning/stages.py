@@ -186,8 +186,9 @@ def shape_setup(problem: Problem, fine: list[Histogram], options: PlannerOptions
 
 
 def gen_budget(hist: Histogram, n_t: int, options: PlannerOptions) -> int:
-    """How many gen values a bucket may keep so that one pricing pass stays within the pricing budget."""
-    return int(np.clip(options.pricing_budget / (n_t * max(len(hist), 1)), 48, options.max_gen_values))
+    """How many gen values a bucket may keep so that its box grid (shapes x gens) stays within the pricing
+    budget (pricing sweeps each cell over the boxes it reaches, so the cells do not count)."""
+    return int(np.clip(options.pricing_budget / max(n_t, 1), 48, options.max_gen_values))
 
 
 def greedy_plan(problem: Problem, options: PlannerOptions = PlannerOptions(),
