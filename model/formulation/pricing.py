@@ -43,6 +43,7 @@ instead: it is also the reference the tests compare the sweep with.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -197,6 +198,29 @@ class _Field:
         return self.lam_cell * arc_violates(self.bm, cells, self.grid.ts[ti], self.grid.gs[gi])
 
 
+@dataclass(frozen=True, eq=False)
+class _BoxParts:
+    """What every box of a grid costs apart from the multipliers (analytic modes): kept between pricing passes."""
+
+    unit: np.ndarray  # (n_t, n_g) per member (useq is 0 in the analytic modes)
+    fixed: np.ndarray  # per batch
+    lat: np.ndarray  # the batch's largest member latency
+    viol: np.ndarray  # strict mode: 1.0 where the members are over the P95 limit
+    lo: np.ndarray
+    hi: np.ndarray
+
+
+@functools.lru_cache(maxsize=4)
+def _box_parts(bm: BucketModel, grid: Grid) -> _BoxParts:
+    """The grid's box parts, computed once per (bucket model, grid) -- both are compared by identity."""
+    T, G = np.broadcast_arrays(grid.ts[:, None], grid.gs[None, :])
+    fixed, lat = box_fixed(bm, T.ravel(), G.ravel())
+    viol = (arc_violates(bm, np.zeros(T.shape, np.int64), T, G) if bm.mode != "reference"
+            else np.zeros((0, 0)))
+    lo, hi = variant_range(bm, T, G, 0)
+    return _BoxParts(box_unit_cost(bm, T, G), fixed.reshape(T.shape), lat.reshape(T.shape), viol, lo, hi)
+
+
 def _monotone(a: np.ndarray) -> bool:
     """Nondecreasing along both axes (inf allowed)."""
     with np.errstate(invalid="ignore"):
@@ -208,27 +232,24 @@ def _field(bm: BucketModel, grid: Grid, duals: Duals, max_batch: int | None) -> 
     box part that is not monotone)."""
     if bm.mode == "device" or grid.nv != 1 or len(grid) == 0:
         return None
-    ts, gs = grid.ts, grid.gs
-    T, G = np.broadcast_arrays(ts[:, None], gs[None, :])
-    A = (1 + duals.gam) * box_unit_cost(bm, T, G)
-    if duals.mu:
-        A = A + duals.mu * box_unit_seq(bm, T, G)
+    parts = _box_parts(bm, grid)
+    T, G = np.broadcast_arrays(grid.ts[:, None], grid.gs[None, :])
+    A = (1 + duals.gam) * parts.unit
     strict = bm.mode != "reference"
     if duals.rho:
         A = A + duals.rho * (G + T if strict else G).astype(np.float64)
     if duals.lam and strict:  # the member latency is the box's: a box part
-        A = A + duals.lam * arc_violates(bm, np.zeros(T.shape, np.int64), T, G)
-    fixed, lat = box_fixed(bm, T.ravel(), G.ravel())
-    F = ((1 + duals.gam) * fixed + duals.mu * lat).reshape(T.shape)
-    lo, hi = variant_range(bm, T, G, 0)
-    if max_batch is not None:
-        hi = np.minimum(hi, max_batch)
+        A = A + duals.lam * parts.viol
+    F = (1 + duals.gam) * parts.fixed
+    if duals.mu:
+        F = F + duals.mu * parts.lat
+    hi = parts.hi if max_batch is None else np.minimum(parts.hi, max_batch)
     if not _monotone(A):
         return None
     hist = bm.hist
     P = duals.pi + duals.rho * (bm.gen_min + (hist.S if strict else 0))
-    return _Field(bm, grid, duals.lam if not strict else 0.0, A, F, hi, lo <= hi, P.astype(np.float64),
-                  np.searchsorted(ts, hist.S).astype(np.int64), np.searchsorted(gs, hist.G).astype(np.int64))
+    return _Field(bm, grid, duals.lam if not strict else 0.0, A, F, hi, parts.lo <= hi, P.astype(np.float64),
+                  np.searchsorted(grid.ts, hist.S).astype(np.int64), np.searchsorted(grid.gs, hist.G).astype(np.int64))
 
 
 def _first(lo: np.ndarray, hi: np.ndarray, pred: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
@@ -244,79 +265,83 @@ def _first(lo: np.ndarray, hi: np.ndarray, pred: Callable[[np.ndarray, np.ndarra
         lo[idx[~yes]] = mid[~yes] + 1
 
 
-def _pairs(f: _Field, A: np.ndarray, cells: np.ndarray, slack: float, strict_above: bool,
-           max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(cell, t index, g end) of every (cell, shape) where the cell pays: e_ck <= slack (``strict_above``;
-    else e_ck < slack) for g from its own gen to g end (exclusive); at most ``max_rows`` shapes per cell,
-    the smallest (where it pays least)."""
+def _reach(f: _Field, A: np.ndarray, slack: float, strict_above: bool, max_rows: int | None) -> np.ndarray:
+    """Per cell, the end (exclusive) of the shapes where it pays at its own gen: e_ck <= slack
+    (``strict_above``; else e_ck < slack); at most ``max_rows`` shapes, its smallest (where it pays least)."""
     n_t, n_g = A.shape
-    P, t0, g0 = f.P[cells], f.t0[cells], f.g0[cells]
-
-    def stops(e: np.ndarray) -> np.ndarray:
-        return e > slack if strict_above else e >= slack
-
+    P, t0, g0 = f.P, f.t0, f.g0
     fits = (t0 < n_t) & (g0 < n_g)
-    last = np.full(len(cells), n_t) if max_rows is None else np.minimum(n_t, t0 + max_rows)
-    t_end = _first(np.where(fits, t0, last), last,
-                   lambda i, ti: stops(A[ti, g0[i]] + f.viol(cells[i], ti, g0[i]) - P[i]))
+    last = np.full(len(P), n_t) if max_rows is None else np.minimum(n_t, t0 + max_rows)
+    cells = np.arange(len(P))
+    return _first(np.where(fits, t0, last), last,
+                  lambda i, ti: _stops(A[ti, g0[i]] + f.viol(cells[i], ti, g0[i]) - P[i], slack, strict_above))
+
+
+def _stops(e: np.ndarray, slack: float, strict_above: bool) -> np.ndarray:
+    return e > slack if strict_above else e >= slack
+
+
+def _pairs(f: _Field, A: np.ndarray, t_end: np.ndarray, slack: float, strict_above: bool,
+           check: Callable[[], None] | None):
+    """Chunks of (cell, t index, g end): every (cell, shape) up to the cell's ``t_end``, with the end
+    (exclusive) of the gens from its own where it still pays; ``check`` before each chunk."""
+    n_g = A.shape[1]
+    P, t0, g0 = f.P, f.t0, f.g0
     span = t_end - np.minimum(t0, t_end)
-    pc = np.repeat(np.arange(len(cells)), span)
-    ti = t0[pc] + (np.arange(len(pc)) - np.repeat(np.cumsum(span) - span, span))
-    g_end = _first(g0[pc], np.full(len(pc), n_g),
-                   lambda i, gi: stops(A[ti[i], gi] + f.viol(cells[pc[i]], ti[i], gi) - P[pc[i]]))
-    return pc, ti, g_end
-
-
-def _chunks_by_reach(f: _Field, max_pairs: int) -> list[np.ndarray]:
-    """Cells in groups whose (cell, shape) pairs stay near ``max_pairs`` (a cell reaches at most every shape)."""
-    n_t = len(f.grid.ts)
-    weight = np.maximum(1, n_t - f.t0)
-    ends = np.searchsorted(np.cumsum(weight), np.arange(max_pairs, int(weight.sum()) + max_pairs, max_pairs))
-    out, start = [], 0
-    for end in np.unique(np.minimum(ends + 1, len(weight))):
-        if end > start:
-            out.append(np.arange(start, end))
-            start = end
-    return out
+    total = np.cumsum(span)
+    if not len(total) or total[-1] == 0:
+        return
+    bounds = np.searchsorted(total, np.arange(0, int(total[-1]), CHUNK // 8), side="right")
+    for lo, hi in zip(bounds, np.r_[bounds[1:], len(span)], strict=True):
+        if check is not None:
+            check()
+        sp = span[lo:hi]
+        c = lo + np.repeat(np.arange(hi - lo), sp)
+        ti = t0[c] + (np.arange(len(c)) - np.repeat(np.cumsum(sp) - sp, sp))
+        g_end = _first(g0[c], np.full(len(c), n_g),
+                       lambda i, gi: _stops(A[ti[i], gi] + f.viol(c[i], ti[i], gi) - P[c[i]], slack, strict_above))
+        yield c, ti, g_end
 
 
 def _sweep(f: _Field, A: np.ndarray, check: Callable[[], None] | None) -> np.ndarray:
     """sum_c n_c min(0, A(t, g) + lam viol_c - P_c) for every box, with its rounding allowance taken off."""
     n_t, n_g = A.shape
     width = n_g + 1
+    size = n_t * width
     count = f.bm.hist.count.astype(np.float64)
-    N = np.zeros(n_t * width)
-    W = np.zeros(n_t * width)
-    M = np.zeros(n_t * width)  # magnitude summed into W, and the number of terms, for the rounding allowance
-    K = np.zeros(n_t * width)
-    V = np.zeros(n_t * width) if f.lam_cell else None
-    for cells in _chunks_by_reach(f, CHUNK // 8):
-        if check is not None:
-            check()
-        pc, ti, g_end = _pairs(f, A, cells, 0.0, strict_above=False)
-        if not len(pc):
-            continue
-        c = cells[pc]
+    N, W, V = np.zeros(size), np.zeros(size), np.zeros(size)
+    M, K = np.zeros(size), np.zeros(size)  # magnitude summed into W and the number of terms: rounding allowance
+    pending: list[tuple[np.ndarray, ...]] = []
+
+    def flush() -> None:
+        if not pending:
+            return
+        c, start, stop, v0 = (np.concatenate(x) for x in zip(*pending, strict=True))
+        pending.clear()
         n, w = count[c], count[c] * f.P[c]
-        start, stop = ti * width + f.g0[c], ti * width + g_end
-        size = n_t * width
-        N += np.bincount(start, n, size) - np.bincount(stop, n, size)
-        W += np.bincount(start, w, size) - np.bincount(stop, w, size)
-        M += np.bincount(start, np.abs(w), size) + np.bincount(stop, np.abs(w), size)
-        K += np.bincount(start, minlength=size) + np.bincount(stop, minlength=size)
-        if V is not None:
-            v0 = _first(f.g0[c], g_end, lambda i, gi: f.viol(c[i], ti[i], gi) > 0)
-            V += np.bincount(ti * width + v0, n, size) - np.bincount(stop, n, size)
-    N = np.cumsum(N.reshape(n_t, width), axis=1)[:, :n_g]
-    W = np.cumsum(W.reshape(n_t, width), axis=1)[:, :n_g]
-    M = np.cumsum(M.reshape(n_t, width), axis=1)[:, :n_g]
-    K = np.cumsum(K.reshape(n_t, width), axis=1)[:, :n_g] + 4
-    total = np.where(N > 0, A * N, 0.0) - W
-    allowance = K * (np.where(N > 0, np.abs(A) * N, 0.0) + M)
-    if V is not None:
-        V = np.cumsum(V.reshape(n_t, width), axis=1)[:, :n_g]
-        total = total + f.lam_cell * V
-        allowance = allowance + K * f.lam_cell * V
+        N[:] += np.bincount(start, n, size) - np.bincount(stop, n, size)
+        W[:] += np.bincount(start, w, size) - np.bincount(stop, w, size)
+        M[:] += np.bincount(start, np.abs(w), size) + np.bincount(stop, np.abs(w), size)
+        K[:] += np.bincount(start, minlength=size) + np.bincount(stop, minlength=size)
+        if f.lam_cell:
+            V[:] += np.bincount(v0, n, size) - np.bincount(stop, n, size)
+
+    held = 0
+    for c, ti, g_end in _pairs(f, A, _reach(f, A, 0.0, False, None), 0.0, False, check):
+        v0 = _first(f.g0[c], g_end, lambda i, gi: f.viol(c[i], ti[i], gi) > 0) if f.lam_cell else g_end
+        pending.append((c, ti * width + f.g0[c], ti * width + g_end, ti * width + v0))
+        held += len(c)
+        if held >= CHUNK:
+            flush()
+            held = 0
+    flush()
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return np.cumsum(x.reshape(n_t, width), axis=1)[:, :n_g]
+
+    N, W, M, K, V = run(N), run(W), run(M), run(K) + 4, run(V)
+    total = np.where(N > 0, A * N, 0.0) - W + f.lam_cell * V
+    allowance = K * (np.where(N > 0, np.abs(A) * N, 0.0) + M + f.lam_cell * V)
     return np.minimum(total - ROUNDING * allowance, 0.0)
 
 
@@ -394,11 +419,7 @@ def box_arcs(bm: BucketModel, grid: Grid, duals: Duals, boxes: np.ndarray, slack
     order = np.argsort(boxes, kind="stable")
     sorted_boxes = boxes[order]
     cells_out, pos_out, e_out = [], [], []
-    for cells in _chunks_by_reach(f, CHUNK // 8):
-        if check is not None:
-            check()
-        pc, ti, g_end = _pairs(f, f.A, cells, slack, strict_above=True, max_rows=near)
-        c = cells[pc]
+    for c, ti, g_end in _pairs(f, f.A, _reach(f, f.A, slack, True, near), slack, True, check):
         first = np.searchsorted(sorted_boxes, ti * n_g + f.g0[c])
         last = np.searchsorted(sorted_boxes, ti * n_g + g_end)
         if near is not None:
@@ -406,7 +427,7 @@ def box_arcs(bm: BucketModel, grid: Grid, duals: Duals, boxes: np.ndarray, slack
         k = last - first
         if not k.sum():
             continue
-        arc_pair = np.repeat(np.arange(len(pc)), k)
+        arc_pair = np.repeat(np.arange(len(c)), k)
         at = first[arc_pair] + (np.arange(len(arc_pair)) - np.repeat(np.cumsum(k) - k, k))
         pos = order[at]
         cc = c[arc_pair]

@@ -263,7 +263,9 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
     last = first
     close = best is not None and best.objective - cg.bound.total <= options.target_gap * best.objective
     grown = None
-    if not mip_deadline.expired() and (best is None or best.objective > cg.bound.total):
+    # a plan already on the bound (to rounding) needs no second search
+    proven = best is not None and best.objective - cg.bound.total <= 1e-6 * abs(best.objective)
+    if not mip_deadline.expired() and not proven:
         grown = cg.res
         if best is not None and problem.mode == "reference":
             gap = best.objective - cg.bound.total
