@@ -18,8 +18,8 @@ class PlannerOptions:
     Attributes:
       max_gen_values: distinct gen values a bucket keeps before its histogram is
         coarsened to upper edges (the bound stays certified on the exact cells).
-      pricing_budget: (box t values) x (gen values) x (cells) one pricing pass may
-        touch before the gens are coarsened further.
+      pricing_budget: boxes (t values x gen values) a bucket's grid may hold before
+        its gens are coarsened further (pricing keeps a few arrays of this size).
       target_gap: once the incumbent is this close to the bound, only polish it.
       polish_s, polish_share: the full MIP polishes an incumbent within target_gap
         for polish_s seconds or polish_share of the time left, whichever is longer
@@ -59,8 +59,8 @@ class PlannerOptions:
         exact batching) may use.
     """
 
-    max_gen_values: int = 1024
-    pricing_budget: float = 2.5e7
+    max_gen_values: int = 2048
+    pricing_budget: float = 4e6
     target_gap: float = 1e-3
     polish_s: float = 3.0
     polish_share: float = 0.2

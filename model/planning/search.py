@@ -131,11 +131,13 @@ def prune(bm: BucketModel, grid: Grid, r: Restriction, d: Duals, gap: float, max
     A plan using box k costs at least LB + max(0, v_k), v_k its unclipped Lagrangian
     value, and each arc with e_ck > 0 adds e_ck more; so v_k > gap or e_ck > gap rules
     the box or arc out.  With a weak bound (a wide gap) nearly every arc survives, so
-    ``max_per_box`` keeps each box's most valuable ones (the model stays a restriction).
+    ``max_per_box`` keeps each box's most valuable ones, among each cell's nearest boxes
+    (the model stays a restriction).
     ``check`` is called between chunks (it may raise to stop).
     """
     keep_box = box_values(bm, grid, d, r.boxes, check) <= gap
-    cells, pos = box_arcs(bm, grid, d, r.boxes, slack=gap, max_per_box=max_per_box, check=check)
+    near = None if max_per_box is None else max(4, max_per_box // 4)
+    cells, pos = box_arcs(bm, grid, d, r.boxes, slack=gap, max_per_box=max_per_box, check=check, near=near)
     keep = keep_box[pos]
     old = keep_box[r.arc_box]
     cell, box = arcs_of(r)

@@ -144,8 +144,9 @@ def shape_setup(problem: Problem, fine: list[Histogram], options: PlannerOptions
 
 
 def gen_budget(hist: Histogram, n_t: int, options: PlannerOptions) -> int:
-    """How many gen values a bucket may keep so that one pricing pass stays within the pricing budget."""
-    return int(np.clip(options.pricing_budget / (n_t * max(len(hist), 1)), 48, options.max_gen_values))
+    """How many gen values a bucket may keep so that its box grid (shapes x gens) stays within the pricing
+    budget (pricing sweeps each cell over the boxes it reaches, so the cells do not count)."""
+    return int(np.clip(options.pricing_budget / max(n_t, 1), 48, options.max_gen_values))
 
 
 def greedy_plan(problem: Problem, options: PlannerOptions = PlannerOptions(),
@@ -221,7 +222,9 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
     last = first
     close = best is not None and best.objective - cg.bound.total <= options.target_gap * best.objective
     grown = None
-    if not mip_deadline.expired() and (best is None or best.objective > cg.bound.total):
+    # a plan already on the bound (to rounding) needs no second search
+    proven = best is not None and best.objective - cg.bound.total <= 1e-6 * abs(best.objective)
+    if not mip_deadline.expired() and not proven:
         grown = cg.res
         if best is not None and problem.mode == "reference":
             gap = best.objective - cg.bound.total
