@@ -20,7 +20,7 @@ from model.cost.common import Mode, align
 from model.cost.device import DeviceProfile
 from model.errors import InfeasibleError, InputError
 from model.evaluation.validate import evaluate_plans
-from model.expand.assemble import assemble
+from model.expand.assemble import assemble_all
 from model.load.plans import write_plans
 from model.load.requests import Columns, load_requests
 from model.load.scenario import load_scenario
@@ -203,8 +203,7 @@ def plan(problem: Problem, solver: str = MIP, backend: str = "highs", time_limit
 
 def expand(problem: Problem, planned: Planned) -> tuple[Plan, ...]:
     """Every bucket's batching as a concrete plan (batch ids and member order placed for the spikes)."""
-    return tuple(assemble(b, bt, problem.params, problem.mode, lim)
-                 for b, bt, lim in zip(problem.buckets, planned.batchings, problem.limits, strict=True))
+    return assemble_all(problem, planned.batchings)
 
 
 def evaluate(problem: Problem, plans: tuple[Plan, ...]) -> Evaluation:

@@ -26,7 +26,7 @@ import numpy as np
 
 from model.errors import InfeasibleError
 from model.evaluation.validate import evaluate_plans
-from model.expand.assemble import assemble
+from model.expand.assemble import assemble_all
 from model.histogram.cells import build_histogram
 from model.planning.diagnose import explain_infeasible
 from model.planning.flow import all_shapes, flow_search, shape_levels, shape_relaxation
@@ -66,8 +66,7 @@ class Judged:
 
 def judge(problem: Problem, name: str, batchings: tuple[Batching, ...]) -> Judged:
     """Expand a candidate (spike placement included) and evaluate it with the one cost model."""
-    plans = tuple(assemble(bucket, bt, problem.params, problem.mode, lim)
-                  for bucket, bt, lim in zip(problem.buckets, batchings, problem.limits, strict=True))
+    plans = assemble_all(problem, batchings)
     results, global_problems = evaluate_plans(problem, plans)
     return Judged(name, batchings, plans, Evaluation(tuple(results), tuple(global_problems)))
 
