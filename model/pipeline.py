@@ -36,6 +36,8 @@ from model.schema import (
     SolveReport,
 )
 from model.shapeset import check_fits
+from model.windows.plan import plan_windowed
+from model.windows.split import windowed
 from solvers.packers import PACKERS
 
 # The embedded default scenario: package data of the top-level ``data`` package, so it is found the same
@@ -66,6 +68,7 @@ class InputSpec:
     max_seq_len: int | None = None
     allowed_shapes: tuple[int, ...] | None = None  # plan only with these shapes (None: free choice)
     time_column: str | None = None  # read each request's arrival time from this column (request files only)
+    window_s: float | None = None  # batch only requests arriving in the same window of this many seconds
     params_source: str | None = None  # the file ``params`` came from, named if its costs overflow
 
 
@@ -107,6 +110,8 @@ def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple
     check_fits(problem)
     if spec.params is not None or scenario is not None:
         check_cost_range(problem, spec.params_source if spec.params is not None else str(scenario.path))
+    if spec.window_s is not None:
+        problem = windowed(problem, spec.window_s)
     return problem, scenario
 
 
@@ -192,6 +197,8 @@ def check_seq_len(problem: Problem) -> None:
 def plan(problem: Problem, solver: str = MIP, backend: str = "highs", time_limit: float = 60.0) -> Planned:
     """Run one planner by name: batchings for every bucket with a typed report."""
     if solver == MIP:
+        if problem.windowing is not None:
+            return plan_windowed(problem, backend=backend, time_limit=time_limit)
         return plan_mip(problem, backend=backend, time_limit=time_limit)
     if solver not in PACKERS:
         raise InputError("--solver", None, None, f"unknown solver {solver!r} ({', '.join(solver_names())})")
