@@ -163,7 +163,8 @@ def window_rule(problem: Problem, bucket: Bucket, plan: Plan, rows: np.ndarray) 
                       f"{plan.source}: batch {ids[k]!r} mixes arrival windows of {seconds:g} s: request "
                       f"{plan.request_ids[a]!r} arrived at {time_text(float(t[a]))} (window {int(wins[a])}), request "
                       f"{plan.request_ids[b]!r} at {time_text(float(t[b]))} (window {int(wins[b])})"
-                      f" ({len(mixed)} batch{'es' if len(mixed) > 1 else ''} mix windows)")]
+                      f" ({len(mixed)} batch{'es' if len(mixed) > 1 else ''} mix windows; windows count from the "
+                      f"first arrival of all the buckets given, {time_text(problem.windowing.origin_s)})")]
 
 
 def limit_checks(metrics: Metrics, limits: Limits) -> tuple[LimitCheck, ...]:
