@@ -131,45 +131,64 @@ def floor_prices(problem: Problem, S: np.ndarray, g: np.ndarray, s: int, pool: i
     return own + p.Kbatch_overhead_cost / max(1, min(pool, cap_b or pool))
 
 
+def anchors(S: np.ndarray) -> np.ndarray:
+    """The window's distinct shapes at which an LP is solved: the first, then each where the pool (the
+    requests with shape at most it) has grown by a tenth (and at least 2 requests) since the last anchor."""
+    distinct, counts = np.unique(S, return_counts=True)
+    pool = np.cumsum(counts)
+    picks, last = [0], pool[0]
+    for i in range(1, len(distinct)):
+        if pool[i] >= max(last + 2, 1.1 * last):
+            picks.append(i)
+            last = pool[i]
+    return distinct[picks]
+
+
 def window_prices(problem: Problem, S: np.ndarray, g: np.ndarray, cands: np.ndarray, use_lp: bool
                   ) -> np.ndarray:
     """psi for one window of one bucket: (requests, candidates), inf where a candidate is below the request.
 
-    ``S`` and ``g`` are the window's entry shapes and gens, sorted by gen.
+    ``S`` and ``g`` are the window's entry shapes and gens, sorted by gen.  With the LP, one is solved per
+    anchor a (``anchors``) at shape a over every request below the next anchor: a batch at any shape
+    s in [a, next anchor) draws from that pool and costs at least T at a plus each member's growth to s.
     """
     psi = np.full((len(g), len(cands)), np.inf)
-    distinct = np.unique(S)
     p = problem.params
-    for k, base in enumerate(distinct.tolist()):
-        nxt = int(distinct[k + 1]) if k + 1 < len(distinct) else None
+    lp = use_lp and isinstance(p, DeviceProfile)
+    bases = anchors(S) if lp else np.unique(S)
+    for k, base in enumerate(bases.tolist()):
+        nxt = int(bases[k + 1]) if k + 1 < len(bases) else None
         cols = np.flatnonzero((cands >= base) & ((cands < nxt) if nxt is not None else True))
         if not len(cols):
             continue
-        pool = np.flatnonzero(S <= base)
-        if use_lp and isinstance(p, DeviceProfile):
+        if lp:
+            pool = np.flatnonzero(S < nxt) if nxt is not None else np.arange(len(S))
             fits = batch_capacity(base, g[pool], problem.max_batch_size, p.kv_capacity_tokens) >= 1
             pool = pool[fits]
             base_price = lp_duals(g[pool], base, p, problem.max_batch_size)
-            for j in cols.tolist():
-                s = int(cands[j])
-                ok = batch_capacity(s, g[pool], problem.max_batch_size, p.kv_capacity_tokens) >= 1
-                psi[pool[ok], j] = base_price[ok] + growth(g[pool[ok]], base, s, p)
+            shapes = cands[cols]
+            ok = (S[pool][:, None] <= shapes[None, :]) & (batch_capacity(shapes[None, :], g[pool][:, None],
+                                                                         problem.max_batch_size,
+                                                                         p.kv_capacity_tokens) >= 1)
+            block = base_price[:, None] + growth(g[pool], base, shapes, p)
+            psi[np.ix_(pool, cols)] = np.where(ok, block, np.inf)
         else:
+            pool = np.flatnonzero(S <= base)
             for j in cols.tolist():
                 psi[pool, j] = floor_prices(problem, S[pool], g[pool], int(cands[j]), len(pool))
     return psi
 
 
-def growth(g: np.ndarray, base: int, s: int, p: DeviceProfile) -> np.ndarray:
-    """The least a member of gen g adds to its batch's time when the batch's shape grows from base to s
-    (the per-member part of T, in the cheaper decode regime; the fixed part does not depend on s)."""
-    if s == base:
-        return np.zeros(len(g))
-    out = np.full(len(g), np.inf)
+def growth(g: np.ndarray, base: int, shapes: np.ndarray, p: DeviceProfile) -> np.ndarray:
+    """(members x shapes): the least a member of gen g adds to its batch's time when the batch's shape grows
+    from base to each of ``shapes`` (the per-member part of T, in the cheaper decode regime; the fixed part
+    does not depend on the shape)."""
+    g = np.asarray(g, dtype=np.int64)[:, None]
+    grid = np.asarray(shapes, dtype=np.int64)[None, :]
+    out = np.full((g.shape[0], grid.shape[1]), np.inf)
     for large in ([False, True] if p.decode_large is not None else [False]):
-        mask = np.full(len(g), large)
-        grow = linear_parts(np.full(len(g), s), g, mask, p)[1] - linear_parts(np.full(len(g), base), g, mask, p)[1]
-        out = np.minimum(out, grow)
+        at = linear_parts(grid, g, large, p)[1] - linear_parts(base, g, large, p)[1]
+        out = np.minimum(out, at)
     return np.maximum(out, 0.0)
 
 
