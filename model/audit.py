@@ -8,7 +8,8 @@ compiles (K = the config's size unless --limit-shapes) and under a free choice o
 many shapes; prints cost (and device-hours in device mode), pad ratio, P95, sequential
 time and the number of compiled shapes side by side, and the saving.  With --holdout
 the optimised shapes are chosen on the first part of the traffic and both sides are
-judged on the held-out part.  --report DIR writes report.md, report.html and
+judged on the held-out part.  With --window SECONDS both sides batch only within arrival
+windows (the P95 then includes each member's wait).  --report DIR writes report.md, report.html and
 heatmap.png together (all or none).  Exit status: 0 both plans valid and within
 their limits; 1 a plan breaks a rule or limit; 2 bad input (e.g. a config whose
 largest shape is shorter than a prompt: the request is named); 3 infeasible.
@@ -24,7 +25,7 @@ from pathlib import Path
 from model import pipeline
 from model.cli_common import add_input_args, add_limit_args, build_problem, run_main
 from model.deploy.audit import audit
-from model.deploy.flags import add_holdout_args, parse_fraction, shapes_from_file
+from model.deploy.flags import add_holdout_args, add_window_args, parse_fraction, shapes_from_file
 from model.deploy.present import audit_blocks, write_audit_report
 from model.errors import InputError
 from model.report.document import to_text
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shapes-format", dest="config_format", default="list",
                         help=f"format of the config: {', '.join(READERS)} (default list)")
     add_holdout_args(parser)
+    add_window_args(parser)
     parser.add_argument("--solver", default=pipeline.MIP, help=f"planner: {', '.join(pipeline.solver_names())}")
     parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per MIP solve (default 60)")

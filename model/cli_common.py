@@ -16,6 +16,7 @@ from model.load.scenario import MAX_BATCH, MAX_SEQ_LEN, MAX_SHAPES
 from model.pipeline import InputSpec, load_problem
 from model.runtime import Interrupted, leave, shielded, signal_handlers
 from model.schema import LIMIT_KEYS, Limits, Problem, Scenario
+from model.windows.split import parse_window
 
 ABANDONED_WAIT_S = 5.0  # at exit, a solver left behind gets this long to end before the process leaves anyway
 
@@ -76,6 +77,7 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
                          f"must be a positive multiple of {GRANULARITY}, got {args.max_seq_len}")
     check_count("--max-seq-len", args.max_seq_len, MAX_SEQ_LEN)
     check_count("--max-batch-size", getattr(args, "max_batch_size", None), MAX_BATCH)
+    window_s = parse_window(getattr(args, "window", None))
     limits = limits if limits is not None else cli_limits(args)
     params = CostParams.from_toml(args.cost_params) if args.cost_params else None
     device = load_profile(args.device_profile) if getattr(args, "device_profile", None) else None
@@ -86,7 +88,7 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
                      limits=limits, max_shapes=args.limit_shapes, params=params, device=device, mode=args.cost_model,
                      max_batch_size=getattr(args, "max_batch_size", None), max_seq_len=args.max_seq_len,
                      params_source=str(args.cost_params) if args.cost_params else None,
-                     allowed_shapes=allowed, time_column=getattr(args, "time_column", None))
+                     allowed_shapes=allowed, time_column=getattr(args, "time_column", None), window_s=window_s)
     return load_problem(spec, default_scenario)
 
 

@@ -2,6 +2,7 @@
 
     python -m model.evaluate REQUESTS PLAN [REQUESTS PLAN ...] [--limit-shapes K] [limit flags]
     python -m model.evaluate --scenario S.toml --plans DIR     # DIR/plan_<bucket>.jsonl
+    python -m model.evaluate trace.csv plan.jsonl --columns azure --window 60   # batches must not mix windows
 
 Exit status: 0 every plan valid and within every limit; 1 a rule or limit fails;
 2 bad input (named by file, line and field).
@@ -22,9 +23,9 @@ from model.cli_common import (
     cli_limits,
     run_main,
 )
-from model.deploy.flags import add_shape_args
+from model.deploy.flags import add_shape_args, add_window_args
 from model.errors import InputError
-from model.evaluation.validate import evaluate_plans
+from model.evaluation.validate import evaluate_plans, time_text
 from model.load.plans import read_plan
 from model.report.tables import bucket_table, verdict
 from model.schema import Evaluation
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     add_input_args(parser)
     add_limit_args(parser)
     add_shape_args(parser)
+    add_window_args(parser, time_column=True)
     args = parser.parse_args(argv)
     if args.scenario is not None:
         if args.pairs:
@@ -56,8 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     for result, f in zip(results, plan_files, strict=True):
         pipeline.check_finite_metrics(Evaluation((result,), ()), str(f))
     print(f"cost model: {problem.mode}; shape cap K = {problem.max_shapes} per bucket and across all buckets")
+    if problem.windowing is not None:
+        w = problem.windowing
+        print(f"arrival windows of {w.seconds:g} s from the first arrival, {time_text(w.origin_s)}: a batch must not "
+              "mix requests of two windows")
     for result, f in zip(results, plan_files, strict=True):
-        print(bucket_table(result, {"plan": str(f)}, problem.params))
+        print(bucket_table(result, {"plan": str(f)}, problem.params, problem.windowing))
     print(verdict(results, global_problems))
     return 0 if all(r.ok for r in results) and not global_problems else 1
 

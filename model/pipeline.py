@@ -20,7 +20,7 @@ from model.cost.common import Mode, align
 from model.cost.device import DeviceProfile
 from model.errors import InfeasibleError, InputError, NoPlanFound
 from model.evaluation.validate import evaluate_plans
-from model.expand.assemble import assemble
+from model.expand.assemble import assemble_all
 from model.load.plans import write_plans
 from model.load.requests import Columns, load_requests
 from model.load.scenario import load_scenario
@@ -37,6 +37,8 @@ from model.schema import (
     Status,
 )
 from model.shapeset import check_fits
+from model.windows.plan import plan_windowed
+from model.windows.split import windowed
 from solvers.packers import PACKERS
 
 # The embedded default scenario: package data of the top-level ``data`` package, so it is found the same
@@ -67,6 +69,7 @@ class InputSpec:
     max_seq_len: int | None = None
     allowed_shapes: tuple[int, ...] | None = None  # plan only with these shapes (None: free choice)
     time_column: str | None = None  # read each request's arrival time from this column (request files only)
+    window_s: float | None = None  # batch only requests arriving in the same window of this many seconds
     params_source: str | None = None  # the file ``params`` came from, named if its costs overflow
 
 
@@ -108,6 +111,8 @@ def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple
     check_fits(problem)
     if spec.params is not None or scenario is not None:
         check_cost_range(problem, spec.params_source if spec.params is not None else str(scenario.path))
+    if spec.window_s is not None:
+        problem = windowed(problem, spec.window_s)
     return problem, scenario
 
 
@@ -193,6 +198,8 @@ def check_seq_len(problem: Problem) -> None:
 def plan(problem: Problem, solver: str = MIP, backend: str = "highs", time_limit: float = 60.0) -> Planned:
     """Run one planner by name: batchings for every bucket with a typed report."""
     if solver == MIP:
+        if problem.windowing is not None:
+            return plan_windowed(problem, backend=backend, time_limit=time_limit)
         return plan_mip(problem, backend=backend, time_limit=time_limit)
     if solver not in PACKERS:
         raise InputError("--solver", None, None, f"unknown solver {solver!r} ({', '.join(solver_names())})")
@@ -204,8 +211,7 @@ def plan(problem: Problem, solver: str = MIP, backend: str = "highs", time_limit
 
 def expand(problem: Problem, planned: Planned) -> tuple[Plan, ...]:
     """Every bucket's batching as a concrete plan (batch ids and member order placed for the spikes)."""
-    return tuple(assemble(b, bt, problem.params, problem.mode, lim)
-                 for b, bt, lim in zip(problem.buckets, planned.batchings, problem.limits, strict=True))
+    return assemble_all(problem, planned.batchings)
 
 
 def evaluate(problem: Problem, plans: tuple[Plan, ...]) -> Evaluation:

@@ -88,6 +88,21 @@ class Limits:
         return replace(self, **{f: getattr(flags, f) for f in LIMIT_FIELDS.values() if getattr(flags, f) is not None})
 
 
+@dataclass(frozen=True)
+class Windowing:
+    """Arrival windows: requests are batched only with requests of the same window.
+
+    Window k of a request arriving at t (seconds) is ``floor((t - origin_s) / seconds)``;
+    ``origin_s`` is the earliest arrival over every bucket, so windows line up across
+    buckets (and a sub-problem of some windows keeps the same numbering).  The rules
+    that follow from it (window index, wait to the window's end) live in
+    ``model.cost.metrics``.
+    """
+
+    seconds: float
+    origin_s: float
+
+
 @dataclass(frozen=True, eq=False)
 class Problem:
     """Everything a planner needs: the buckets, their limits and the global settings."""
@@ -102,6 +117,8 @@ class Problem:
     # the only shapes a plan may declare (sorted positive multiples of 64), None = free choice;
     # the shape cap K still applies, so a plan uses at most K of them
     allowed_shapes: tuple[int, ...] | None = None
+    # arrival windows (None: one offline batch pool); every bucket then has arrival_s
+    windowing: Windowing | None = None
 
     def __post_init__(self) -> None:
         check_mode(self.params, self.mode)

@@ -3,6 +3,11 @@
     python -m model.solve --limit-shapes 8                  # embedded default scenario (data/)
     python -m model.solve --scenario S.toml --out DIR       # writes DIR/plan_<bucket>.jsonl
     python -m model.solve a.jsonl b.csv --columns azure --cost-model strict --out DIR
+    python -m model.solve trace.csv --columns azure --device-profile P.toml --window 60 --report DIR
+
+With --window SECONDS requests are batched only with requests of the same arrival
+window; in device mode the devices each window needs are printed for the chosen
+planner, dpfill and pow2, and --report DIR draws them over time.
 
 Plans are written only when every plan is valid and meets every limit, all at once
 (temporary files renamed into place).  The whole run (not only the MIP) keeps within
@@ -28,12 +33,15 @@ from model.cli_common import (
     cli_limits,
     run_main,
 )
-from model.deploy.flags import add_holdout_args, add_shape_args, parse_fraction
+from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args, parse_fraction
 from model.deploy.holdout import holdout
 from model.deploy.present import holdout_blocks
+from model.errors import InputError
+from model.evaluation.validate import time_text
 from model.report.compare import compare_table
 from model.report.document import to_text
 from model.report.tables import bucket_table, device_units, fmt, verdict
+from model.windows.present import device_blocks, device_comparison, write_devices_report
 
 log = logging.getLogger("shapeplan")
 
@@ -51,18 +59,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("out"), help="folder for plan_<bucket>.jsonl (default out/)")
     parser.add_argument("--compare", action="store_true", help="also run every heuristic packer and compare")
     parser.add_argument("--quiet", action="store_true", help="no progress log")
+    parser.add_argument("--report", type=Path, help="with --window in device mode: folder for report.md, "
+                                                    "report.html, devices.png and devices.csv")
     add_shape_args(parser)
     add_holdout_args(parser)
+    add_window_args(parser)
     args = parser.parse_args(argv)
+    if args.report is not None and args.report.exists() and not args.report.is_dir():
+        raise InputError("--report", None, None, f"{args.report} is a file; give a folder for the report")
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="[%(relativeCreated)6.0f ms] %(message)s")
     check_time_limit(args.time_limit)
     fraction = parse_fraction(args.holdout)
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO, cli_limits(args))
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
+    devices = problem.windowing is not None and problem.mode == "device"
+    if args.report is not None and not devices:
+        raise InputError("--report", None, None, "draws devices needed per window: it needs --window and device mode "
+                                                 "(--device-profile)")
     print(f"input: {source}; {len(problem.buckets)} buckets, "
           f"{sum(len(b) for b in problem.buckets)} requests; K = {problem.max_shapes}; cost model {problem.mode}"
-          + (f"; allowed shapes {' '.join(map(str, problem.allowed_shapes))}" if problem.allowed_shapes else ""))
+          + (f"; allowed shapes {' '.join(map(str, problem.allowed_shapes))}" if problem.allowed_shapes else "")
+          + (f"; arrival windows of {problem.windowing.seconds:g} s from the first arrival, "
+             f"{time_text(problem.windowing.origin_s)}" if problem.windowing else ""))
     if fraction is not None:
         check, train = holdout(problem, fraction, args.solver, args.backend, args.time_limit)
         print(to_text(holdout_blocks(check)))
@@ -79,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             cost = result.metrics.cost if result.metrics else None
             gap = None if cost is None else (cost - lb) / cost if cost else 0.0  # all-zero coefficients: cost 0
             extra["lower bound"] = f"{fmt(lb)} (gap {gap:.3%})" if gap is not None else fmt(lb)
-        print(bucket_table(result, extra, problem.params))
+        print(bucket_table(result, extra, problem.params, problem.windowing))
     total = sum(r.metrics.cost for r in results if r.metrics)
     chosen = sorted({s for r in results if r.metrics for s in r.metrics.shapes})
     print(f"chosen shapes ({len(chosen)}): {', '.join(map(str, chosen))}")
@@ -96,6 +115,14 @@ def main(argv: list[str] | None = None) -> int:
         others = {name: pipeline.compare_run(problem, name) for name in pipeline.solver_names()[1:]
                   if name != args.solver}
         print(compare_table(results, args.solver, others))
+    if devices:
+        uses, missing = device_comparison(problem, args.solver, run.planned.batchings)
+        print(to_text(device_blocks(uses)))
+        for m in missing:
+            print(f"note: no devices for {m}")
+        if args.report is not None:
+            written = write_devices_report(args.report, uses, f"Devices needed: {source}")
+            print(f"wrote {', '.join(map(str, written))}")
     print(verdict(list(results), list(run.evaluation.global_problems)))
     if not run.evaluation.ok:
         print("nothing written")

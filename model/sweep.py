@@ -3,12 +3,15 @@
     python -m model.sweep --scenario S.toml --report DIR
     python -m model.sweep --scenario S.toml --k 1-8 --sweep-limit max_sequential_ms --factors 0.8,0.9,1.0,1.1
     python -m model.sweep a.csv b.csv --columns azure --cost-model strict --k 1-16 --time-limit 20 --out sweep.csv
+    python -m model.sweep trace.csv --columns azure --device-profile P.toml --k 8 --windows 10,30,60,300 --report DIR
 
 Loads and aggregates the input once, solves it for each K (and each factor on one
 limit, applied to every bucket), writes a tidy CSV (one row per point x bucket x
-planner) and, with --report, report.md / report.html with pictures.  Infeasible
-points are rows with status "infeasible" (proven) or "no_plan" (none found in time),
-never a crash.  Exit status: 0 done; 2 bad input; 130 / 143 interrupted.
+planner) and, with --report, report.md / report.html with pictures.  With --window
+every point is planned in arrival windows; --windows sweeps the window length (one
+row set per length, a table of what a longer window buys).  Infeasible points are
+rows with status "infeasible" (proven) or "no_plan" (none found in time), never a
+crash.  Exit status: 0 done; 2 bad input; 130 / 143 interrupted.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from tqdm import tqdm
 
 from model import pipeline
 from model.cli_common import add_input_args, add_limit_args, build_problem, check_time_limit, run_main
-from model.deploy.flags import add_holdout_args, add_shape_args, parse_fraction
+from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args, parse_fraction, parse_windows
 from model.deploy.holdout import Holdout, Split, split, sweep_checks
 from model.deploy.present import sweep_holdout_blocks
 from model.errors import InputError
@@ -48,6 +51,8 @@ from model.sweeping.grid import (
 )
 from model.sweeping.recommend import recommend
 from model.sweeping.table import planner_totals, write_csv
+from model.windows.split import windowed
+from model.windows.sweep_view import window_blocks, write_window_report
 
 log = logging.getLogger("shapeplan")
 DEFAULT_FACTORS = "0.8,0.9,1.0,1.1"
@@ -86,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_shape_args(parser)
     add_holdout_args(parser)
+    add_window_args(parser, sweep=True)
     return parser
 
 
@@ -107,6 +113,11 @@ def check_settings(args: argparse.Namespace) -> None:
         raise InputError("--tolerance", None, None, f"must be a finite non-negative share, got {args.tolerance}")
     if args.factors is not None and not args.sweep_limit:
         raise InputError("--factors", None, None, "needs --sweep-limit (the limit the factors scale)")
+    if args.window is not None and args.windows is not None:
+        raise InputError("--windows", None, None, "give --window (one length) or --windows (a sweep), not both")
+    if args.windows is not None and args.holdout is not None:
+        raise InputError("--windows", None, None, "the hold-out check runs at one window length: use --window")
+    parse_windows(args.windows)
     check_outputs(args.out, args.report)
 
 
@@ -136,14 +147,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"input: {source}; {len(problem.buckets)} buckets, {sum(len(b) for b in problem.buckets)} requests, "
           f"{sum(len(h) for h in hists)} cells; cost model {problem.mode}")
     points = sweep_points(ks, settings.sweep_limit, factors)
+    windows = parse_windows(args.windows)
+    out = args.out or ((args.report / "sweep.csv") if args.report else Path("sweep.csv"))
+    check_outputs(out, args.report)
+    if windows is not None:
+        return window_sweep(problem, windows, points, solvers, args, out, source)
     with tqdm(total=len(points) * len(solvers), disable=args.quiet, unit="solve", dynamic_ncols=True) as bar:
         def step(point, name) -> None:
             bar.set_postfix_str(f"{point.label()} {name}", refresh=False)
             bar.update()
 
         result = run_sweep(problem, points, solvers, args.backend, args.time_limit, step)
-    out = args.out or ((args.report / "sweep.csv") if args.report else Path("sweep.csv"))
-    check_outputs(out, args.report)
     totals = planner_totals(result.rows)
     text = to_text([k_table(totals, base_factor(t.point for t in totals)),
                     *recommendation_paragraphs(recommend(result.rows, args.tolerance))])
@@ -158,6 +172,40 @@ def main(argv: list[str] | None = None) -> int:
         if args.report:
             md, page = write_report(args.report, problem, hists, result, settings, extra)
             print(f"wrote {md}, {page}")
+    except OSError as exc:
+        raise InputError(str(exc.filename or out), None, None, f"cannot write: {exc.strerror or exc}") from None
+    return 0
+
+
+def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str, ...], args: argparse.Namespace,
+                 out: Path, source: str) -> int:
+    """The sweep once per window length: all rows in one CSV, each length's K table, and what a longer
+    window buys (cost, P95 with the wait, devices needed)."""
+    by_window = {}
+    with tqdm(total=len(windows) * len(points) * len(solvers), disable=args.quiet, unit="solve",
+              dynamic_ncols=True) as bar:
+        for w in windows:
+            def step(point, name, w=w) -> None:
+                bar.set_postfix_str(f"window {w:g} s {point.label()} {name}", refresh=False)
+                bar.update()
+
+            by_window[w] = run_sweep(windowed(problem, w), points, solvers, args.backend, args.time_limit,
+                                     step).rows
+    try:
+        if args.report:
+            written = write_window_report(args.report, by_window, args.tolerance,
+                                          f"Batching window sweep: {source}", out)
+        else:
+            write_csv([r for rows in by_window.values() for r in rows], out)
+            written = ()
+        for w, rows in by_window.items():
+            totals = planner_totals(rows)
+            print(f"windows of {w:g} s")
+            print(to_text([k_table(totals, base_factor(t.point for t in totals))]))
+        print(to_text(window_blocks(by_window, args.tolerance)))
+        print(f"wrote {out}")
+        if written:
+            print(f"wrote {', '.join(map(str, written))}")
     except OSError as exc:
         raise InputError(str(exc.filename or out), None, None, f"cannot write: {exc.strerror or exc}") from None
     return 0

@@ -1,7 +1,13 @@
 """A plan judged by the cost model: batches grouped, latencies (compile spike included), and metrics.
 
 The evaluation rules of ``shared/cost_model.md`` -- spike placement, P95 rank,
-sequential time, pad counting -- live here once, for every cost mode.
+sequential time, pad counting -- live here once, for every cost mode, and so do the
+rules of arrival windows (``window_index``, ``window_wait_ms``): with windows a
+member's latency also holds its wait from arrival to the end of its window (the
+earliest its window's batches can start), added before the P95 rank is taken.
+Sequential time stays the sum of the batches' largest member latencies WITHOUT the
+waits: it is device time run back to back, and a wait occupies no device.  Cost is
+unaffected by windows.
 """
 
 from __future__ import annotations
@@ -23,6 +29,21 @@ from model.cost.common import MODES, Mode, align, p95_rank
 from model.cost.device import DeviceProfile, batch_breakdown, kv_tokens
 
 Coefficients = CostParams | DeviceProfile  # analytic (reference, strict) or measured (device)
+
+
+def window_index(arrival_s, seconds: float, origin_s: float) -> np.ndarray:
+    """The window of each arrival: ``floor((t - origin_s) / seconds)`` (origin = the earliest arrival of the
+    whole problem, so windows line up across buckets)."""
+    t = np.asarray(arrival_s, dtype=np.float64)
+    return np.maximum(np.floor((t - origin_s) / seconds), 0).astype(np.int64)
+
+
+def window_wait_ms(arrival_s, seconds: float, origin_s: float) -> np.ndarray:
+    """Each request's wait (ms) from its arrival to the end of its window, the earliest its batch can start:
+    ``(origin_s + (k + 1) * seconds - t) * 1000`` with k its window (in (0, seconds * 1000])."""
+    t = np.asarray(arrival_s, dtype=np.float64)
+    k = window_index(t, seconds, origin_s)
+    return np.clip(((k + 1) * seconds - (t - origin_s)) * 1000.0, 0.0, seconds * 1000.0)
 
 
 def spike_ms(p: Coefficients) -> float:
@@ -182,9 +203,11 @@ def batch_kv_tokens(batch_ids, gen_len, seq_align) -> tuple[np.ndarray, np.ndarr
 
 
 def member_latencies(prompt_len, gen_len, batch_ids, seq_align, p: Coefficients = CostParams(),
-                     mode: Mode = "reference") -> np.ndarray:
-    """Each record's latency (ms), compile spike included, records in plan-file order."""
-    return _batch_view(prompt_len, gen_len, batch_ids, seq_align, p, mode).latency
+                     mode: Mode = "reference", wait_ms: np.ndarray | None = None) -> np.ndarray:
+    """Each record's latency (ms), compile spike included, records in plan-file order; with arrival windows
+    ``wait_ms`` (per record) is each member's wait to its window's end, which its latency includes."""
+    latency = _batch_view(prompt_len, gen_len, batch_ids, seq_align, p, mode).latency
+    return latency if wait_ms is None else latency + np.asarray(wait_ms, dtype=np.float64)
 
 
 def _costs(v: _BatchView, p: Coefficients, mode: Mode) -> tuple[float, float, float, float]:
@@ -200,8 +223,14 @@ def _costs(v: _BatchView, p: Coefficients, mode: Mode) -> tuple[float, float, fl
 
 
 def plan_metrics(prompt_len: np.ndarray, gen_len: np.ndarray, batch_ids: np.ndarray,
-                 seq_align: np.ndarray, p: Coefficients = CostParams(), mode: Mode = "reference") -> Metrics:
-    """Metrics of one bucket's plan, records given in plan-file order."""
+                 seq_align: np.ndarray, p: Coefficients = CostParams(), mode: Mode = "reference",
+                 wait_ms: np.ndarray | None = None) -> Metrics:
+    """Metrics of one bucket's plan, records given in plan-file order.
+
+    ``wait_ms`` (arrival windows; per record, plan-file order) is each member's wait to
+    its window's end: it is added to the member's latency for the P95, not to the
+    sequential time or the cost (see the module docstring).
+    """
     prompt_len = np.asarray(prompt_len, dtype=np.int64)
     gen_len = np.asarray(gen_len, dtype=np.int64)
     v = _batch_view(prompt_len, gen_len, batch_ids, seq_align, p, mode)
@@ -211,7 +240,8 @@ def plan_metrics(prompt_len: np.ndarray, gen_len: np.ndarray, batch_ids: np.ndar
     real = int(prompt_len.sum() + gen_len.sum())
     n = len(v.latency)
     k = p95_rank(n)
-    p95 = float(np.partition(v.latency, k)[k])
+    waited = v.latency if wait_ms is None else v.latency + np.asarray(wait_ms, dtype=np.float64)
+    p95 = float(np.partition(waited, k)[k])
     seq = float(_segment_max(v.latency, v.codes, len(v.n_b)).sum())
     return Metrics(cost=cost, prefill_cost=prefill_total, decode_cost=decode_total,
                    overhead_cost=overhead_total, compile_cost=compile_total, pad_tokens=pad,

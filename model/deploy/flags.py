@@ -11,6 +11,7 @@ from pathlib import Path
 from model.errors import InputError
 from model.serving.formats import READERS, read_shapes
 from model.shapeset import parse_shapes
+from model.windows.split import parse_window
 
 DEFAULT_SHAPES_FORMAT = "list"
 
@@ -36,6 +37,28 @@ def add_holdout_args(parser: argparse.ArgumentParser) -> None:
                                           "on it")
     parser.add_argument("--time-column", help="arrival-time column (seconds or ISO 8601; Azure's TIMESTAMP is read "
                                               "by itself)")
+
+
+def add_window_args(parser: argparse.ArgumentParser, time_column: bool = False, sweep: bool = False) -> None:
+    """``--window SECONDS`` (and ``--time-column NAME`` where the command has no hold-out flags; ``--windows``
+    on the sweep)."""
+    parser.add_argument("--window", help="batch only requests that arrive in the same window of this many seconds "
+                                         "(needs arrival times: Azure's TIMESTAMP, or --time-column)")
+    if sweep:
+        parser.add_argument("--windows", help="sweep the window length: seconds as a comma list, e.g. 10,30,60,300")
+    if time_column:
+        parser.add_argument("--time-column", help="arrival-time column (seconds or ISO 8601; Azure's TIMESTAMP is "
+                                                  "read by itself)")
+
+
+def parse_windows(text: str | None) -> tuple[float, ...] | None:
+    """``--windows 10,30,60,300``: distinct window lengths in seconds, in increasing order (None: not given)."""
+    if text is None:
+        return None
+    parts = [t.strip() for t in text.split(",")]
+    if not all(parts):
+        raise InputError("--windows", None, None, f"expected seconds like 10,30,60,300, got {text!r}")
+    return tuple(sorted({parse_window(t, "--windows") for t in parts}))
 
 
 def shapes_from_file(path: Path, fmt: str | None) -> tuple[tuple[int, ...], str | None]:

@@ -17,6 +17,7 @@ from model.schema import (
     Problem,
     Violation,
 )
+from model.windows.split import waits_of, windows_of
 
 
 def plan_rows(bucket: Bucket, plan: Plan) -> tuple[np.ndarray | None, list[Violation]]:
@@ -130,6 +131,42 @@ def kv_rule(bucket: Bucket, plan: Plan, rows: np.ndarray, device: DeviceProfile)
                       f"({len(over)} batch{'es' if len(over) > 1 else ''} over)")]
 
 
+def time_text(seconds: float) -> str:
+    """An arrival time as a person reads it: a UTC timestamp for epoch seconds, else seconds."""
+    if 1e8 <= seconds < 1e11:
+        stamp = pd.Timestamp(seconds, unit="s", tz="UTC")
+        return stamp.strftime("%Y-%m-%d %H:%M:%S.%f").rstrip("0").rstrip(".") + " UTC"
+    return f"{seconds:.9g} s"
+
+
+def window_rule(problem: Problem, bucket: Bucket, plan: Plan, rows: np.ndarray) -> list[Violation]:
+    """With arrival windows, every member of a batch must come from the same window."""
+    if problem.windowing is None:
+        return []
+    wins = windows_of(problem, bucket)[rows]
+    codes, ids = batch_index(plan.batch_ids)
+    nb = len(ids)
+    lo = np.full(nb, np.iinfo(np.int64).max)
+    hi = np.full(nb, np.iinfo(np.int64).min)
+    np.minimum.at(lo, codes, wins)
+    np.maximum.at(hi, codes, wins)
+    mixed = np.flatnonzero(lo != hi)
+    if not len(mixed):
+        return []
+    k = int(mixed[0])
+    members = np.flatnonzero(codes == k)
+    a = int(members[np.argmin(wins[members])])
+    b = int(members[np.argmax(wins[members])])
+    t = bucket.arrival_s[rows]
+    seconds = problem.windowing.seconds
+    return [Violation(bucket.name, "window",
+                      f"{plan.source}: batch {ids[k]!r} mixes arrival windows of {seconds:g} s: request "
+                      f"{plan.request_ids[a]!r} arrived at {time_text(float(t[a]))} (window {int(wins[a])}), request "
+                      f"{plan.request_ids[b]!r} at {time_text(float(t[b]))} (window {int(wins[b])})"
+                      f" ({len(mixed)} batch{'es' if len(mixed) > 1 else ''} mix windows; windows count from the "
+                      f"first arrival of all the buckets given, {time_text(problem.windowing.origin_s)})")]
+
+
 def limit_checks(metrics: Metrics, limits: Limits) -> tuple[LimitCheck, ...]:
     """Each set limit beside the metric it bounds."""
     return tuple(LimitCheck(name, metrics.value(name), bound) for name, bound in limits.items())
@@ -148,8 +185,10 @@ def evaluate_plans(problem: Problem, plans: tuple[Plan, ...]) -> tuple[list[Buck
         problems += allowed_rule(bucket, plan, problem.allowed_shapes)
         if problem.mode == "device":
             problems += kv_rule(bucket, plan, rows, problem.params)
+        problems += window_rule(problem, bucket, plan, rows)
+        waits = waits_of(problem, bucket)
         metrics = plan_metrics(bucket.prompt_len[rows], bucket.gen_len[rows], plan.batch_ids, plan.seq_align,
-                               problem.params, problem.mode)
+                               problem.params, problem.mode, None if waits is None else waits[rows])
         all_shapes.update(metrics.shapes)
         results.append(BucketResult(bucket.name, metrics, limit_checks(metrics, limits), tuple(problems)))
     global_problems = []

@@ -6,6 +6,10 @@ shape's batches.  We choose ids and member order so that it lands where it hurts
 least (``model.expand.spikes``): on a member it does not push over the P95 limit,
 where it raises its batch's largest latency (the sequential-time contribution) the
 least -- trading the two off exactly when both limits are set.
+
+With arrival windows a member's latency includes its wait to its window's end (so the
+spike is placed by the latency the evaluator judges), ids carry the window
+(``s<seq_align>-<k>-w<window>``) and the plan lists windows in order.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from model.cost.analytic import CostParams
 from model.cost.common import Mode, align
 from model.cost.metrics import Coefficients, batch_latencies, spike_ms
 from model.expand.spikes import spike_leads
-from model.schema import Batching, Bucket, Limits, Plan
+from model.schema import Batching, Bucket, Limits, Plan, Problem
+from model.windows.split import waits_of, windows_of
 
 
 def batch_extents(bucket: Bucket, batching: Batching, mode: Mode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -31,12 +36,18 @@ def batch_extents(bucket: Bucket, batching: Batching, mode: Mode) -> tuple[np.nd
 
 
 def assemble(bucket: Bucket, batching: Batching, params: Coefficients = CostParams(), mode: Mode = "reference",
-             limits: Limits = Limits()) -> Plan:
-    """A plan with spike-aware batch ids (``s<seq_align>-<k>``, zero-padded) and member order."""
+             limits: Limits = Limits(), wait_ms: np.ndarray | None = None, windows: np.ndarray | None = None) -> Plan:
+    """A plan with spike-aware batch ids (``s<seq_align>-<k>``, zero-padded) and member order.
+
+    ``wait_ms`` and ``windows`` (per request, file order) describe arrival windows: the
+    waits count in the latencies the spike is placed by, and each id ends in ``-w<window>``.
+    """
     codes = np.asarray(batching.batch_of, dtype=np.int64)
     shape_of = np.asarray(batching.shape_of, dtype=np.int64)
     nb = len(shape_of)
     latency = batch_latencies(bucket.prompt_len, bucket.gen_len, codes, shape_of, params, mode)[0]
+    if wait_ms is not None:
+        latency = latency + np.asarray(wait_ms, dtype=np.float64)
     # per shape, the member that takes the spike (``model.expand.spikes``) leads the batch that ranks 0;
     # every other batch leads with its gentlest member, the one with the least latency
     lead, takes = spike_leads(codes, shape_of, latency, spike_ms(params), limits)
@@ -53,13 +64,30 @@ def assemble(bucket: Bucket, batching: Batching, params: Coefficients = CostPara
     head = np.r_[True, shapes_sorted[1:] != shapes_sorted[:-1]]
     rank = np.empty(nb, dtype=np.int64)
     group_start = np.maximum.accumulate(np.where(head, np.arange(nb), 0))
-    rank[pick_order] = np.arange(nb) - group_start
     not_lead = np.ones(len(codes), dtype=bool)
     not_lead[lead] = False
     order = np.lexsort((np.arange(len(codes)), latency, not_lead, codes))
-    width = len(str(max(int(rank.max()), 0)))
-    ids = np.array([f"s{s}-{r:0{width}d}" for s, r in zip(shape_of.tolist(), rank.tolist(), strict=True)], dtype=object)
-    batch_order = np.lexsort((rank, shape_of))
+    if windows is None:
+        rank[pick_order] = np.arange(nb) - group_start
+        width = len(str(max(int(rank.max()), 0))) if nb else 1
+        ids = np.array([f"s{s}-{r:0{width}d}" for s, r in zip(shape_of.tolist(), rank.tolist(), strict=True)],
+                       dtype=object)
+        batch_order = np.lexsort((rank, shape_of))
+    else:
+        # the spike's batch keeps rank 0 of its shape; the others follow window by window
+        win = np.zeros(nb, dtype=np.int64)
+        win[codes] = np.asarray(windows, dtype=np.int64)
+        spiked_batch = np.zeros(nb, dtype=bool)
+        spiked_batch[pick_order[head]] = True
+        order2 = np.lexsort((np.arange(nb), win, ~spiked_batch, shape_of))
+        start2 = np.maximum.accumulate(np.where(np.r_[True, shape_of[order2][1:] != shape_of[order2][:-1]],
+                                                np.arange(nb), 0)) if nb else np.zeros(0, np.int64)
+        rank[order2] = np.arange(nb) - start2
+        width = len(str(max(int(rank.max()), 0))) if nb else 1
+        wwidth = len(str(max(int(win.max()), 0))) if nb else 1
+        ids = np.array([f"s{s}-{r:0{width}d}-w{w:0{wwidth}d}" for s, r, w in
+                        zip(shape_of.tolist(), rank.tolist(), win.tolist(), strict=True)], dtype=object)
+        batch_order = np.lexsort((rank, shape_of, win))
     pos = np.empty(nb, dtype=np.int64)
     pos[batch_order] = np.arange(nb)
     member_rank = np.empty(len(codes), dtype=np.int64)
@@ -67,6 +95,13 @@ def assemble(bucket: Bucket, batching: Batching, params: Coefficients = CostPara
     rec = np.lexsort((member_rank, pos[codes]))
     return Plan(request_ids=bucket.request_ids[rec], batch_ids=ids[codes[rec]],
                 seq_align=shape_of[codes[rec]], source=f"<plan {bucket.name}>", rows=rec)
+
+
+def assemble_all(problem: Problem, batchings: tuple[Batching, ...]) -> tuple[Plan, ...]:
+    """Every bucket's batching as a plan (with the problem's arrival windows, if any)."""
+    return tuple(assemble(b, bt, problem.params, problem.mode, lim, waits_of(problem, b),
+                          windows_of(problem, b) if problem.windowing is not None else None)
+                 for b, bt, lim in zip(problem.buckets, batchings, problem.limits, strict=True))
 
 
 def box_of_requests(cell_of: np.ndarray, arc_box: np.ndarray, arc_cell: np.ndarray, count: np.ndarray) -> np.ndarray:

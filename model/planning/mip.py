@@ -35,7 +35,7 @@ import numpy as np
 
 from model.errors import InfeasibleError, InputError, NoPlanFound
 from model.evaluation.validate import evaluate_plans
-from model.expand.assemble import assemble
+from model.expand.assemble import assemble_all
 from model.histogram.cells import build_histogram
 from model.planning.diagnose import alone_message, explain_infeasible, single_limit, unmeetable
 from model.planning.flow import all_shapes, flow_search, shape_levels, shape_relaxation
@@ -85,8 +85,7 @@ class Judged:
 
 def judge(problem: Problem, name: str, batchings: tuple[Batching, ...]) -> Judged:
     """Expand a candidate (spike placement included) and evaluate it with the one cost model."""
-    plans = tuple(assemble(bucket, bt, problem.params, problem.mode, lim)
-                  for bucket, bt, lim in zip(problem.buckets, batchings, problem.limits, strict=True))
+    plans = assemble_all(problem, batchings)
     results, global_problems = evaluate_plans(problem, plans)
     return Judged(name, batchings, plans, Evaluation(tuple(results), tuple(global_problems)))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from model.cost.device import DeviceProfile, device_hours
 from model.cost.metrics import Coefficients
-from model.schema import BucketResult, Violation
+from model.schema import BucketResult, Violation, Windowing
 
 METRIC_ROWS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms")
 
@@ -33,9 +33,9 @@ def device_units(ms: float, params: Coefficients | None) -> str:
 
 
 def bucket_table(result: BucketResult, extra: dict[str, str] | None = None,
-                 params: Coefficients | None = None) -> str:
+                 params: Coefficients | None = None, windowing: Windowing | None = None) -> str:
     """One bucket's table: each metric, its limit, the margin, and whether it holds (device mode: the
-    cost in device-hours too)."""
+    cost in device-hours too; with arrival windows, what the latency includes)."""
     lines = [f"bucket {result.name}"]
     m = result.metrics
     if m is not None:
@@ -57,6 +57,9 @@ def bucket_table(result: BucketResult, extra: dict[str, str] | None = None,
         units = device_units(m.cost, params)
         if units:
             lines.append(f"  device time: {fmt(m.cost)} ms = {units}")
+        if windowing is not None:
+            lines.append(f"  latency: p95_latency_ms includes each member's wait from arrival to the end of its "
+                         f"{windowing.seconds:g} s window; sequential_ms does not (device time only)")
     for key, value in (extra or {}).items():
         lines.append(f"  {key}: {value}")
     for v in result.violations:

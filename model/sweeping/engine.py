@@ -30,6 +30,7 @@ from model.errors import InfeasibleError, NoPlanFound
 from model.report.compare import failures
 from model.schema import Batching, BucketResult, Planned, Problem, SolveReport, Violation
 from model.sweeping.grid import SweepPoint, point_problem, tighter_neighbours
+from model.windows.devices import DeviceUse, device_use
 
 MIP = pipeline.MIP
 
@@ -51,6 +52,7 @@ class PlannerOutcome:
     message: str
     wall_s: float
     source: str = ""
+    devices: DeviceUse | None = None  # windowed device mode: devices needed per window
 
     @property
     def total_cost(self) -> float | None:
@@ -109,6 +111,11 @@ class SweepRow:
     wall_s: float
     source: str
     note: str
+    window_s: float | None = None  # arrival windows of this many seconds (empty: none)
+    peak_devices: int | None = None  # windowed device mode: this bucket's most devices needed in a window
+    mean_devices: float | None = None  # and its mean over the windows
+    total_peak_devices: int | None = None  # the same with every bucket's work pooled
+    total_mean_devices: float | None = None
 
     @property
     def point(self) -> SweepPoint:
@@ -135,7 +142,15 @@ def run_planner(problem: Problem, name: str, backend: str = "highs", time_limit:
         return PlannerOutcome(name, "no_plan", None, (), None, None, str(exc), time.perf_counter() - t0)
     ev = run.evaluation
     return PlannerOutcome(name, run.planned.report.status.value, ev.results, ev.global_problems, run.planned.report,
-                   run.planned.batchings, "", time.perf_counter() - t0)
+                          run.planned.batchings, "", time.perf_counter() - t0,
+                          devices=devices_of(problem, run.planned.batchings, name))
+
+
+def devices_of(problem: Problem, batchings: tuple[Batching, ...], name: str) -> DeviceUse | None:
+    """Devices needed per window (windowed device mode only)."""
+    if problem.windowing is None or problem.mode != "device":
+        return None
+    return device_use(problem, batchings, name)
 
 
 def reevaluate(problem: Problem, carried: PlannerOutcome, source: SweepPoint) -> PlannerOutcome | None:
@@ -145,7 +160,8 @@ def reevaluate(problem: Problem, carried: PlannerOutcome, source: SweepPoint) ->
     t0 = time.perf_counter()
     ev = pipeline.evaluate(problem, pipeline.expand(problem, Planned(carried.batchings, carried.report)))
     return PlannerOutcome(carried.planner, carried.status, ev.results, ev.global_problems, carried.report,
-                   carried.batchings, "", time.perf_counter() - t0, source.label())
+                          carried.batchings, "", time.perf_counter() - t0, source.label(),
+                          devices_of(problem, carried.batchings, carried.planner))
 
 
 def best_outcome(own: PlannerOutcome, candidates: Iterable[PlannerOutcome]) -> PlannerOutcome:
@@ -216,7 +232,12 @@ def point_rows(point: SweepPoint, problem: Problem, outcomes: Sequence[PlannerOu
                 total_cost=total, total_bound=total_bound, total_gap=gap_of(total, total_bound),
                 total_ratio_to_mip=ratio_of(total, mip_total),
                 solve_s=rep.time_s if rep is not None else out.wall_s, wall_s=out.wall_s,
-                source=out.source, note=out.message))
+                source=out.source, note=out.message,
+                window_s=problem.windowing.seconds if problem.windowing is not None else None,
+                peak_devices=out.devices.peak(b) if out.devices else None,
+                mean_devices=out.devices.mean(b) if out.devices else None,
+                total_peak_devices=out.devices.peak() if out.devices else None,
+                total_mean_devices=out.devices.mean() if out.devices else None))
     return rows
 
 

@@ -23,7 +23,8 @@ A merge is taken only if
   shape that a compile spike could push over (members within 1500 ms below the
   limit), stay within what nearest-rank P95 lets lie above it, and
 - the merged batch holds at most ``max_batch_size`` requests (such pairs are never
-  candidates).
+  candidates), and with arrival windows both batches come from the same window
+  (neighbours are taken within a window).
 Merging only ever raises pad tokens and member latencies, so a rejected merge can
 never become acceptable later and is dropped.  The stopping test is conservative:
 the estimated sequential time plus one 1500 ms compile spike per shape must meet
@@ -50,6 +51,7 @@ from model.errors import InfeasibleError
 from model.expand.assemble import batch_extents
 from model.runtime import Deadline
 from model.schema import Batching, Bucket, Limits, Problem
+from model.windows.split import windows_of
 from solvers.packers.cells import pack as pack_cells
 
 
@@ -85,25 +87,30 @@ class MergeState:
     version: np.ndarray  # bumped on every change, so stale heap entries are skipped
     prev: np.ndarray  # prev[o, b]: neighbour before b in order o (-1 none)
     next: np.ndarray  # next[o, b]: neighbour after b in order o (-1 none)
+    window: np.ndarray  # arrival window of each batch (all 0 without windows)
 
 
-def initial_state(bucket: Bucket, batching: Batching, mode) -> MergeState:
-    """Batches of the cells plan with their boxes and the two neighbour orders."""
+def initial_state(bucket: Bucket, batching: Batching, mode, windows: np.ndarray | None = None) -> MergeState:
+    """Batches of the cells plan with their boxes and the two neighbour orders (within a window, when
+    ``windows`` gives each request's arrival window)."""
     S, s_box, g_box = batch_extents(bucket, batching, mode)
     nb = len(batching.shape_of)
     shape = np.asarray(batching.shape_of, dtype=np.int64)
+    window = np.zeros(nb, dtype=np.int64)
+    if windows is not None:
+        window[batching.batch_of] = windows
     prompts: list[dict[int, int]] = [{} for _ in range(nb)]
     for b, s in zip(batching.batch_of.tolist(), S.tolist(), strict=True):
         prompts[b][s] = prompts[b].get(s, 0) + 1
     ids = np.arange(nb)
-    orders = [np.lexsort((ids, g_box, s_box, shape)), np.lexsort((ids, s_box, g_box, shape))]
+    orders = [np.lexsort((ids, g_box, s_box, shape, window)), np.lexsort((ids, s_box, g_box, shape, window))]
     prev = np.full((len(orders), nb), -1, dtype=np.int64)
     nxt = np.full((len(orders), nb), -1, dtype=np.int64)
     for o, order in enumerate(orders):
         prev[o, order[1:]] = order[:-1]
         nxt[o, order[:-1]] = order[1:]
     return MergeState(np.bincount(batching.batch_of, minlength=nb), s_box, g_box, shape, prompts,
-                      ids.copy(), np.zeros(nb, dtype=np.int64), prev, nxt)
+                      ids.copy(), np.zeros(nb, dtype=np.int64), prev, nxt, window)
 
 
 def candidates(st: MergeState, pairs: list[tuple[int, int]], p: CostParams,
@@ -115,7 +122,7 @@ def candidates(st: MergeState, pairs: list[tuple[int, int]], p: CostParams,
     """
     ab = np.array([(min(x, y), max(x, y)) for x, y in pairs if x >= 0 and y >= 0], dtype=np.int64).reshape(-1, 2)
     a, b = ab[:, 0], ab[:, 1]
-    keep = st.shape[a] == st.shape[b]
+    keep = (st.shape[a] == st.shape[b]) & (st.window[a] == st.window[b])
     if max_batch_size is not None:
         keep &= st.n[a] + st.n[b] <= max_batch_size
     a, b = a[keep], b[keep]
@@ -184,7 +191,8 @@ def merge(bucket: Bucket, batching: Batching, limits: Limits, problem: Problem,
     p = problem.params
     if limits.max_sequential_ms is None or len(batching.shape_of) == 0:
         return batching
-    st = initial_state(bucket, batching, problem.mode)
+    st = initial_state(bucket, batching, problem.mode,
+                       windows_of(problem, bucket) if problem.windowing is not None else None)
     n_shapes = len(np.unique(st.shape))
     # room for one spike per shape, and a 1e-9 relative margin for float summation order
     target = limits.max_sequential_ms * (1 - 1e-9) - n_shapes * p.Tshape_compile_ms

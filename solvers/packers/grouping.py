@@ -2,7 +2,9 @@
 
 Every fixed-rule packer is a choice of grouping key; this is the one place that
 numbers the batches, splits oversized groups and checks nothing rides at a shape
-smaller than its prompt.
+smaller than its prompt.  With arrival windows (``Problem.windowing``) the window is
+one more key, so every packer batches within windows while its shapes stay the ones
+its rule chose for the whole trace.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from model.cost.common import GRANULARITY, align
 from model.cost.device import DeviceProfile
 from model.errors import InfeasibleError
 from model.schema import Batching, Bucket, Problem
+from model.windows.split import windows_of
 
 
 def pow2_ceil(x: np.ndarray, floor: int) -> np.ndarray:
@@ -64,6 +67,9 @@ def filled_batching(bucket: Bucket, shape: np.ndarray, group: np.ndarray, proble
         raise ValueError(f"bucket {bucket.name}: a declared shape does not cover its prompt")
     kv = kv_capacity(problem)
     n = len(bucket)
+    if problem.windowing is not None and n:  # batches never span two windows
+        group = np.unique(np.stack([np.asarray(group, dtype=np.int64), windows_of(problem, bucket)]), axis=1,
+                          return_inverse=True)[1].reshape(-1)
     order = np.lexsort((np.arange(n), align(bucket.prompt_len), bucket.gen_len, shape, np.asarray(group)))
     keys = np.asarray(group)[order]
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if n else np.zeros(0, np.int64)
@@ -142,7 +148,10 @@ def balanced_batching(bucket: Bucket, shape: np.ndarray, box_of: np.ndarray, bat
 
 def packed(problem: Problem, bucket: Bucket, shape: np.ndarray, keys: Sequence[np.ndarray] = ()) -> Batching:
     """A packer's grouping rule as batches: one batch per (shape, *keys), split by the batch-size cap --
-    and in device mode cut in gen order to what the KV cache holds (``filled_batching``)."""
+    and in device mode cut in gen order to what the KV cache holds (``filled_batching``); with arrival
+    windows the window is one more key."""
+    if problem.windowing is not None:
+        keys = (*keys, windows_of(problem, bucket))
     if kv_capacity(problem) is None:
         return group_batching(bucket, shape, keys, problem.max_batch_size)
     columns = [np.asarray(shape, dtype=np.int64), *(np.asarray(k, dtype=np.int64) for k in keys)]

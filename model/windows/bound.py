@@ -1,0 +1,302 @@
+"""A certified lower bound for the windowed problem (one shape set Y for every window and bucket).
+
+Prices.  For a window w, a candidate shape s and the window's requests whose smallest
+usable shape is at most s (the "pool" P_w(s): exactly the requests a batch declared at
+s may hold), ``psi[r, s]`` is a price per request such that every batch B at s drawn
+from the pool costs at least the sum of its members' prices.  Taking
+``phi[r, s] = min over s' >= s of psi[r, s']`` keeps that true and makes phi grow with
+s.  Then for ANY shape set Y and ANY plan under Y,
+
+    cost >= sum over requests r of phi[r, y(r)]  +  a compile lower bound,
+
+with y(r) the smallest shape of Y covering r: each batch at s pays at least the sum of
+psi[., s] over its members, and every member has y(r) <= s, so phi[r, y(r)] <=
+psi[r, s].  A sum over requests of a function of y(r) splits over the intervals
+(y_{i-1}, y_i] of Y, so its minimum over every Y with |Y| <= K is an exact dynamic
+program over the candidate shapes -- the certified bound, valid whatever shapes a
+planner picks.  The compile part: every bucket compiles at least one shape (in the
+analytic modes at least the smallest shape of Y covering its longest prompt).
+
+Where the prices come from.  Device mode: at one shape s a batch's time depends only on
+its size and longest gen, and the best prices of the pool are the optimal dual of the
+set-partitioning LP over every batch at s.  Requests dominated by a longer gen may take
+no more, so the duals can be taken nondecreasing in gen, and then the constraints that
+matter are the runs of consecutive gens: the dual is the greatest convex P with
+P[i] - P[i - n] <= T(n, s, g_i).  ``lp_duals`` finds it by alternating the two
+projections (convex minorant, and P[i] <- min_n P[i - n] + T); both keep every
+feasible convex P below, so the iteration descends onto the optimum, and the last
+iterate is scaled down to exact feasibility.  Gens are rounded DOWN to at most
+``LEVELS`` levels first (a relaxation).  The LP is solved at each distinct shape of the
+window's own requests; between two of them the pool is the same and the prices at the
+lower one plus the per-member growth of T are feasible.  Anywhere the time budget ran
+out, and in the analytic modes, the prices are per-request floors: the member's own
+per-member cost plus the batch's fixed part shared by as many members as a batch can
+hold (the KV capacity, the batch-size cap and the pool's size).
+
+This bound ignores that a request riding above its own shape pays more than its price
+there; so it is weaker where windows are small and the plan moves many requests up.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from model.cost.analytic import CostParams, compile_cost, decode_cost, prefill_cost
+from model.cost.device import DeviceProfile, batch_time, linear_parts
+from model.schema import Problem
+from model.windows.parallel import chunks, run_items, shared, workers_available
+from model.windows.runs import WindowPools
+from solvers.packers.grouping import batch_capacity
+
+LEVELS = 48  # gen levels per LP (gens rounded down to request-weighted quantiles beyond that)
+MAX_ITERS = 400
+
+
+def lower_hull(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The greatest convex minorant of the points (x, y) (x strictly increasing), evaluated at x.
+
+    A point whose left slope exceeds its right slope lies above the segment joining its
+    neighbours, so it is not on the lower hull; dropping every such point at once and
+    repeating until none is left keeps exactly the hull (vectorised passes).
+    """
+    idx = np.arange(len(x))
+    while len(idx) > 2:
+        dx, dy = np.diff(x[idx]), np.diff(y[idx])
+        above = dy[:-1] * dx[1:] > dy[1:] * dx[:-1]  # slope left > slope right
+        if not above.any():
+            break
+        idx = np.delete(idx, 1 + np.flatnonzero(above))
+    return np.interp(x, x[idx], y[idx])
+
+
+def gen_levels(g: np.ndarray, most: int = LEVELS) -> np.ndarray:
+    """Each (sorted) gen rounded DOWN to one of at most ``most`` levels (the smallest gen is one)."""
+    distinct = np.unique(g)
+    if len(distinct) <= most:
+        return g
+    picks = np.unique(np.r_[distinct[0], np.quantile(g, np.linspace(0, 1, most)[1:], method="lower")])
+    return picks[np.searchsorted(picks, g, side="right") - 1]
+
+
+def lp_duals(g: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None) -> np.ndarray:
+    """Prices of requests with gens ``g`` (sorted ascending) for every batch at shape s drawn from them:
+    nondecreasing, and sum(prices of B) <= T(|B|, s, max gen of B) for every such batch B (see module)."""
+    h, c = np.unique(gen_levels(g), return_counts=True)
+    N = np.r_[0, np.cumsum(c)].astype(np.float64)
+    caps = np.minimum(batch_capacity(s, h, max_batch, prof.kv_capacity_tokens), N[1:].astype(np.int64))
+    top = int(caps.max(initial=0))
+    if top < 1:
+        return np.zeros(len(g))
+    n = np.arange(1, top + 1)
+    valid = n[None, :] <= caps[:, None]
+    T = batch_time(np.minimum(n[None, :], np.maximum(caps[:, None], 1)), s, h[:, None], prof)
+    T = np.where(valid, T, np.inf)
+    src = np.maximum(N[1:, None] - n[None, :], 0.0)
+    V = np.r_[0.0, np.cumsum(c * batch_time(1, s, h, prof))]  # everyone alone: above every feasible P
+    for _ in range(MAX_ITERS):
+        V = lower_hull(N, V)
+        new = np.min(np.interp(src, N, V) + T, axis=1)
+        if np.all(V[1:] <= new * (1 + 1e-12)):
+            break
+        V[1:] = np.minimum(V[1:], new)
+    V = lower_hull(N, V)
+    sums = V[1:, None] - np.interp(src, N, V)
+    theta = max(1.0, float(np.max(np.where(valid, sums / T, 0.0))))
+    slope = np.diff(V) / c / theta
+    return np.repeat(np.maximum(slope, 0.0), c)
+
+
+def floor_prices(problem: Problem, S: np.ndarray, g: np.ndarray, s: int, pool: int) -> np.ndarray:
+    """Per-request floors at shape s: own per-member cost plus the fixed part shared by the most members a
+    batch at s can hold (KV capacity, batch-size cap, ``pool`` requests); inf where a request cannot fit."""
+    p = problem.params
+    cap_b = problem.max_batch_size
+    if isinstance(p, DeviceProfile):
+        best = np.full(len(g), np.inf)
+        regimes = [False, True] if p.decode_large is not None else [False]
+        cap = np.minimum(batch_capacity(s, g, cap_b, p.kv_capacity_tokens), pool)
+        for large in regimes:
+            lo = p.decode_large_from if large else 1
+            hi = cap if large or p.decode_large_from is None else np.minimum(cap, p.decode_large_from - 1)
+            fixed, per = linear_parts(np.full(len(g), s), g, np.full(len(g), large), p)
+            share = per + fixed / np.maximum(hi, 1)
+            best = np.where(lo <= hi, np.minimum(best, share), best)
+        return best
+    assert isinstance(p, CostParams)
+    at = np.full(len(g), s) if problem.mode == "strict" else S
+    own = prefill_cost(at, p) + decode_cost(at, g, p)
+    return own + p.Kbatch_overhead_cost / max(1, min(pool, cap_b or pool))
+
+
+def anchors(S: np.ndarray) -> np.ndarray:
+    """The window's distinct shapes at which an LP is solved: the first, then each where the pool (the
+    requests with shape at most it) has grown by a tenth (and at least 2 requests) since the last anchor."""
+    distinct, counts = np.unique(S, return_counts=True)
+    pool = np.cumsum(counts)
+    picks, last = [0], pool[0]
+    for i in range(1, len(distinct)):
+        if pool[i] >= max(last + 2, 1.1 * last):
+            picks.append(i)
+            last = pool[i]
+    return distinct[picks]
+
+
+def window_prices(problem: Problem, S: np.ndarray, g: np.ndarray, cands: np.ndarray, use_lp: bool
+                  ) -> np.ndarray:
+    """psi for one window of one bucket: (requests, candidates), inf where a candidate is below the request.
+
+    ``S`` and ``g`` are the window's entry shapes and gens, sorted by gen.  With the LP, one is solved per
+    anchor a (``anchors``) at shape a over every request below the next anchor: a batch at any shape
+    s in [a, next anchor) draws from that pool and costs at least T at a plus each member's growth to s.
+    """
+    psi = np.full((len(g), len(cands)), np.inf)
+    p = problem.params
+    lp = use_lp and isinstance(p, DeviceProfile)
+    bases = anchors(S) if lp else np.unique(S)
+    for k, base in enumerate(bases.tolist()):
+        nxt = int(bases[k + 1]) if k + 1 < len(bases) else None
+        cols = np.flatnonzero((cands >= base) & ((cands < nxt) if nxt is not None else True))
+        if not len(cols):
+            continue
+        if lp:
+            pool = np.flatnonzero(S < nxt) if nxt is not None else np.arange(len(S))
+            fits = batch_capacity(base, g[pool], problem.max_batch_size, p.kv_capacity_tokens) >= 1
+            pool = pool[fits]
+            base_price = lp_duals(g[pool], base, p, problem.max_batch_size)
+            shapes = cands[cols]
+            ok = (S[pool][:, None] <= shapes[None, :]) & (batch_capacity(shapes[None, :], g[pool][:, None],
+                                                                         problem.max_batch_size,
+                                                                         p.kv_capacity_tokens) >= 1)
+            block = base_price[:, None] + growth(g[pool], base, shapes, p)
+            psi[np.ix_(pool, cols)] = np.where(ok, block, np.inf)
+        else:
+            pool = np.flatnonzero(S <= base)
+            for j in cols.tolist():
+                psi[pool, j] = floor_prices(problem, S[pool], g[pool], int(cands[j]), len(pool))
+    return psi
+
+
+def growth(g: np.ndarray, base: int, shapes: np.ndarray, p: DeviceProfile) -> np.ndarray:
+    """(members x shapes): the least a member of gen g adds to its batch's time when the batch's shape grows
+    from base to each of ``shapes`` (the per-member part of T, in the cheaper decode regime; the fixed part
+    does not depend on the shape)."""
+    g = np.asarray(g, dtype=np.int64)[:, None]
+    grid = np.asarray(shapes, dtype=np.int64)[None, :]
+    out = np.full((g.shape[0], grid.shape[1]), np.inf)
+    for large in ([False, True] if p.decode_large is not None else [False]):
+        at = linear_parts(grid, g, large, p)[1] - linear_parts(base, g, large, p)[1]
+        out = np.minimum(out, at)
+    return np.maximum(out, 0.0)
+
+
+def _price_windows(item: tuple[int, range]) -> list[tuple[np.ndarray, np.ndarray, bool]]:
+    """Worker: (rows, phi rows, priced by the LP) of the windows ``item`` names (one bucket's)."""
+    problem, pools, cands, use_lp, deadline = shared()
+    b, windows = item
+    out = []
+    for w in windows:
+        lp = use_lp and time.perf_counter() < deadline
+        psi = window_prices(problem, pools[b].S[w], pools[b].G[w], cands, lp)
+        out.append((pools[b].rows[w], np.minimum.accumulate(psi[:, ::-1], axis=1)[:, ::-1], lp))
+    return out
+
+
+PARALLEL_MIN_REQUESTS = 4000  # below this the LP prices take well under a second: no processes
+
+
+def all_prices(problem: Problem, pools: list[WindowPools], cands: np.ndarray, use_lp: bool, deadline: float
+               ) -> tuple[list[np.ndarray], int]:
+    """phi of every bucket (rows in file order x candidates) and how many windows got LP prices; the windows
+    are priced on several processes when the LP has enough to do."""
+    n_req = sum(len(b) for b in problem.buckets)
+    parallel = use_lp and n_req >= PARALLEL_MIN_REQUESTS
+    parts = 2 * workers_available() if parallel else 1
+    items = [(b, r) for b, pb in enumerate(pools) for r in chunks(len(pb), parts)]
+    results = run_items(_price_windows, items, (problem, pools, cands, use_lp, deadline), parallel)
+    phis = [np.full((len(problem.buckets[pb.bucket]), len(cands)), np.inf) for pb in pools]
+    lp_windows = 0
+    for (b, _), res in zip(items, results, strict=True):
+        for rows, phi, lp in res:
+            phis[b][rows] = phi
+            lp_windows += int(lp)
+    return phis, lp_windows
+
+
+@dataclass(frozen=True)
+class WindowBound:
+    """The certified bound, the shapes achieving its relaxation (a good start), and how it was priced."""
+
+    bound: float
+    bucket_bounds: tuple[float, ...]
+    shapes: tuple[int, ...]
+    lp_windows: int
+    windows: int
+
+
+def candidate_shapes(pools: list[WindowPools], max_seq_len: int | None) -> np.ndarray:
+    """Every shape an optimal plan may use: the distinct entry shapes (a shape between two of them can be
+    lowered to the one below without raising any cost)."""
+    shapes = np.unique(np.concatenate([np.concatenate(p.S) for p in pools]))
+    return shapes[shapes <= max_seq_len] if max_seq_len is not None else shapes
+
+
+def interval_table(problem: Problem, pools_b: WindowPools, phi: np.ndarray, cands: np.ndarray) -> np.ndarray:
+    """acc[lo + 1, hi]: one bucket's sum of phi[r, hi] over its requests with entry shape in (cands[lo],
+    cands[hi]], plus its compile lower bound where that interval holds its longest request."""
+    T = len(cands)
+    bucket = problem.buckets[pools_b.bucket]
+    S = np.zeros(len(bucket), dtype=np.int64)
+    for rows, s in zip(pools_b.rows, pools_b.S, strict=True):
+        S[rows] = s
+    j_of = np.searchsorted(cands, S)
+    top = int(j_of.max())
+    charge = (compile_cost(cands, problem.params) if isinstance(problem.params, CostParams)
+              else np.full(T, problem.params.compile_ms))
+    acc = np.zeros((T + 1, T))
+    for hi in range(T):
+        fits = j_of <= hi
+        per_j = np.bincount(j_of[fits], weights=phi[fits, hi], minlength=T)[:hi + 1]
+        r = np.arange(hi + 1)
+        acc[:hi + 1, hi] = np.cumsum(per_j[::-1])[::-1] + charge[hi] * ((r <= top) & (top <= hi))
+    return acc
+
+
+def shape_dp(acc: np.ndarray, cands: np.ndarray, max_shapes: int, top: int | None = None
+             ) -> tuple[float, tuple[int, ...]]:
+    """min over shape sets Y (|Y| <= K, the largest Y = cands[top] covering every request) of the summed
+    interval costs ``acc``: (value, argmin Y).  Exact: a shortest path with at most K edges."""
+    T = len(cands)
+    top = T - 1 if top is None else top
+    valid = np.arange(T + 1)[:, None] <= np.arange(T)[None, :]
+    cost = np.where(valid, acc, np.inf)
+    f = [cost[0]]
+    back = [np.full(T, -1)]
+    for _ in range(1, max_shapes):
+        cand = f[-1][:, None] + cost[1:, :]
+        back.append(np.argmin(cand, axis=0))
+        f.append(cand[back[-1], np.arange(T)])
+    k = int(np.argmin([fk[top] for fk in f]))
+    picks, hi = [top], top
+    for kk in range(k, 0, -1):
+        hi = int(back[kk][hi])
+        picks.append(hi)
+    return float(f[k][top]), tuple(int(cands[i]) for i in sorted(picks))
+
+
+def window_bound(problem: Problem, pools: list[WindowPools], deadline: float, use_lp: bool = True
+                 ) -> WindowBound:
+    """The certified lower bound of the windowed problem (see module docstring), and per bucket the bound of
+    that bucket alone (each valid for its bucket; their sum is at most the joint bound)."""
+    cands = candidate_shapes(pools, problem.max_seq_len)
+    phis, lp_windows = all_prices(problem, pools, cands, use_lp and problem.mode == "device", deadline)
+    tables, bucket_bounds = [], []
+    for pools_b, phi in zip(pools, phis, strict=True):
+        acc = interval_table(problem, pools_b, phi, cands)
+        tables.append(acc)
+        own_top = int(np.searchsorted(cands, int(pools_b.top.max())))
+        bucket_bounds.append(shape_dp(acc[:own_top + 2, :own_top + 1], cands[:own_top + 1], problem.max_shapes)[0])
+    value, shapes = shape_dp(sum(tables), cands, problem.max_shapes)
+    return WindowBound(value, tuple(bucket_bounds), shapes, lp_windows, sum(len(p) for p in pools))

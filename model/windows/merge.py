@@ -1,0 +1,36 @@
+"""Per-window batchings back into one batching per bucket, batch numbers unique across windows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from model.schema import Batching, Problem
+from model.windows.split import WindowPart
+
+
+def merge(problem: Problem, parts: Sequence[WindowPart], batchings: Sequence[Sequence[Batching]]
+          ) -> tuple[Batching, ...]:
+    """One Batching per bucket of ``problem`` from each window's batchings (window order kept, so a bucket's
+    batches are numbered window by window; no batch ever holds requests of two windows)."""
+    batch_of = [np.full(len(b), -1, dtype=np.int64) for b in problem.buckets]
+    shapes: list[list[np.ndarray]] = [[] for _ in problem.buckets]
+    count = [0] * len(problem.buckets)
+    for part, bts in zip(parts, batchings, strict=True):
+        for i, rows, bt in zip(part.bucket_of, part.rows, bts, strict=True):
+            batch_of[i][rows] = np.asarray(bt.batch_of, dtype=np.int64) + count[i]
+            shapes[i].append(np.asarray(bt.shape_of, dtype=np.int64))
+            count[i] += len(bt.shape_of)
+    for i, bo in enumerate(batch_of):
+        if (bo < 0).any():
+            raise ValueError(f"bucket {problem.buckets[i].name}: {int((bo < 0).sum())} request(s) in no window part")
+    return tuple(Batching(bo, np.concatenate(sh) if sh else np.zeros(0, np.int64))
+                 for bo, sh in zip(batch_of, shapes, strict=True))
+
+
+def batch_windows(problem: Problem, b: int, batching: Batching, wins: np.ndarray) -> np.ndarray:
+    """The window of each batch of bucket b (the window of its members; they share one in a valid plan)."""
+    out = np.zeros(len(batching.shape_of), dtype=np.int64)
+    out[np.asarray(batching.batch_of, dtype=np.int64)] = wins
+    return out

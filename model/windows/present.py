@@ -1,0 +1,162 @@
+"""Devices needed, shown: tables for the terminal and the report, the devices-over-time picture, the CSV.
+
+Library code (the command lines call it): it plans nothing and prints nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from model import pipeline
+from model.cost.device import device_hours
+from model.errors import InfeasibleError
+from model.load.plans import write_together
+from model.report.document import Block, Heading, Image, Paragraph, Table, to_html, to_markdown
+from model.report.plots import new_figure, png_bytes
+from model.report.tables import fmt
+from model.schema import Batching, Problem
+from model.windows.devices import DeviceUse, device_use
+
+LINE_GID = "devices-"  # + planner: one line per planner
+PEAK_GID = "peak-"  # + planner: its peak marked
+
+
+def opens(seconds: float) -> str:
+    """A window's opening time: a UTC clock time for epoch seconds, else seconds."""
+    if 1e8 <= seconds < 1e11:
+        return pd.Timestamp(seconds, unit="s", tz="UTC").strftime("%Y-%m-%d %H:%M:%S")
+    return f"{seconds:g} s"
+
+
+def pct(value: float) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.1%}"
+
+
+def summary_table(uses: Sequence[DeviceUse]) -> Table:
+    """Per planner (pooled over buckets, then each bucket): work, peak and mean devices, utilisation."""
+    rows = []
+    for use in uses:
+        for b in [None, *range(len(use.buckets))] if len(use.buckets) > 1 else [None]:
+            ms = use.total_ms if b is None else use.device_ms[b]
+            w = use.peak_window(b)
+            rows.append((use.planner, "all (pooled)" if b is None else use.buckets[b],
+                         f"{float(device_hours(ms.sum())):.4g}", str(use.peak(b)),
+                         f"{w} ({opens(use.window_start_s(w))})", f"{use.mean(b):.2f}",
+                         pct(use.mean_utilisation(b))))
+    return Table(("planner", "bucket", "work device-hours", "peak devices", "peak window (opens)", "mean devices",
+                  "utilisation"), tuple(rows))
+
+
+def window_table(uses: Sequence[DeviceUse]) -> Table:
+    """Every window with its pooled device-ms, devices needed and utilisation, planners side by side."""
+    head = ["window", "opens"]
+    for use in uses:
+        head += [f"{use.planner} device-ms", f"{use.planner} devices", f"{use.planner} util"]
+    rows = []
+    first = uses[0]
+    for w in range(len(first.total_ms)):
+        cells = [str(w), opens(first.window_start_s(w))]
+        for use in uses:
+            ms, d = use.total_ms[w], int(use.total_devices[w])
+            cells += [fmt(float(ms)), str(d), pct(ms / (d * use.window_ms)) if d else "-"]
+        rows.append(tuple(cells))
+    return Table(tuple(head), tuple(rows))
+
+
+def explain(uses: Sequence[DeviceUse]) -> Paragraph:
+    """How devices needed are counted."""
+    w = uses[0].window_s
+    return Paragraph(f"Each {w:g} s window's batches start when it closes and must finish within the next {w:g} s "
+                     "to keep up, so a window needs ceil(its device-ms / window ms) devices; utilisation is its "
+                     "device-ms over the devices' time. Device-ms are prefill + decode + overhead of its batches "
+                     "(compiles are one-off and left out); buckets share the compiled shapes and are pooled. Peak and "
+                     "mean run over every window from the first arrival to the last, empty ones included.",
+                     lead="Devices needed: ")
+
+
+def devices_figure(uses: Sequence[DeviceUse]) -> Figure:
+    """Devices needed over time, one step line per planner, each planner's peak marked."""
+    fig = new_figure(9, 4.5)
+    ax = fig.add_subplot()
+    for use in uses:
+        d = use.total_devices
+        minutes = np.arange(len(d) + 1) * use.window_s / 60.0  # one step per window, the last one closed
+        (line,) = ax.step(minutes, np.r_[d, d[-1:]], where="post",
+                          label=f"{use.planner} (peak {use.peak()}, mean {use.mean():.2f})", gid=LINE_GID + use.planner)
+        w = use.peak_window()
+        ax.scatter([minutes[w]], [d[w]], marker="v", s=70, color=line.get_color(), zorder=5,
+                   gid=PEAK_GID + use.planner)
+        ax.annotate(f"peak {int(d[w])}", (minutes[w], d[w]), textcoords="offset points", xytext=(4, 6),
+                    fontsize=8, color=line.get_color())
+    first = uses[0]
+    ax.set_xlabel(f"minutes since the first arrival ({opens(first.origin_s)}); windows of {first.window_s:g} s")
+    ax.set_ylabel("devices needed")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Devices needed per window")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def devices_csv(uses: Sequence[DeviceUse]) -> bytes:
+    """The tidy per-window table: one row per planner, window and bucket ("*" = pooled)."""
+    buf = io.StringIO()
+    out = csv.writer(buf, lineterminator="\n")
+    out.writerow(["planner", "window", "opens_s", "bucket", "device_ms", "devices", "utilisation"])
+    for use in uses:
+        for w in range(use.device_ms.shape[1]):
+            for b, name in [*enumerate(use.buckets), (None, "*")]:
+                ms = float(use.total_ms[w] if b is None else use.device_ms[b, w])
+                d = int(use.total_devices[w] if b is None else use.devices[b, w])
+                util = ms / (d * use.window_ms) if d else None
+                out.writerow([use.planner, w, repr(use.window_start_s(w)), name, repr(ms), d,
+                              "" if util is None else repr(util)])
+    return buf.getvalue().encode("utf-8")
+
+
+def device_blocks(uses: Sequence[DeviceUse]) -> list[Block]:
+    """The terminal's devices section: the summary and how it is counted."""
+    return [Heading(f"Devices needed (windows of {uses[0].window_s:g} s)"), summary_table(uses), explain(uses)]
+
+
+def write_devices_report(folder: Path, uses: Sequence[DeviceUse], title: str, lead: Sequence[Block] = ()
+                         ) -> tuple[Path, ...]:
+    """report.md, report.html, devices.png and devices.csv in ``folder``, written together (all or none)."""
+    png = folder / "devices.png"
+    image = Image(png, "Devices needed per window, one line per planner; the triangle marks each planner's peak.",
+                  png_bytes(devices_figure(uses)))
+    blocks = [Heading(title, 1), *lead, *device_blocks(uses), image, Heading("Every window"), window_table(uses)]
+    md, page, table = folder / "report.md", folder / "report.html", folder / "devices.csv"
+    write_together({md: [to_markdown(blocks, folder).encode("utf-8")],
+                    page: [to_html(blocks, title).encode("utf-8")],
+                    png: [image.data], table: [devices_csv(uses)]})
+    return md, page, png, table
+
+
+COMPARED = ("dpfill", "pow2")  # the planners whose devices sit beside the chosen planner's
+
+
+def device_comparison(problem: Problem, planner: str, batchings: Sequence[Batching]
+                      ) -> tuple[list[DeviceUse], list[str]]:
+    """The chosen planner's device use beside dpfill's and pow2's on the same windows (a planner that cannot
+    plan is left out and said)."""
+    uses = [device_use(problem, batchings, planner)]
+    missing = []
+    for name in COMPARED:
+        if name == planner:
+            continue
+        try:
+            run = pipeline.run(problem, name)
+        except InfeasibleError as exc:
+            missing.append(f"{name}: {exc}")
+            continue
+        uses.append(device_use(problem, run.planned.batchings, name))
+    return uses, missing

@@ -1,0 +1,109 @@
+"""What a longer batching window buys: the sweep over window lengths as a table, a picture and a report."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from model.load.plans import write_together
+from model.report.document import Block, Heading, Image, Paragraph, Table, k_table, to_html, to_markdown
+from model.report.plots import new_figure, png_bytes
+from model.report.tables import fmt
+from model.sweeping.engine import SweepRow
+from model.sweeping.grid import base_factor
+from model.sweeping.recommend import recommend
+from model.sweeping.table import planner_totals, write_csv
+
+WINDOW_GID = "window-"  # + planner: one line per planner in the window-length picture
+
+
+def at_k(rows: Sequence[SweepRow], tolerance: float) -> int | None:
+    """The K a window length is summarised at: its recommended K, else the largest K swept."""
+    rec = recommend(rows, tolerance)
+    return rec.point.k if rec.point is not None else max((r.k for r in rows), default=None)
+
+
+def summary_rows(by_window: dict[float, Sequence[SweepRow]], tolerance: float) -> list[tuple]:
+    """(window s, K, planner, cost, worst P95, limits met, peak devices, mean devices) per window and planner, at
+    each window length's K and the base limits."""
+    out = []
+    for window, rows in by_window.items():
+        k = at_k(rows, tolerance)
+        factor = base_factor(r.point for r in rows)
+        here = [r for r in rows if r.k == k and r.factor == factor]
+        for planner in dict.fromkeys(r.planner for r in here):
+            mine = [r for r in here if r.planner == planner]
+            p95 = [r.p95_latency_ms for r in mine if r.p95_latency_ms is not None]
+            out.append((window, k, planner, mine[0].total_cost, max(p95) if p95 else None,
+                        all(r.limits_met for r in mine), mine[0].total_peak_devices, mine[0].total_mean_devices))
+    return out
+
+
+def window_table(by_window: dict[float, Sequence[SweepRow]], tolerance: float) -> Table:
+    """One row per window length and planner."""
+    rows = [(f"{w:g}", str(k), planner, fmt(cost), fmt(p95), "yes" if met else "NO",
+             "-" if peak is None else str(peak), "-" if mean is None else f"{mean:.2f}")
+            for w, k, planner, cost, p95, met, peak, mean in summary_rows(by_window, tolerance)]
+    return Table(("window s", "K", "planner", "cost", "worst P95 ms (incl. wait)", "limits met", "peak devices",
+                  "mean devices"), tuple(rows))
+
+
+def window_figure(by_window: dict[float, Sequence[SweepRow]], tolerance: float) -> Figure:
+    """Cost (left) and mean / peak devices needed (right) against the window length, one line per planner."""
+    data = summary_rows(by_window, tolerance)
+    fig = new_figure(10, 4.2)
+    cost_ax, dev_ax = fig.subplots(1, 2)
+    for planner in dict.fromkeys(r[2] for r in data):
+        mine = [r for r in data if r[2] == planner]
+        xs = [r[0] for r in mine]
+        (line,) = cost_ax.plot(xs, [np.nan if r[3] is None else r[3] for r in mine], marker="o", label=planner,
+                               gid=WINDOW_GID + planner)
+        if all(r[7] is not None for r in mine):
+            dev_ax.plot(xs, [r[7] for r in mine], marker="o", color=line.get_color(), label=f"{planner} mean")
+            dev_ax.plot(xs, [r[6] for r in mine], marker="^", linestyle="--", color=line.get_color(),
+                        label=f"{planner} peak")
+    for ax in (cost_ax, dev_ax):
+        ax.set_xscale("log")
+        ax.set_xlabel("window length (s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    cost_ax.set_ylabel("total cost")
+    cost_ax.set_title("Cost against the batching window")
+    dev_ax.set_ylabel("devices needed")
+    dev_ax.set_title("Devices needed (mean, peak)")
+    return fig
+
+
+def window_blocks(by_window: dict[float, Sequence[SweepRow]], tolerance: float) -> list[Block]:
+    """The terminal's and the report's window-length section."""
+    return [Heading("What a longer batching window buys"),
+            Paragraph("each window length at its recommended K (the smallest within the tolerance of its cheapest); "
+                      "P95 includes each member's wait to its window's end; devices needed per window pooled over "
+                      "buckets (device mode).", lead="Window lengths: "),
+            window_table(by_window, tolerance)]
+
+
+def per_window_k_tables(by_window: dict[float, Sequence[SweepRow]]) -> list[Block]:
+    """Each window length's K table."""
+    out: list[Block] = []
+    for w, rows in by_window.items():
+        totals = planner_totals(rows)
+        out += [Heading(f"Windows of {w:g} s", 3), k_table(totals, base_factor(t.point for t in totals))]
+    return out
+
+
+def write_window_report(folder: Path, by_window: dict[float, Sequence[SweepRow]], tolerance: float, title: str,
+                        csv_path: Path) -> tuple[Path, ...]:
+    """report.md, report.html and windows.png (and the CSV, written first) for a sweep over window lengths."""
+    write_csv([r for rows in by_window.values() for r in rows], csv_path)
+    png = folder / "windows.png"
+    image = Image(png, "Cost and devices needed against the window length, one line per planner.",
+                  png_bytes(window_figure(by_window, tolerance)))
+    blocks = [Heading(title, 1), *window_blocks(by_window, tolerance), image, *per_window_k_tables(by_window)]
+    md, page = folder / "report.md", folder / "report.html"
+    write_together({md: [to_markdown(blocks, folder).encode("utf-8")], page: [to_html(blocks, title).encode("utf-8")],
+                    png: [image.data]})
+    return md, page, png
