@@ -9,11 +9,12 @@ caller can write them atomically with the profile.
 from __future__ import annotations
 
 import io
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from model.calibration.fit import Calibration, PhaseFit
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DPI = 100
 DIAGONAL_GID = "measured-equals-predicted"
@@ -22,6 +23,9 @@ POINTS_GID = "rows"  # one scatter per fitted line, gid "rows:<phase>"
 
 def phase_figure(fits: list[PhaseFit], title: str) -> Figure:
     """Log-log predicted vs measured (left) and relative error vs batch size (right), one colour per line."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # on the first picture only (slow to import)
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(10, 4.5), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     left, right = fig.subplots(1, 2)

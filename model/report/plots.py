@@ -10,11 +10,9 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import LogNorm
-from matplotlib.figure import Figure
 
 from model.expand.assemble import batch_extents
 from model.histogram.cells import Histogram
@@ -22,6 +20,9 @@ from model.schema import Batching, Problem
 from model.sweeping.engine import MIP, SweepRow
 from model.sweeping.grid import SweepPoint, base_factor
 from model.sweeping.table import PlannerTotal
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DPI = 100
 BAND_GID = "mip-bound-band"
@@ -34,8 +35,21 @@ COMPONENTS = (("overhead_cost", "overhead"), ("compile_cost", "compile"), ("pref
 BAR_CLIP = 3.0  # bars and lines above this many times the MIP's (or cheapest) cost are cut off
 
 
+def log_norm(vmin: float, vmax: float):
+    """matplotlib's LogNorm (imported when a picture is drawn, like the Figure)."""
+    from matplotlib.colors import LogNorm
+
+    return LogNorm(vmin=vmin, vmax=vmax)
+
+
 def new_figure(width: float, height: float) -> Figure:
-    """A Figure on its own Agg canvas: nothing global is touched, so plots are safe in tests and threads."""
+    """A Figure on its own Agg canvas: nothing global is touched, so plots are safe in tests and threads.
+
+    matplotlib is imported here, on the first picture: it is half of a command line's start-up time and
+    most runs draw nothing."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
@@ -148,7 +162,7 @@ def heatmap_figure(problem: Problem, hists: Sequence[Histogram], batchings: Sequ
         yedges = gen_edges(int(hist.G.min()), int(hist.G.max()))
         counts, _, _ = np.histogram2d(hist.S, hist.G, bins=(xedges, yedges), weights=hist.count)
         mesh = ax.pcolormesh(xedges, yedges, np.ma.masked_equal(counts.T, 0), cmap="viridis",
-                             norm=LogNorm(vmin=1, vmax=max(1.0, counts.max())))
+                             norm=log_norm(vmin=1, vmax=max(1.0, counts.max())))
         fig.colorbar(mesh, ax=ax, label="requests (log scale)")
         if batchings is not None:
             draw_plan(ax, problem, b, batchings[b])

@@ -10,10 +10,10 @@ import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from model import pipeline
 from model.cost.device import device_hours
@@ -24,6 +24,9 @@ from model.report.plots import new_figure, png_bytes
 from model.report.tables import fmt
 from model.schema import Batching, Problem
 from model.windows.devices import DeviceUse, device_use
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 LINE_GID = "devices-"  # + planner: one line per planner
 PEAK_GID = "peak-"  # + planner: its peak marked

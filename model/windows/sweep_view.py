@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from model.load.plans import write_together
 from model.report.document import Block, Heading, Image, Paragraph, Table, k_table, to_html, to_markdown
@@ -16,6 +16,9 @@ from model.sweeping.engine import SweepRow
 from model.sweeping.grid import base_factor
 from model.sweeping.recommend import recommend
 from model.sweeping.table import planner_totals, write_csv
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 WINDOW_GID = "window-"  # + planner: one line per planner in the window-length picture
 
