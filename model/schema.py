@@ -178,6 +178,11 @@ class Scenario:
         return Problem(**kw)
 
 
+# "optimal" only at gap 0: this tolerance absorbs float rounding between a plan's exact cost and its bound,
+# never a solver's relative MIP gap
+OPTIMAL_GAP = 1e-9
+
+
 class Status(enum.StrEnum):
     """How a solve ended; ``value`` is the text tables and the sweep CSV show."""
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import csv
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO
+from helpers import REPO, cli
 
 from model import audit, evaluate, solve, sweep
 from model.cli_common import run_main
@@ -29,8 +28,7 @@ N = 40
 
 
 def run(module: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return cli(module, *argv, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +146,7 @@ def test_solve_with_imported_shapes_warns_and_plans_inside_them(folder, tmp_path
     assert outside.returncode == 1 and "allowed-shapes" in outside.stdout
 
 
+@pytest.mark.slow
 def test_sweep_with_shapes_and_holdout(folder, tmp_path):
     done = run("model.sweep", str(folder / "trace.csv"), "--columns", "azure", "--shapes", "128,256,512,1024,2048",
                "--k", "1-2", "--solvers", "mip,pow2", "--time-limit", "5", "--holdout", "0.25", "--report", "rep",

@@ -99,7 +99,7 @@ def planned_cost(prob: Problem) -> float:
     return sum(r.metrics.cost for r in results)
 
 
-@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("seed", [*range(10), *(pytest.param(s, marks=pytest.mark.slow) for s in range(10, 60))])
 def test_limits_above_an_enumerated_plan_reach_the_brute_force_optimum(seed):
     prob, witness = instance(seed, (3, 6))
     best = brute_force(prob)

@@ -94,8 +94,8 @@ def assert_clean_exit(proc: subprocess.Popen, sig: int, out: Path, tmp: Path) ->
 
 @pytest.mark.parametrize("backend, sig, line", [
     ("highs", signal.SIGINT, "HiGHS MIP in its own process"),  # the polish MIP, in a child process
-    ("highs", signal.SIGTERM, "MIP (highs) over"),
-    ("cpsat", signal.SIGTERM, "MIP (cpsat) over"),
+    pytest.param("highs", signal.SIGTERM, "MIP (highs) over", marks=pytest.mark.slow),
+    pytest.param("cpsat", signal.SIGTERM, "MIP (cpsat) over", marks=pytest.mark.slow),
 ])
 def test_a_signal_mid_mip_exits_cleanly(scenario, tmp_path, backend, sig, line):
     proc, out, tmp = start(tmp_path, scenario, "--backend", backend)
@@ -105,7 +105,7 @@ def test_a_signal_mid_mip_exits_cleanly(scenario, tmp_path, backend, sig, line):
     assert_clean_exit(proc, sig, out, tmp)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_a_signal_while_cbc_runs_leaves_no_cbc_and_no_files(scenario, tmp_path, sig):
     """PuLP: the signal lands while a CBC process (column generation's LP or the MIP) is running."""
     proc, out, tmp = start(tmp_path, scenario, "--backend", "pulp")

@@ -44,7 +44,7 @@ from model.planning.reshape import redeclared
 from model.planning.runs import device_start
 from model.planning.stages import SearchOutcome, greedy_plan, search, shape_setup
 from model.runtime import Deadline
-from model.schema import Batching, Evaluation, Plan, Planned, Problem, SolveReport, Status
+from model.schema import OPTIMAL_GAP, Batching, Evaluation, Plan, Planned, Problem, SolveReport, Status
 from solvers.backends import get_backend
 from solvers.backends.result import Feature
 from solvers.packers import PACKERS
@@ -238,14 +238,16 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     if pass_note:
         notes.append(pass_note)
     gap = (chosen.cost - first.bound) / chosen.cost if chosen.cost > 0 else 0.0
-    if gap <= 1e-4:
+    if gap <= OPTIMAL_GAP:
         status = Status.OPTIMAL
     elif outcome.status in (Status.TIME_LIMIT_FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION) or clock.expired():
         status = Status.TIME_LIMIT_FEASIBLE
     else:
         status = Status.FEASIBLE
-    report = SolveReport(status, chosen.cost, first.bound, gap, time.perf_counter() - t0, outcome.backend,
-                         outcome.version, first.bucket_bounds, tuple(notes))
+    # the backend asked for, whichever candidate won (the notes say when it is not the MIP's plan): the last
+    # search's own record may name the LP backend column generation used instead
+    report = SolveReport(status, chosen.cost, first.bound, gap, time.perf_counter() - t0, solver.name,
+                         solver.version(), first.bucket_bounds, tuple(notes))
     return Planned(chosen.batchings, report, chosen.plans, chosen.evaluation)
 
 

@@ -37,7 +37,7 @@ from model.cost.analytic import CostParams
 from model.cost.device import DeviceProfile
 from model.errors import InfeasibleError, NoPlanFound
 from model.planning.mip import Judged, judge, plan_mip
-from model.schema import Batching, Planned, Problem, SolveReport, Status
+from model.schema import OPTIMAL_GAP, Batching, Planned, Problem, SolveReport, Status
 from model.windows.bound import WindowBound, candidate_shapes, window_bound
 from model.windows.merge import merge
 from model.windows.parallel import run_items, shared
@@ -222,7 +222,7 @@ def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 
     notes.append(bound_note(bound))
     cost = chosen.cost
     gap = (cost - bound.bound) / cost if cost > 0 else 0.0
-    if gap <= 0.0:
+    if gap <= OPTIMAL_GAP:
         status = Status.OPTIMAL
     report = SolveReport(status, cost, bound.bound, gap, time.perf_counter() - t0, backend_name,
                          version if backend_name != "windows-runs-dp" else "1", bound.bucket_bounds, tuple(notes))
