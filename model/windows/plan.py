@@ -22,7 +22,7 @@ while batches never span two windows.  So:
    meets every limit is returned; if neither does, no plan was found (NoPlanFound: not a proof).
 
 The time limit bounds the whole run: the bound gets 35% of it, the shape search up to
-85%, the rest expands, judges and compares.
+75%, the rest expands, judges and compares.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from solvers.packers.dpfill import pad_shapes
 log = logging.getLogger("shapeplan")
 
 BOUND_SHARE = 0.35
-SEARCH_SHARE = 0.85
+SEARCH_SHARE = 0.75
 
 
 def search_shapes(problem: Problem, costs: list[IntervalCosts], cands: np.ndarray, starts: list[np.ndarray],
@@ -59,22 +59,28 @@ def search_shapes(problem: Problem, costs: list[IntervalCosts], cands: np.ndarra
     drops and additions taken while they lower the exact total, until none does or the deadline."""
     top = int(cands[-1])
     seen: dict[tuple[int, ...], float] = {}
+    slowest = [0.0]  # the longest scoring so far: a new one starts only if one as long still fits
 
     def score(shapes) -> float:
         key = tuple(sorted(set(int(s) for s in shapes) | {top}))
         if len(key) > problem.max_shapes:
             return np.inf
         if key not in seen:
+            t = time.perf_counter()
             seen[key] = shape_set_cost(problem, costs, np.asarray(key, dtype=np.int64))
+            slowest[0] = max(slowest[0], time.perf_counter() - t)
         return seen[key]
+
+    def time_left() -> bool:
+        return time.perf_counter() + slowest[0] < deadline
 
     best = min((np.asarray(sorted(set(int(x) for x in s) | {top}), dtype=np.int64) for s in starts), key=score)
     current = score(best)
     improved = True
-    while improved and time.perf_counter() < deadline:
+    while improved and time_left():
         improved = False
         for trial in moves(best, cands, problem.max_shapes):
-            if time.perf_counter() > deadline:
+            if not time_left():
                 break
             value = score(trial)
             if value < current * (1 - 1e-9):
