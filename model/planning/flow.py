@@ -29,6 +29,7 @@ from model.planning.stages import SearchOutcome, bucket_models
 from model.runtime import Deadline, interrupted
 from model.schema import Batching, Problem, Status
 from model.shapeset import round_up_to, usable
+from model.windows.bound import whole_trace_bound
 from solvers.backends import Backend, get_backend
 from solvers.backends.result import Feature, SolveOptions
 from solvers.packers.grouping import balanced_batching
@@ -268,6 +269,10 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
     bms = bucket_models(problem, fine, reserves)
     plan_levels = flow_levels(problem, fine, options, "ceil", warm)
     exact = exact_levels(plan_levels, fine, problem)
+    # the LP-price bound before the flow MIP, which spends the rest of the deadline
+    lp_price = -np.inf
+    if want_bound and problem.mode == "device" and problem.windowing is None:
+        lp_price = whole_trace_bound(problem, deadline.share(options.lp_price_share).at)
     until = deadline
     model, blocks, result = solve_levels(problem, fine, bms, plan_levels, solver, until, warm,
                                          spikes=True, options=options)
@@ -275,9 +280,10 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
              f"{', '.join(str(len(lv.gs)) for lv in plan_levels)} gen levels"]
     bound = -np.inf
     if want_bound:
-        bound = shape_relaxation(problem, fine).bound
-        notes.append("the bound is the larger of the shape relaxation (every request at its own gen in a full "
-                     "batch under the best K shapes) and the flow model's own bound where that one is certified")
+        bound = max(shape_relaxation(problem, fine).bound, lp_price)
+        notes.append("the bound is the largest of the shape relaxation (every request at its own gen in a full "
+                     "batch under the best K shapes), the LP-price bound (set-partitioning duals per shape, the "
+                     "best K shapes by DP) and the flow model's own bound where that one is certified")
         if exact and result.bound is not None and not any(reserves or ()) and problem.mode == "device":
             bound = max(bound, result.bound)
     whole = exact and not any(reserves or ()) and problem.mode == "device"

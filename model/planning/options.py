@@ -57,6 +57,9 @@ class PlannerOptions:
         are request-weighted quantiles and the bound comes from the relaxed model.
       start_share: share of the time limit device mode's start (shape local search with
         exact batching) may use.
+      lp_price_share: share of the time left that device mode's LP-price bound
+        (``model.windows.bound.whole_trace_bound``) may use; cut short, it prices the
+        remaining shapes by per-request floors and stays valid.
     """
 
     max_gen_values: int = 2048
@@ -82,3 +85,4 @@ class PlannerOptions:
     flow_shape_levels: int = 48
     flow_gen_levels: int = 160
     start_share: float = 0.2
+    lp_price_share: float = 0.1
