@@ -261,8 +261,12 @@ def _flow_columns(model) -> np.ndarray:
 
 def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, ...] | None, solver: Backend,
                 deadline: Deadline, reserves: tuple[int, ...] | None = None,
-                options: PlannerOptions = PlannerOptions(), want_bound: bool = True) -> SearchOutcome:
+                options: PlannerOptions = PlannerOptions(), want_bound: bool = True,
+                relaxation: ShapeChoice | None = None) -> SearchOutcome:
     """Plan by the flow model and certify a bound (see module docstring); never raises for infeasibility.
+
+    ``relaxation`` is the problem's shape relaxation when the caller has it (on a long-context trace it
+    takes seconds; the limits it depends on do not change between repair attempts).
 
     With exact levels and no held-back P95 members the model is the whole problem in
     device mode, so its INFEASIBLE is a proof (``SearchOutcome.exact``)."""
@@ -271,7 +275,9 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
     exact = exact_levels(plan_levels, fine, problem)
     # the LP-price bound before the flow MIP, which spends the rest of the deadline
     lp_price = -np.inf
-    if want_bound and problem.mode == "device" and problem.windowing is None:
+    n_requests = sum(len(b) for b in problem.buckets)
+    if want_bound and problem.mode == "device" and problem.windowing is None \
+            and n_requests * len(all_shapes(problem, fine)) <= options.lp_price_max_cells:
         lp_price = whole_trace_bound(problem, deadline.share(options.lp_price_share).at)
     until = deadline
     model, blocks, result = solve_levels(problem, fine, bms, plan_levels, solver, until, warm,
@@ -280,7 +286,7 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
              f"{', '.join(str(len(lv.gs)) for lv in plan_levels)} gen levels"]
     bound = -np.inf
     if want_bound:
-        bound = max(shape_relaxation(problem, fine).bound, lp_price)
+        bound = max((relaxation or shape_relaxation(problem, fine)).bound, lp_price)
         notes.append("the bound is the largest of the shape relaxation (every request at its own gen in a full "
                      "batch under the best K shapes), the LP-price bound (set-partitioning duals per shape, the "
                      "best K shapes by DP) and the flow model's own bound where that one is certified")

@@ -187,7 +187,8 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     flow = problem.mode == "device"
     greedy = greedy_plan(problem, options, clock.share(options.greedy_share))
     if flow:
-        starts = [np.asarray(shape_relaxation(problem, fine).shapes)]
+        relaxation = shape_relaxation(problem, fine)  # the first start, and part of the flow search's bound
+        starts = [np.asarray(relaxation.shapes)]
         if greedy is not None:
             starts.append(np.unique(np.concatenate([bt.shape_of for bt in greedy])))
         greedy = device_start(problem, starts, all_shapes(problem, fine), shape_levels(problem, fine, options),
@@ -206,7 +207,7 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     for attempt in range(options.max_repairs + 1):
         if flow:
             outcome = flow_search(attempt_problem, fine, greedy, solver, work, reserves, options,
-                                  want_bound=first is None)
+                                  want_bound=first is None, relaxation=relaxation)
         else:
             outcome = search(attempt_problem, fine, setup, greedy, solver, work, reserves, options)
         first = first or outcome  # its bound is for the original limits: the only one certified
