@@ -291,3 +291,35 @@ def test_judge_finds_broken_plans(tmp_path, scheduler, chat):
     bad.to_parquet(part, index=False)
     one_line_error(cli("model.evaluate", "--engine", "dask", "--scheduler", scheduler, str(d), str(plan), cwd=tmp_path),
                    "part-00002.parquet:4", "seq_align", "100")
+
+
+@pytest.mark.slow
+def test_real_sigint_mid_run_leaves_the_old_dataset(tmp_path, chat):
+    """A real Ctrl-C to ``python -m model.solve --engine dask`` on its own local cluster, mid-solve."""
+    import os
+    import selectors
+    import signal
+    import subprocess
+
+    ids, prompt, gen = bucket_arrays(np.random.default_rng(11), CHAT, 4000)
+    d = write_parts(pd.DataFrame({"request_id": ids, "prompt_len": prompt, "gen_len": gen}), tmp_path / "reqs",
+                    [1000, 2500], "parquet")
+    out = tmp_path / "out" / "plan_reqs"
+    out.mkdir(parents=True)
+    (out / "manifest.json").write_text('{"old": true}\n')
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "model.solve", "--engine", "dask", str(d), "--out",
+                             str(tmp_path / "out"), "--cost-model", "strict", "--time-limit", "40", "--quiet"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    end = time.monotonic() + 60
+    while time.monotonic() < end and not (sel.select(0.1) and "input:" in proc.stdout.readline()):
+        pass
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=20)
+    err = proc.stderr.read()
+    assert code == 130 and "interrupted by SIGINT; nothing written" in err, err[-2000:]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["plan_reqs"]
+    assert [p.name for p in out.iterdir()] == ["manifest.json"]
