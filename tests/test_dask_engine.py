@@ -265,6 +265,9 @@ def test_interrupt_leaves_no_half_written_dataset(tmp_path, scheduler, chat, mon
     assert res.returncode == 130 and "nothing written" in res.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["plan_reqs"]  # no temporary folder left
     assert {p.name: p.read_bytes() for p in (tmp_path / "out" / "plan_reqs").iterdir()} == before
+    res = cli("model.solve", "--engine", "dask", "--scheduler", scheduler, "--quiet", "--solver", "greedy", str(d),
+              "--out", str(tmp_path / "fresh" / "out"), cwd=tmp_path)
+    assert res.returncode == 130 and not (tmp_path / "fresh").exists()  # the folders it made are gone again
 
 
 def test_broken_limit_writes_nothing(tmp_path, scheduler, chat):

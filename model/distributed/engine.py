@@ -109,6 +109,7 @@ def write(client, out_dir: Path, loaded: Loaded, run: pipeline.Run) -> tuple[Pat
 
     staged: list[Staged] = []
     futures: list = []
+    made = [f for f in (Path(out_dir), *Path(out_dir).parents) if not f.exists()]  # removed again if it fails
     try:
         for b, (source, ddf, hist, plan) in enumerate(zip(loaded.sources, loaded.frames, loaded.hists, run.plans,
                                                           strict=True)):
@@ -144,6 +145,9 @@ def write(client, out_dir: Path, loaded: Loaded, run: pipeline.Run) -> tuple[Pat
         with _quiet():
             client.cancel(futures)
         discard(staged)
+        for folder in made:  # deepest first; only empty ones go
+            with _quiet():
+                folder.rmdir()
         raise
     return tuple(s.target for s in staged)
 
