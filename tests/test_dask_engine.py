@@ -8,6 +8,7 @@ records, the same spike-taking members, and metrics equal to 1e-9 relative.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -241,7 +242,21 @@ def test_unreachable_scheduler_is_quick_and_one_line(tmp_path, chat):
     d = write_parts(chat.iloc[:40], tmp_path / "r", [20], "parquet")
     t0 = time.monotonic()
     one_line_error(dask_solve(tmp_path, "tcp://127.0.0.1:9", str(d)), "--scheduler", "cannot reach", "127.0.0.1:9")
-    assert time.monotonic() - t0 < 10
+    one_line_error(dask_solve(tmp_path, "garbage:::x", str(d)), "--scheduler", "invalid address")
+    import socket
+    import threading
+
+    with socket.create_server(("127.0.0.1", 0)) as server:  # something listens there, but not a Dask scheduler
+        def answer_junk():
+            with contextlib.suppress(OSError):
+                conn, _ = server.accept()
+                conn.sendall(b"HTTP/1.0 400 nonsense\r\n\r\n" * 4)
+                conn.close()
+
+        threading.Thread(target=answer_junk, daemon=True).start()
+        port = server.getsockname()[1]
+        one_line_error(dask_solve(tmp_path, f"tcp://127.0.0.1:{port}", str(d)), "--scheduler", "cannot reach")
+    assert time.monotonic() - t0 < 15
 
 
 def test_missing_dask_says_how_to_install(tmp_path, monkeypatch, chat):

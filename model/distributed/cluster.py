@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -25,7 +26,9 @@ def connect(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> Iterat
     logging.getLogger("distributed").setLevel(logging.CRITICAL)  # errors come back as our own
     if address:
         try:
-            client = Client(address, timeout=timeout_s, set_as_default=False)
+            probe(address, timeout_s)
+            client = _client_class()(address, timeout=timeout_s, set_as_default=False)
+            client.opened = True
         except Exception as exc:  # OSError, TimeoutError, ValueError for a malformed address: all one line
             raise InputError("--scheduler", None, None,
                              f"cannot reach the Dask scheduler at {address!r} within {timeout_s:g} s: "
@@ -41,3 +44,45 @@ def connect(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> Iterat
                       silence_logs=logging.CRITICAL) as cluster, \
             Client(cluster, set_as_default=False) as client:
         yield client
+
+
+def probe(address: str, timeout_s: float) -> None:
+    """Ask whatever listens at a TCP address who it is, all within ``timeout_s``: a malformed address, nothing
+    listening, or something that is no Dask scheduler fails here, before a Client is built.  (A Client pointed
+    at a server that answers junk can wait far past its own timeout; one that fails to connect is left to the
+    garbage collector, whose clean-up prints a traceback.)"""
+    from distributed.comm.addressing import parse_address
+
+    scheme, _ = parse_address(address)
+    if scheme != "tcp":  # inproc (this process), tls (needs the cluster's security settings), ...: the Client's own
+        return
+    reply = asyncio.run(asyncio.wait_for(_identity(address, timeout_s), timeout_s))
+    if not isinstance(reply, dict) or reply.get("type") != "Scheduler":
+        raise ConnectionError("what answers there is not a Dask scheduler")
+
+
+async def _identity(address: str, timeout_s: float):
+    from distributed.comm import connect as comm_connect
+
+    comm = await comm_connect(address, timeout=timeout_s)
+    try:
+        await comm.write({"op": "identity", "reply": True})
+        return await comm.read()
+    finally:
+        comm.abort()
+
+
+def _client_class():
+    """``distributed.Client`` whose clean-up at garbage collection runs only if it ever connected: one that failed to
+    connect (what answered was no scheduler) would print a traceback and wait seconds for a close that cannot
+    happen, after the one-line error."""
+    from distributed import Client
+
+    class _Client(Client):
+        opened = False
+
+        def __del__(self):
+            if self.opened:
+                super().__del__()
+
+    return _Client
