@@ -15,13 +15,15 @@ CONNECT_TIMEOUT_S = 3.0  # an unreachable scheduler is bad input within this lon
 
 
 @contextlib.contextmanager
-def connect(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> Iterator:
+def connect(address: str | None, timeout_s: float | None = None) -> Iterator:
     """A ``distributed.Client`` for the run, closed afterwards (with its local cluster, if one was started).
 
     Without an address a ``LocalCluster`` of worker processes (one thread each, at most 4) is started.
     """
     require_dask()
     from distributed import Client, LocalCluster
+
+    timeout_s = CONNECT_TIMEOUT_S if timeout_s is None else timeout_s
 
     logging.getLogger("distributed").setLevel(logging.CRITICAL)  # errors come back as our own
     if address:
