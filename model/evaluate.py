@@ -3,6 +3,7 @@
     python -m model.evaluate REQUESTS PLAN [REQUESTS PLAN ...] [--limit-shapes K] [limit flags]
     python -m model.evaluate --scenario S.toml --plans DIR     # DIR/plan_<bucket>.jsonl
     python -m model.evaluate trace.csv plan.jsonl --columns azure --window 60   # batches must not mix windows
+    python -m model.evaluate --engine dask reqs/ DIR/plan_reqs     # partitions and a plan dataset, on Dask
 
 Exit status: 0 every plan valid and within every limit; 1 a rule or limit fails;
 2 bad input (named by file, line and field).

@@ -4,6 +4,7 @@
     python -m model.solve --scenario S.toml --out DIR       # writes DIR/plan_<bucket>.jsonl
     python -m model.solve a.jsonl b.csv --columns azure --cost-model strict --out DIR
     python -m model.solve trace.csv --columns azure --device-profile P.toml --window 60 --report DIR
+    python -m model.solve --engine dask reqs/ --out DIR     # a folder or glob of partitions, on a Dask cluster
 
 With --window SECONDS requests are batched only with requests of the same arrival
 window; in device mode the devices each window needs are printed for the chosen

@@ -288,6 +288,11 @@ def test_interrupt_leaves_no_half_written_dataset(tmp_path, scheduler, chat, mon
     res = cli("model.solve", "--engine", "dask", "--scheduler", scheduler, "--quiet", "--solver", "greedy", str(d),
               "--out", str(tmp_path / "fresh" / "out"), cwd=tmp_path)
     assert res.returncode == 130 and not (tmp_path / "fresh").exists()  # the folders it made are gone again
+    monkeypatch.undo()
+    assert dask_solve(tmp_path, scheduler, str(d), "--limit-shapes", "3", "--cost-model", "strict").returncode == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["plan_reqs"]  # replaced, nothing set aside left
+    assert json.loads((tmp_path / "out" / "plan_reqs" / "manifest.json").read_text())["metrics"]["cost"] != \
+        json.loads(before["manifest.json"])["metrics"]["cost"]
 
 
 def test_broken_limit_writes_nothing(tmp_path, scheduler, chat):
