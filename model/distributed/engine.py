@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from model import pipeline
 from model.cost.analytic import CostParams
@@ -24,7 +25,6 @@ from model.distributed.assign import quotas
 from model.distributed.read import PartHistogram, Source, check_unique_ids, histogram, lengths, line_of, request_frame
 from model.distributed.write import (
     FORMAT,
-    MANIFEST,
     Staged,
     commit,
     discard,
@@ -136,8 +136,6 @@ def write(client, out_dir: Path, loaded: Loaded, run: pipeline.Run) -> tuple[Pat
                     np.concatenate([f["batch_id"].to_numpy(dtype=object) for f in leads]),
                     np.concatenate([f["seq_align"].to_numpy(dtype=np.int64) for f in leads]))
             order = np.argsort(lead[1].astype(str), kind="stable")
-            import pyarrow.parquet as pq
-
             pq.write_table(records_table(lead[0][order], lead[1][order], lead[2][order]), s.tmp / part_name(0))
             write_manifest(s, manifest(source, plan, codes, ids, shape, run, b))
         commit(staged)
@@ -182,5 +180,3 @@ class _quiet:
     def __exit__(self, *exc) -> bool:
         return True
 
-
-__all__ = ["MANIFEST", "Loaded", "Settings", "load", "solve", "write"]
