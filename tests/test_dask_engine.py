@@ -40,7 +40,8 @@ from model.load.synth import CHAT, bucket_arrays  # noqa: E402
 from model.schema import Limits, Plan  # noqa: E402
 
 PROFILE = REPO / "data" / "profiles" / "opt13b-a100-tp1.toml"
-METRICS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms", "prefill_cost", "decode_cost", "compile_cost")
+METRICS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms", "prefill_cost", "decode_cost", "overhead_cost",
+           "compile_cost")
 
 
 @pytest.fixture(scope="module")
