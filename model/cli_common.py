@@ -92,6 +92,54 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
     return load_problem(spec, default_scenario)
 
 
+ENGINES = ("memory", "dask")
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """``--engine memory|dask`` and the Dask cluster to use."""
+    parser.add_argument("--engine", choices=ENGINES, default="memory",
+                        help="memory (default: files loaded into this process) or dask (each input a folder or glob "
+                             "of Parquet/CSV/JSONL partitions, planned and judged on a Dask cluster; "
+                             "pip install -e '.[dask]')")
+    parser.add_argument("--scheduler", metavar="ADDRESS",
+                        help="with --engine dask: join this Dask scheduler (default: a local cluster for the run)")
+
+
+def check_engine_flags(args: argparse.Namespace, unsupported: tuple[str, ...]) -> None:
+    """``--engine dask`` with a flag it does not support (named, all of them) or ``--scheduler`` without it: exit 2."""
+    if args.engine != "dask":
+        if args.scheduler is not None:
+            raise InputError("--scheduler", None, None, "needs --engine dask")
+        return
+    given = [flag for flag in unsupported if getattr(args, flag.lstrip("-").replace("-", "_"), None) not in
+             (None, False, [])]
+    if given:
+        raise InputError("--engine", None, None, f"dask does not support {', '.join(given)}")
+
+
+def dask_settings(args: argparse.Namespace):
+    """The engine settings the flags describe, checked as ``build_problem`` checks them for request files."""
+    from model.distributed.engine import Settings
+    from model.pipeline import coefficients_of
+
+    check_count("--limit-shapes", args.limit_shapes, MAX_SHAPES)
+    if args.max_seq_len is not None and (args.max_seq_len < GRANULARITY or args.max_seq_len % GRANULARITY):
+        raise InputError("--max-seq-len", None, None,
+                         f"must be a positive multiple of {GRANULARITY}, got {args.max_seq_len}")
+    check_count("--max-seq-len", args.max_seq_len, MAX_SEQ_LEN)
+    check_count("--max-batch-size", getattr(args, "max_batch_size", None), MAX_BATCH)
+    params = CostParams.from_toml(args.cost_params) if args.cost_params else None
+    device = load_profile(args.device_profile) if getattr(args, "device_profile", None) else None
+    spec = InputSpec(params=params, device=device, mode=args.cost_model)
+    mode, coefficients = coefficients_of(spec)
+    if mode == "device" and coefficients is None:
+        raise InputError("--cost-model", None, None, "--cost-model device needs --device-profile FILE.toml")
+    return Settings(limits=cli_limits(args), max_shapes=args.limit_shapes or 8, params=coefficients or CostParams(),
+                    mode=mode or "reference", max_batch_size=getattr(args, "max_batch_size", None),
+                    max_seq_len=args.max_seq_len, params_source=str(args.cost_params) if args.cost_params else None,
+                    columns=args.columns, fmt=args.format)
+
+
 def check_time_limit(seconds: float) -> float:
     """``--time-limit``: a positive, finite number of seconds (negative, zero, NaN or inf is bad input)."""
     if not (seconds > 0 and math.isfinite(seconds)):

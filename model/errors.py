@@ -22,6 +22,10 @@ class InputError(Exception):
         self.message = message
         super().__init__(self.render())
 
+    def __reduce__(self):
+        # raised in a Dask worker, it crosses to the client by pickle: rebuild it from its parts
+        return (InputError, (self.file, self.line, self.field, self.message))
+
     def render(self) -> str:
         """The single-line message shown to the user (control characters from the input shown escaped)."""
         where = self.file if self.line is None else f"{self.file}:{self.line}"

@@ -136,11 +136,16 @@ def spike_members(codes: np.ndarray, batch_ids: np.ndarray, batch_shape: np.ndar
     batches using it, and that batch's first member in plan-file order.
     """
     first_member = np.unique(codes, return_index=True)[1]  # codes are 0..nb-1
+    return first_member[spike_batches(batch_ids, batch_shape)]
+
+
+def spike_batches(batch_ids: np.ndarray, batch_shape: np.ndarray) -> np.ndarray:
+    """Index of the batch that takes each distinct shape's compile spike: the one whose id sorts first AS A
+    STRING among the batches of that shape (its first member in plan-file order takes the spike)."""
     str_ids = np.asarray([str(b) for b in batch_ids], dtype=object)
     order = np.lexsort((str_ids.astype(str), batch_shape))
     shapes_sorted = batch_shape[order]
-    heads = order[np.r_[True, shapes_sorted[1:] != shapes_sorted[:-1]]]
-    return first_member[heads]
+    return order[np.r_[True, shapes_sorted[1:] != shapes_sorted[:-1]]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -175,11 +180,18 @@ def batch_latencies(prompt_len, gen_len, codes: np.ndarray, shape_of: np.ndarray
     S = shape_of[codes] if mode != "reference" else align(np.asarray(prompt_len, dtype=np.int64))
     s_max = _segment_max(S, codes, nb) if mode == "reference" else shape_of
     g_max = _segment_max(gen_len, codes, nb)
-    if mode == "device":
-        latency = batch_breakdown(np.bincount(codes, minlength=nb), s_max, g_max, p).total[codes]
-    else:
-        latency = prefill_latency(S, p) + decode_latency(s_max, g_max, p)[codes] + p.Tbatch_overhead_ms
+    latency = latencies_given(S, codes, np.bincount(codes, minlength=nb), s_max, g_max, p, mode)
     return latency, S, s_max, g_max
+
+
+def latencies_given(S: np.ndarray, codes: np.ndarray, n_b: np.ndarray, s_max: np.ndarray, g_max: np.ndarray,
+                    p: Coefficients, mode: Mode) -> np.ndarray:
+    """Each member's latency before any compile spike, given its processed prompt S, its batch code and the
+    batches' extents (members, S_max, G_max): the rule of ``batch_latencies``, for callers (the partition-wise
+    evaluator) that know the batch extents from elsewhere than the members at hand."""
+    if mode == "device":
+        return batch_breakdown(n_b, s_max, g_max, p).total[codes]
+    return prefill_latency(S, p) + decode_latency(s_max, g_max, p)[codes] + p.Tbatch_overhead_ms
 
 
 def _batch_view(prompt_len, gen_len, batch_ids, seq_align, p: Coefficients, mode: Mode) -> _BatchView:
@@ -212,14 +224,35 @@ def member_latencies(prompt_len, gen_len, batch_ids, seq_align, p: Coefficients 
 
 def _costs(v: _BatchView, p: Coefficients, mode: Mode) -> tuple[float, float, float, float]:
     """(prefill, decode, overhead, compile) totals of a bucket's plan in the mode's unit."""
-    shapes = np.unique(v.batch_shape)
+    prefill_total = None if mode == "device" else member_prefill_cost(v.S, p)
+    return batch_costs(v.n_b, v.batch_shape, v.s_max, v.g_max, prefill_total, p, mode)
+
+
+def member_prefill_cost(S: np.ndarray, p: CostParams) -> float:
+    """Analytic modes: the prefill cost of members processed at S (sums over any split of the members add up)."""
+    return float(prefill_cost(S, p).sum())
+
+
+def batch_costs(n_b: np.ndarray, batch_shape: np.ndarray, s_max: np.ndarray, g_max: np.ndarray,
+                prefill_total: float | None, p: Coefficients, mode: Mode) -> tuple[float, float, float, float]:
+    """(prefill, decode, overhead, compile) totals from the batches' extents; the analytic modes' prefill is
+    charged per member, so it comes in as ``prefill_total`` (``member_prefill_cost``), None in device mode."""
+    shapes = np.unique(batch_shape)
     compile_total = float(shape_charge(shapes, p).sum())
     if mode == "device":
-        parts = batch_breakdown(v.n_b, v.batch_shape, v.g_max, p)
+        parts = batch_breakdown(n_b, batch_shape, g_max, p)
         return float(parts.prefill.sum()), float(parts.decode.sum()), float(parts.overhead.sum()), compile_total
-    prefill_total = float(prefill_cost(v.S, p).sum())
-    decode_total = float((v.n_b * decode_cost(v.s_max, v.g_max, p)).sum())
-    return prefill_total, decode_total, float(p.Kbatch_overhead_cost * len(v.n_b)), compile_total
+    decode_total = float((n_b * decode_cost(s_max, g_max, p)).sum())
+    return prefill_total, decode_total, float(p.Kbatch_overhead_cost * len(n_b)), compile_total
+
+
+def p95_of_counts(values: np.ndarray, counts: np.ndarray) -> float:
+    """The P95 latency (the rule of ``plan_metrics``: the ``p95_rank``-th smallest) of latencies given as exact
+    value counts, e.g. merged from partitions; ``values`` need not be sorted or distinct."""
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(np.asarray(counts, dtype=np.int64)[order])
+    k = p95_rank(int(cum[-1]))
+    return float(np.asarray(values, dtype=np.float64)[order][np.searchsorted(cum, k, side="right")])
 
 
 def plan_metrics(prompt_len: np.ndarray, gen_len: np.ndarray, batch_ids: np.ndarray,

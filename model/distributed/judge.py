@@ -1,0 +1,254 @@
+"""A plan dataset judged partition by partition, with exact global metrics.
+
+The plan's records (any source: the files of a folder in name order, rows in order) are joined
+to the request partitions on ``request_id`` by Dask.  Every rule of the in-memory evaluator is
+checked on the join (exactly once, shape covers prompt, one shape per batch, the shape caps,
+the largest shape, the KV capacity), and the metrics come from two passes:
+
+1. a group-by per batch: members, shape, largest aligned prompt and gen, and the batch's first
+   record in plan-file order (which fixes the batch order and the spike rule's "first member");
+2. one task per partition, given that small batch table: each member's latency by the cost
+   model's own rule (``latencies_given``), the spike added where ``spike_batches`` puts it, and
+   back come exact value counts of the latencies, each batch's largest latency, and sums.
+
+The client merges them: P95 by the same rank rule over the merged counts (``p95_of_counts``,
+exact, not sampled), sequential time as the sum of the batches' largest latencies, costs by
+``batch_costs``.  Nothing of the cost arithmetic is repeated here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from model.cost.common import GRANULARITY, align
+from model.cost.device import DeviceProfile, kv_tokens
+from model.cost.metrics import (
+    Metrics,
+    batch_costs,
+    latencies_given,
+    member_prefill_cost,
+    p95_of_counts,
+    spike_batches,
+    spike_ms,
+)
+from model.distributed.read import Source
+from model.errors import InputError
+from model.evaluation.validate import limit_checks
+from model.load.requests import MAX_LEN
+from model.schema import BucketResult, Limits, Violation
+
+PLAN_COLUMNS = {"request_id": "object", "batch_id": "object", "seq_align": "int64", "ppart": "int64",
+                "prow": "int64"}
+ROW_BITS = 40  # a record's plan-file position: (file index << 40) | row
+
+
+def read_plan_partition(path: str, index: int) -> pd.DataFrame:
+    """One plan file: ``request_id``, ``batch_id`` (text or integers), ``seq_align`` (a positive multiple of 64),
+    with its file index and rows; a bad record is an InputError naming the file and row."""
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(path, None, None, f"cannot read as Parquet: {str(exc).splitlines()[0]}") from None
+    missing = [k for k in ("request_id", "batch_id", "seq_align") if k not in table.column_names]
+    if missing:
+        raise InputError(path, None, missing[0], f"missing column (a plan record is request_id, batch_id, "
+                                                 f"seq_align; columns: {', '.join(table.column_names)})")
+    out = {}
+    for k in ("request_id", "batch_id"):
+        col = table.column(k)
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_integer(col.type)):
+            raise InputError(path, None, k, f"must be text or integers, got {col.type}")
+        if col.null_count:
+            row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+            raise InputError(path, row + 1, k, "missing (null)")
+        out[k] = pd.Series(np.asarray(col.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object),
+                           dtype=object)
+    seq = table.column("seq_align")
+    if not pa.types.is_integer(seq.type):
+        raise InputError(path, None, "seq_align", f"must be integers, got {seq.type}")
+    values = seq.fill_null(0).to_numpy().astype(np.int64)
+    bad = (values <= 0) | (values % GRANULARITY != 0) | (values > MAX_LEN)
+    if seq.null_count or bad.any():
+        row = int(np.argmax(bad))
+        what = "missing (null)" if seq.null_count and values[row] == 0 and seq.is_null()[row].as_py() else \
+            f"{int(values[row])} is not a positive multiple of {GRANULARITY} up to {MAX_LEN}"
+        raise InputError(path, row + 1, "seq_align", what)
+    n = table.num_rows
+    return pd.DataFrame({**out, "seq_align": values, "ppart": np.full(n, index, dtype=np.int64),
+                         "prow": np.arange(n, dtype=np.int64)})
+
+
+def plan_frame(client, source: Source):
+    """The plan dataset as a Dask dataframe, one partition per file, kept on the workers."""
+    import dask.dataframe as dd
+
+    if source.fmt != "parquet":
+        raise InputError(source.given, None, None, f"a plan dataset is Parquet files, found {source.fmt}")
+    meta = pd.DataFrame({k: pd.Series(dtype=v) for k, v in PLAN_COLUMNS.items()})
+    ddf = dd.from_map(read_plan_partition, [str(f) for f in source.files], list(range(len(source.files))),
+                      meta=meta, label="read-plan", enforce_metadata=False)
+    return client.persist(ddf)
+
+
+def _where(source: Source, ppart: int, prow: int) -> str:
+    return f"{source.files[int(ppart)]}:{int(prow) + 1}"
+
+
+def coverage(client, name: str, plan_src: Source, req_src: Source, plan, reqs) -> list[Violation]:
+    """Exactly once: no id twice in the plan, none unknown, none missing (each named by file and row/line)."""
+    problems = []
+    counts = plan["request_id"].value_counts()
+    merged = plan[["request_id", "ppart", "prow"]].merge(reqs[["request_id", "part", "line"]], on="request_id",
+                                                         how="outer", indicator=True)
+    dup, sides = client.compute([counts[counts > 1], merged["_merge"].value_counts()])
+    dup, sides = dup.result(), sides.result()
+    if len(dup):
+        rows = client.compute(plan[plan["request_id"].isin(list(dup.index))][["request_id", "ppart", "prow"]]).result()
+        rows = rows.sort_values(["ppart", "prow"])
+        second = rows[rows["request_id"].duplicated()].iloc[0]
+        problems.append(Violation(name, "exactly-once", f"{_where(plan_src, second.ppart, second.prow)}: request "
+                                  f"{second.request_id!r} appears twice ({int((dup - 1).sum())} repeats)"))
+    unknown, missing = int(sides.get("left_only", 0)), int(sides.get("right_only", 0))
+    if unknown:
+        rows = client.compute(merged[merged["_merge"] == "left_only"].nsmallest(1, ["ppart", "prow"])).result()
+        r = rows.iloc[0]
+        problems.append(Violation(name, "exactly-once", f"{_where(plan_src, r.ppart, r.prow)}: request "
+                                  f"{r.request_id!r} is not in {req_src.given} ({unknown} unknown)"))
+    if missing:
+        rows = client.compute(merged[merged["_merge"] == "right_only"].nsmallest(1, ["part", "line"])).result()
+        r = rows.iloc[0]
+        problems.append(Violation(name, "exactly-once", f"request {r.request_id!r} ({req_src.files[int(r.part)]}:"
+                                  f"{int(r.line)}) is missing from the plan ({missing} missing)"))
+    return problems
+
+
+def _batch_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({"batch_id": frame["batch_id"].to_numpy(dtype=object),
+                         "seq_align": frame["seq_align"].to_numpy(np.int64),
+                         "s_ref": align(frame["prompt_len"].to_numpy(np.int64)),
+                         "gen_len": frame["gen_len"].to_numpy(np.int64),
+                         "pos": (frame["ppart"].to_numpy(np.int64) << ROW_BITS) | frame["prow"].to_numpy(np.int64)})
+
+
+def batch_table(client, joined) -> pd.DataFrame:
+    """Per batch, in plan-file order of first appearance: members, smallest and largest shape, largest aligned
+    prompt and gen, and the position of its first record."""
+    cols = joined.map_partitions(_batch_columns, meta={"batch_id": "object", "seq_align": "int64", "s_ref": "int64",
+                                                       "gen_len": "int64", "pos": "int64"})
+    agg = cols.groupby("batch_id").agg(n=("seq_align", "size"), shape_min=("seq_align", "min"),
+                                       shape_max=("seq_align", "max"), s_ref=("s_ref", "max"),
+                                       g_max=("gen_len", "max"), first=("pos", "min"))
+    table = client.compute(agg).result().sort_values("first", kind="stable")
+    return table.reset_index()
+
+
+def member_pass(frame: pd.DataFrame, index: pd.Index, n_b: np.ndarray, batch_shape: np.ndarray, s_max: np.ndarray,
+                g_max: np.ndarray, spiked: np.ndarray, p, mode: str) -> dict:
+    """Runs on a worker, for one partition of the join: exact latency counts, each batch's largest latency, sums,
+    and the first record whose shape does not cover its prompt."""
+    code = index.get_indexer(frame["batch_id"].to_numpy(dtype=object))
+    prompt = frame["prompt_len"].to_numpy(np.int64)
+    gen = frame["gen_len"].to_numpy(np.int64)
+    seq = frame["seq_align"].to_numpy(np.int64)
+    pos = (frame["ppart"].to_numpy(np.int64) << ROW_BITS) | frame["prow"].to_numpy(np.int64)
+    aligned = align(prompt)
+    S = aligned if mode == "reference" else batch_shape[code]
+    latency = latencies_given(S, code, n_b, s_max, g_max, p, mode)
+    hit = np.isin(pos, spiked)
+    latency[hit] += spike_ms(p)
+    values, counts = np.unique(latency, return_counts=True)
+    worst = pd.Series(latency).groupby(code).max()
+    short = np.flatnonzero(seq < aligned)
+    first_short = None
+    if len(short):
+        k = short[np.argmin(pos[short])]
+        first_short = (int(pos[k]), str(frame["request_id"].iloc[k]), int(seq[k]), int(aligned[k]))
+    return {"values": values, "counts": counts, "worst_code": worst.index.to_numpy(np.int64),
+            "worst": worst.to_numpy(np.float64),
+            "prefill": None if mode == "device" else member_prefill_cost(S, p),
+            "S": int(S.sum()), "prompt": int(prompt.sum()), "gen": int(gen.sum()), "n": len(frame),
+            "short": (len(short), first_short)}
+
+
+def judge_bucket(client, name: str, req_src: Source, reqs, plan_src: Source, limits: Limits, max_shapes: int,
+                 max_seq_len: int | None, p, mode: str) -> BucketResult:
+    """One bucket's plan dataset validated and judged: the in-memory evaluator's result, computed partition-wise."""
+    import dask
+
+    plan = plan_frame(client, plan_src)
+    problems = coverage(client, name, plan_src, req_src, plan, reqs)
+    if problems:
+        return BucketResult(name, None, (), tuple(problems))
+    joined = client.persist(plan.merge(reqs[["request_id", "prompt_len", "gen_len"]], on="request_id", how="inner"))
+    bt = batch_table(client, joined)
+    ids = bt["batch_id"].to_numpy(dtype=object)
+    n_b = bt["n"].to_numpy(np.int64)
+    batch_shape = bt["shape_min"].to_numpy(np.int64)  # a batch of two shapes is broken below; its first is kept
+    g_max = bt["g_max"].to_numpy(np.int64)
+    s_max = bt["s_ref"].to_numpy(np.int64) if mode == "reference" else batch_shape
+    spiked = bt["first"].to_numpy(np.int64)[spike_batches(ids, batch_shape)]
+    index = pd.Index(ids)
+    shared = [client.scatter(x, broadcast=True) for x in (index, n_b, batch_shape, s_max, g_max, spiked)]
+    tasks = [dask.delayed(member_pass)(part, *shared, p, mode) for part in joined.to_delayed()]
+    parts = client.gather(client.compute(tasks))
+    problems += shape_problems(name, plan_src, bt, parts, max_shapes, max_seq_len)
+    if mode == "device" and isinstance(p, DeviceProfile) and p.kv_capacity_tokens is not None:
+        tokens = kv_tokens(n_b, batch_shape, g_max)
+        over = np.flatnonzero(tokens > p.kv_capacity_tokens)
+        if len(over):
+            k = int(over[np.argmax(tokens[over])])
+            problems.append(Violation(name, "kv-capacity", f"{plan_src.given}: batch {ids[k]!r} holds "
+                                      f"{int(tokens[k])} KV tokens (members x (seq_align + G_max)), over the "
+                                      f"device's capacity {p.kv_capacity_tokens} ({len(over)} batch"
+                                      f"{'es' if len(over) > 1 else ''} over)"))
+    metrics = merged_metrics(parts, n_b, batch_shape, s_max, g_max, p, mode)
+    return BucketResult(name, metrics, limit_checks(metrics, limits), tuple(problems))
+
+
+def shape_problems(name: str, plan_src: Source, bt: pd.DataFrame, parts: list[dict], max_shapes: int,
+                   max_seq_len: int | None) -> list[Violation]:
+    """The shape rules of ``model.evaluation.validate.shape_rules`` on the batch table and the partitions' finds."""
+    problems = []
+    shorts = [pt["short"][1] for pt in parts if pt["short"][0]]
+    if shorts:
+        pos, rid, seq, need = min(shorts)
+        where = _where(plan_src, pos >> ROW_BITS, pos & ((1 << ROW_BITS) - 1))
+        problems.append(Violation(name, "shape-covers-prompt", f"{where}: seq_align {seq} < aligned prompt {need} "
+                                  f"of request {rid!r}"))
+    shapes = np.unique(np.r_[bt["shape_min"].to_numpy(np.int64), bt["shape_max"].to_numpy(np.int64)])
+    if max_seq_len is not None and shapes[-1] > max_seq_len:
+        problems.append(Violation(name, "max-seq-len", f"{plan_src.given}: seq_align {int(shapes[-1])} exceeds the "
+                                  f"largest allowed shape {max_seq_len}"))
+    mixed = bt[bt["shape_min"] != bt["shape_max"]]
+    if len(mixed):
+        r = mixed.iloc[0]
+        problems.append(Violation(name, "one-shape-per-batch", f"{plan_src.given}: batch {r.batch_id!r} mixes "
+                                  f"seq_align {int(r.shape_min)} and {int(r.shape_max)} "
+                                  f"({len(mixed)} batches mix shapes)"))
+    if len(shapes) > max_shapes:
+        problems.append(Violation(name, "shape-cap", f"{len(shapes)} distinct shapes in the bucket, at most "
+                                  f"{max_shapes} allowed"))
+    return problems
+
+
+def merged_metrics(parts: list[dict], n_b: np.ndarray, batch_shape: np.ndarray, s_max: np.ndarray,
+                   g_max: np.ndarray, p, mode: str) -> Metrics:
+    """The bucket's metrics from the partitions' exact counts and sums (see the module docstring)."""
+    prefill = None if mode == "device" else float(sum(pt["prefill"] for pt in parts))
+    prefill_total, decode_total, overhead_total, compile_total = batch_costs(n_b, batch_shape, s_max, g_max, prefill,
+                                                                             p, mode)
+    worst = np.full(len(n_b), -np.inf)
+    for pt in parts:
+        np.maximum.at(worst, pt["worst_code"], pt["worst"])
+    values = np.concatenate([pt["values"] for pt in parts])
+    counts = np.concatenate([pt["counts"] for pt in parts])
+    pad = int(sum(pt["S"] - pt["prompt"] for pt in parts) + int((n_b * g_max).sum()) - sum(pt["gen"] for pt in parts))
+    real = int(sum(pt["prompt"] + pt["gen"] for pt in parts))
+    return Metrics(cost=prefill_total + decode_total + overhead_total + compile_total, prefill_cost=prefill_total,
+                   decode_cost=decode_total, overhead_cost=overhead_total, compile_cost=compile_total,
+                   pad_tokens=pad, real_tokens=real, pad_ratio=pad / real, p95_latency_ms=p95_of_counts(values, counts),
+                   sequential_ms=float(worst.sum()), n_requests=int(sum(pt["n"] for pt in parts)),
+                   n_batches=len(n_b), shapes=tuple(int(s) for s in np.unique(batch_shape)))
