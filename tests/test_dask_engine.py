@@ -93,7 +93,7 @@ def close(a: float, b: float) -> bool:
 
 CASES = [  # cost mode flags, solver, partition format, limits
     ([], "mip", "parquet", ["--max-p95-latency-ms", "1.5e6"]),
-    (["--cost-model", "strict"], "greedy", "csv", []),
+    pytest.param(["--cost-model", "strict"], "greedy", "csv", [], marks=pytest.mark.slow),
     (["--device-profile", str(PROFILE)], "dpfill", "jsonl", []),
     pytest.param(["--device-profile", str(PROFILE)], "mip", "parquet", [], marks=pytest.mark.slow),
 ]
@@ -354,6 +354,7 @@ def test_real_sigint_mid_run_leaves_the_old_dataset(tmp_path, chat):
     assert [p.name for p in out.iterdir()] == ["manifest.json"]
 
 
+@pytest.mark.slow
 def test_two_buckets_share_the_shape_cap(tmp_path, scheduler, chat):
     ids, prompt, gen = bucket_arrays(np.random.default_rng(9), CHAT, 300)
     other = pd.DataFrame({"request_id": [f"o{i}" for i in range(300)], "prompt_len": prompt, "gen_len": gen})

@@ -194,4 +194,4 @@ def test_the_lp_price_bound_tightens_the_default_scenario_and_plan_mip_reports_i
     prob, _ = pipeline.load_problem(pipeline.InputSpec(scenario=pipeline.DEFAULT_SCENARIO, max_shapes=8))
     lp = whole_trace_bound(prob, time.perf_counter() + 30)
     assert lp > 1.2 * shape_relaxation(prob, [build_histogram(b) for b in prob.buckets]).bound
-    assert plan_mip(prob, time_limit=3).report.bound >= lp * (1 - 1e-12)
+    assert plan_mip(prob, time_limit=2).report.bound >= lp * (1 - 1e-12)

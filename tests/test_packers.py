@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from functools import cache
 
 import numpy as np
 import pytest
-from helpers import REPO, WORKLOADS, bucket, check_valid, planned, problem
+from helpers import REPO, WORKLOADS, bucket, check_valid, cli, planned, problem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -187,10 +185,9 @@ def test_compare_table_lists_every_packer():
 
 def test_cli_solve_then_evaluate(tmp_path):
     scenario = str(WORKLOADS / "twin-1" / "scenario.toml")
-    solve = subprocess.run([sys.executable, "-m", "model.solve", "--scenario", scenario, "--solver", "greedy",
-                            "--out", str(tmp_path), "--quiet"], cwd=REPO, capture_output=True, text=True)
+    solve = cli("model.solve", "--scenario", scenario, "--solver", "greedy", "--out", str(tmp_path), "--quiet",
+                cwd=REPO)
     assert solve.returncode == 0, solve.stdout + solve.stderr
     assert (tmp_path / "plan_b1.jsonl").is_file() and (tmp_path / "plan_b2.jsonl").is_file()
-    evaluate = subprocess.run([sys.executable, "-m", "model.evaluate", "--scenario", scenario, "--plans",
-                               str(tmp_path)], cwd=REPO, capture_output=True, text=True)
+    evaluate = cli("model.evaluate", "--scenario", scenario, "--plans", str(tmp_path), cwd=REPO)
     assert evaluate.returncode == 0, evaluate.stdout + evaluate.stderr
