@@ -94,7 +94,7 @@ def close(a: float, b: float) -> bool:
 CASES = [  # cost mode flags, solver, partition format, limits
     ([], "mip", "parquet", ["--max-p95-latency-ms", "1.5e6"]),
     pytest.param(["--cost-model", "strict"], "greedy", "csv", [], marks=pytest.mark.slow),
-    (["--device-profile", str(PROFILE)], "dpfill", "jsonl", []),
+    pytest.param(["--device-profile", str(PROFILE)], "dpfill", "jsonl", [], marks=pytest.mark.slow),
     pytest.param(["--device-profile", str(PROFILE)], "mip", "parquet", [], marks=pytest.mark.slow),
 ]
 
@@ -208,6 +208,7 @@ def test_no_partitions(tmp_path, scheduler):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_mixed_formats(tmp_path, scheduler, chat):
     d = write_parts(chat.iloc[:40], tmp_path / "mixed", [20], "parquet")
     (d / "part-1.parquet").unlink()
@@ -224,6 +225,7 @@ def test_bad_row_names_its_partition_and_line(tmp_path, scheduler, chat):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_duplicate_id_across_partitions(tmp_path, scheduler, chat):
     frame = chat.iloc[:40].copy()
     frame.iloc[30, 0] = frame.iloc[3, 0]
@@ -296,6 +298,7 @@ def test_interrupt_leaves_no_half_written_dataset(tmp_path, scheduler, chat, mon
         json.loads(before["manifest.json"])["metrics"]["cost"]
 
 
+@pytest.mark.slow
 def test_broken_limit_writes_nothing(tmp_path, scheduler, chat):
     d = write_parts(chat.iloc[:80], tmp_path / "reqs", [30], "parquet")
     res = dask_solve(tmp_path, scheduler, str(d), "--max-pad-ratio", "0", "--solver", "baseline")

@@ -108,7 +108,7 @@ def test_mip_reaches_the_restricted_optimum_and_bounds_it(name):
 lengths = st.tuples(st.integers(1, 900), st.integers(1, 120))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(lengths, min_size=1, max_size=12), min_size=1, max_size=2), st.integers(1, 4),
        st.sampled_from(["reference", "strict"]), st.sets(st.integers(1, 20), min_size=1, max_size=6),
        st.sampled_from([None, 2]))

@@ -65,6 +65,8 @@ def params(*backends: str):
         for name, (prob, reason) in CASES.items():
             reason = reason or BACKEND_LIMITS.get((name, backend))
             marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            if backend == "pulp":  # a CBC process per case; the default run covers PuLP in test_backends
+                marks.append(pytest.mark.slow)
             out.append(pytest.param(prob, backend, id=f"{name}, {backend}", marks=marks))
     return out
 
