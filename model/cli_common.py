@@ -64,6 +64,16 @@ def check_count(flag: str, value: int | None, most: int) -> None:
                          else f"must be at most {most}, got {value}")
 
 
+def check_sizes(args: argparse.Namespace) -> None:
+    """--limit-shapes, --max-seq-len (a positive multiple of the granularity) and --max-batch-size in range."""
+    check_count("--limit-shapes", args.limit_shapes, MAX_SHAPES)
+    if args.max_seq_len is not None and (args.max_seq_len < GRANULARITY or args.max_seq_len % GRANULARITY):
+        raise InputError("--max-seq-len", None, None,
+                         f"must be a positive multiple of {GRANULARITY}, got {args.max_seq_len}")
+    check_count("--max-seq-len", args.max_seq_len, MAX_SEQ_LEN)
+    check_count("--max-batch-size", getattr(args, "max_batch_size", None), MAX_BATCH)
+
+
 def build_problem(args: argparse.Namespace, files: list[Path], default_scenario: Path | None = None,
                   limits: Limits | None = None) -> tuple[Problem, Scenario | None]:
     """The Problem the parsed arguments describe (see ``pipeline.load_problem``).
@@ -71,12 +81,7 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
     Limit flags (``limits``, by default read from ``args``) apply to every bucket; with
     a scenario they override its limits one by one.
     """
-    check_count("--limit-shapes", args.limit_shapes, MAX_SHAPES)
-    if args.max_seq_len is not None and (args.max_seq_len < GRANULARITY or args.max_seq_len % GRANULARITY):
-        raise InputError("--max-seq-len", None, None,
-                         f"must be a positive multiple of {GRANULARITY}, got {args.max_seq_len}")
-    check_count("--max-seq-len", args.max_seq_len, MAX_SEQ_LEN)
-    check_count("--max-batch-size", getattr(args, "max_batch_size", None), MAX_BATCH)
+    check_sizes(args)
     window_s = parse_window(getattr(args, "window", None))
     limits = limits if limits is not None else cli_limits(args)
     params = CostParams.from_toml(args.cost_params) if args.cost_params else None
@@ -122,12 +127,7 @@ def dask_settings(args: argparse.Namespace):
     from model.distributed.engine import Settings
     from model.pipeline import coefficients_of
 
-    check_count("--limit-shapes", args.limit_shapes, MAX_SHAPES)
-    if args.max_seq_len is not None and (args.max_seq_len < GRANULARITY or args.max_seq_len % GRANULARITY):
-        raise InputError("--max-seq-len", None, None,
-                         f"must be a positive multiple of {GRANULARITY}, got {args.max_seq_len}")
-    check_count("--max-seq-len", args.max_seq_len, MAX_SEQ_LEN)
-    check_count("--max-batch-size", getattr(args, "max_batch_size", None), MAX_BATCH)
+    check_sizes(args)
     params = CostParams.from_toml(args.cost_params) if args.cost_params else None
     device = load_profile(args.device_profile) if getattr(args, "device_profile", None) else None
     spec = InputSpec(params=params, device=device, mode=args.cost_model)
