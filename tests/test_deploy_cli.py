@@ -61,7 +61,7 @@ def exit_code(main, argv: list[str], capsys) -> tuple[int, str]:
 def test_audit_prints_both_sides_and_writes_the_report(folder, tmp_path):
     rep = tmp_path / "rep"
     done = run("model.audit", str(folder / "trace.csv"), "--columns", "azure", "--cost-model", "strict",
-               "--shapes-from", str(folder / "today.txt"), "--time-limit", "3", "--report", str(rep), "--quiet",
+               "--shapes-from", str(folder / "today.txt"), "--time-limit", "2", "--report", str(rep), "--quiet",
                cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     out = done.stdout
@@ -76,7 +76,7 @@ def test_audit_prints_both_sides_and_writes_the_report(folder, tmp_path):
 
 def test_audit_with_a_holdout_judges_both_sides_on_the_held_out_part(folder, tmp_path):
     done = run("model.audit", str(folder / "trace.csv"), "--columns", "azure", "--shapes-from",
-               str(folder / "today.txt"), "--holdout", "0.3", "--limit-shapes", "3", "--time-limit", "3", "--quiet",
+               str(folder / "today.txt"), "--holdout", "0.3", "--limit-shapes", "3", "--time-limit", "2", "--quiet",
                cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "shapes chosen on the first part" in done.stdout
@@ -124,7 +124,7 @@ def test_audit_shows_device_hours_in_device_mode(folder):
 
 def test_solve_holdout_checks_and_writes_nothing(folder, tmp_path):
     done = run("model.solve", str(folder / "trace.csv"), "--columns", "azure", "--cost-model", "strict",
-               "--limit-shapes", "3", "--holdout", "0.3", "--time-limit", "3", "--out", "out", "--quiet",
+               "--limit-shapes", "3", "--holdout", "0.3", "--time-limit", "2", "--out", "out", "--quiet",
                cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "Out of sample (K = 3)" in done.stdout and "pow2 rule" in done.stdout
@@ -133,7 +133,7 @@ def test_solve_holdout_checks_and_writes_nothing(folder, tmp_path):
 
 def test_solve_with_imported_shapes_warns_and_plans_inside_them(folder, tmp_path):
     done = run("model.solve", str(folder / "trace.csv"), "--columns", "azure", "--shapes-from",
-               str(folder / "odd.txt"), "--time-limit", "3", "--out", "out", "--quiet", cwd=tmp_path)
+               str(folder / "odd.txt"), "--time-limit", "2", "--out", "out", "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "lengths that are not multiples of 64 rounded up: 100 -> 128, 1000 -> 1024" in done.stderr
     plan = read_plan(tmp_path / "out" / "plan_trace.jsonl")

@@ -126,7 +126,7 @@ def test_cli_device_mode_solve_then_evaluate(tmp_path: Path):
                                                            strict=True))))
     out = tmp_path / "out"
     done = run("model.solve", str(reqs), "--cost-model", "device", "--device-profile", str(PROFILE),
-               "--time-limit", "3", "--out", str(out), "--quiet", cwd=tmp_path)
+               "--time-limit", "2", "--out", str(out), "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "device" in done.stdout
     judged = run("model.evaluate", str(reqs), str(out / "plan_r.jsonl"), "--device-profile", str(PROFILE),
