@@ -42,8 +42,10 @@ def connect(address: str | None, timeout_s: float | None = None) -> Iterator:
             client.close()
         return
     workers = max(1, min(4, os.cpu_count() or 1))
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=logging.CRITICAL) as cluster, \
+    # the HTTP servers on free ports (":0"): with the default 8787, a second run at once found the port
+    # taken and printed a warning about it
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      worker_dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
             Client(cluster, set_as_default=False) as client:
         yield client
 
