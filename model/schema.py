@@ -183,6 +183,11 @@ class Scenario:
 OPTIMAL_GAP = 1e-9
 
 
+def relative_gap(cost: float, bound: float) -> float:
+    """``SolveReport.gap``: (cost - bound) / cost, 0 for a plan that costs nothing."""
+    return (cost - bound) / cost if cost > 0 else 0.0
+
+
 class Status(enum.StrEnum):
     """How a solve ended; ``value`` is the text tables and the sweep CSV show."""
 

@@ -1,11 +1,10 @@
 """The deployment flags end to end: ``--shapes``, ``--shapes-from``, ``--holdout`` on solve, sweep and evaluate,
-and ``python -m model.audit`` -- real subprocesses for the paths a user takes, in-process runs (same entry points)
-for the many hostile values, each of which must exit 2 with one line naming the flag, file or line."""
+and ``python -m model.audit`` -- the command lines run in process (``helpers.cli``: exit status, stdout and
+stderr as a user sees them), the many hostile values each exiting 2 with one line naming the flag, file or line."""
 
 from __future__ import annotations
 
 import csv
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +25,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*PuLP 4.0:DeprecationWarning")
 
 N = 40
 
-
-def run(module: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    return cli(module, *argv, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +56,7 @@ def exit_code(main, argv: list[str], capsys) -> tuple[int, str]:
 
 def test_audit_prints_both_sides_and_writes_the_report(folder, tmp_path):
     rep = tmp_path / "rep"
-    done = run("model.audit", str(folder / "trace.csv"), "--columns", "azure", "--cost-model", "strict",
+    done = cli("model.audit", str(folder / "trace.csv"), "--columns", "azure", "--cost-model", "strict",
                "--shapes-from", str(folder / "today.txt"), "--time-limit", "2", "--report", str(rep), "--quiet",
                cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -75,7 +71,7 @@ def test_audit_prints_both_sides_and_writes_the_report(folder, tmp_path):
 
 
 def test_audit_with_a_holdout_judges_both_sides_on_the_held_out_part(folder, tmp_path):
-    done = run("model.audit", str(folder / "trace.csv"), "--columns", "azure", "--shapes-from",
+    done = cli("model.audit", str(folder / "trace.csv"), "--columns", "azure", "--shapes-from",
                str(folder / "today.txt"), "--holdout", "0.3", "--limit-shapes", "3", "--time-limit", "2", "--quiet",
                cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -86,7 +82,7 @@ def test_audit_with_a_holdout_judges_both_sides_on_the_held_out_part(folder, tmp
 
 def test_audit_config_too_small_names_the_request_and_writes_nothing(folder, tmp_path):
     rep = tmp_path / "rep"
-    done = run("model.audit", str(folder / "trace.csv"), "--columns", "azure", "--shapes-from",
+    done = cli("model.audit", str(folder / "trace.csv"), "--columns", "azure", "--shapes-from",
                str(folder / "small.txt"), "--report", str(rep), cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.startswith(f"error: {folder / 'trace.csv'}:")
@@ -123,7 +119,7 @@ def test_audit_shows_device_hours_in_device_mode(folder):
 # -- solve, evaluate and sweep ------------------------------------------------------------------------
 
 def test_solve_holdout_checks_and_writes_nothing(folder, tmp_path):
-    done = run("model.solve", str(folder / "trace.csv"), "--columns", "azure", "--cost-model", "strict",
+    done = cli("model.solve", str(folder / "trace.csv"), "--columns", "azure", "--cost-model", "strict",
                "--limit-shapes", "3", "--holdout", "0.3", "--time-limit", "2", "--out", "out", "--quiet",
                cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -132,23 +128,23 @@ def test_solve_holdout_checks_and_writes_nothing(folder, tmp_path):
 
 
 def test_solve_with_imported_shapes_warns_and_plans_inside_them(folder, tmp_path):
-    done = run("model.solve", str(folder / "trace.csv"), "--columns", "azure", "--shapes-from",
+    done = cli("model.solve", str(folder / "trace.csv"), "--columns", "azure", "--shapes-from",
                str(folder / "odd.txt"), "--time-limit", "2", "--out", "out", "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "lengths that are not multiples of 64 rounded up: 100 -> 128, 1000 -> 1024" in done.stderr
     plan = read_plan(tmp_path / "out" / "plan_trace.jsonl")
     assert set(plan.seq_align.tolist()) <= {128, 1024}
-    judged = run("model.evaluate", str(folder / "trace.csv"), str(tmp_path / "out" / "plan_trace.jsonl"),
+    judged = cli("model.evaluate", str(folder / "trace.csv"), str(tmp_path / "out" / "plan_trace.jsonl"),
                  "--columns", "azure", "--shapes", "128,1024", cwd=tmp_path)
     assert judged.returncode == 0, judged.stdout
-    outside = run("model.evaluate", str(folder / "trace.csv"), str(tmp_path / "out" / "plan_trace.jsonl"),
+    outside = cli("model.evaluate", str(folder / "trace.csv"), str(tmp_path / "out" / "plan_trace.jsonl"),
                   "--columns", "azure", "--shapes", "2048", cwd=tmp_path)
     assert outside.returncode == 1 and "allowed-shapes" in outside.stdout
 
 
 @pytest.mark.slow
 def test_sweep_with_shapes_and_holdout(folder, tmp_path):
-    done = run("model.sweep", str(folder / "trace.csv"), "--columns", "azure", "--shapes", "128,256,512,1024,2048",
+    done = cli("model.sweep", str(folder / "trace.csv"), "--columns", "azure", "--shapes", "128,256,512,1024,2048",
                "--k", "1-2", "--solvers", "mip,pow2", "--time-limit", "5", "--holdout", "0.25", "--report", "rep",
                "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

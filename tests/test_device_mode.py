@@ -8,7 +8,6 @@ that a second shape can pay.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
@@ -114,9 +113,6 @@ def test_a_request_too_long_for_the_kv_cache_is_named():
         PACKERS["dpfill"](prob)
 
 
-def run(module: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    return cli(module, *argv, cwd=cwd)
-
 
 def test_cli_device_mode_solve_then_evaluate(tmp_path: Path):
     reqs = tmp_path / "r.jsonl"
@@ -125,11 +121,11 @@ def test_cli_device_mode_solve_then_evaluate(tmp_path: Path):
                             for i, (p, g) in enumerate(zip(rng.integers(10, 2000, 200), rng.integers(1, 300, 200),
                                                            strict=True))))
     out = tmp_path / "out"
-    done = run("model.solve", str(reqs), "--cost-model", "device", "--device-profile", str(PROFILE),
+    done = cli("model.solve", str(reqs), "--cost-model", "device", "--device-profile", str(PROFILE),
                "--time-limit", "2", "--out", str(out), "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "device" in done.stdout
-    judged = run("model.evaluate", str(reqs), str(out / "plan_r.jsonl"), "--device-profile", str(PROFILE),
+    judged = cli("model.evaluate", str(reqs), str(out / "plan_r.jsonl"), "--device-profile", str(PROFILE),
                  cwd=tmp_path)
     assert judged.returncode == 0, judged.stdout + judged.stderr
 
@@ -143,7 +139,7 @@ def test_cli_device_flags_conflicts_exit_2(tmp_path: Path, argv, message):
     reqs = tmp_path / "r.jsonl"
     reqs.write_text('{"request_id": "a", "prompt_len": 10, "gen_len": 5}\n')
     argv = [str(PROFILE) if a == "PROFILE" else a for a in argv]
-    done = run("model.solve", str(reqs), *argv, "--out", str(tmp_path / "out"), cwd=tmp_path)
+    done = cli("model.solve", str(reqs), *argv, "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
 
@@ -158,7 +154,7 @@ def test_evaluate_rejects_a_batch_over_kv_capacity(tmp_path: Path):
                     f'{shape}}}\n')
     prof = tmp_path / "p.toml"
     prof.write_text(PROFILE.read_text().replace("kv_capacity_tokens = 66144", "kv_capacity_tokens = 2000"))
-    done = run("model.evaluate", str(reqs), str(plan), "--device-profile", str(prof), cwd=tmp_path)
+    done = cli("model.evaluate", str(reqs), str(plan), "--device-profile", str(prof), cwd=tmp_path)
     assert done.returncode == 1
     assert "kv-capacity" in done.stdout and "'b-3' holds 2136 KV tokens" in done.stdout
 
@@ -179,7 +175,7 @@ def test_scenario_device_profile_by_path_or_inline_table(tmp_path: Path):
     bad = tmp_path / "s3.toml"
     bad.write_text('max_shapes = 2\nmode = "strict"\ndevice = "dev.toml"\n\n[[bucket]]\nname = "r"\n'
                    'requests = "r.jsonl"\n')
-    done = run("model.solve", "--scenario", str(bad), "--out", str(tmp_path / "o"), cwd=tmp_path)
+    done = cli("model.solve", "--scenario", str(bad), "--out", str(tmp_path / "o"), cwd=tmp_path)
     assert done.returncode == 2 and "s3.toml:3" in done.stderr, done.stderr
 
 

@@ -44,7 +44,7 @@ from model.planning.reshape import redeclared
 from model.planning.runs import device_start
 from model.planning.stages import SearchOutcome, greedy_plan, search, shape_setup
 from model.runtime import Deadline
-from model.schema import OPTIMAL_GAP, Batching, Evaluation, Plan, Planned, Problem, SolveReport, Status
+from model.schema import OPTIMAL_GAP, Batching, Evaluation, Plan, Planned, Problem, SolveReport, Status, relative_gap
 from solvers.backends import get_backend
 from solvers.backends.result import Feature
 from solvers.packers import PACKERS
@@ -247,7 +247,7 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
                      "found the model had missed")
     if pass_note:
         notes.append(pass_note)
-    gap = (chosen.cost - first.bound) / chosen.cost if chosen.cost > 0 else 0.0
+    gap = relative_gap(chosen.cost, first.bound)
     if gap <= OPTIMAL_GAP:
         status = Status.OPTIMAL
     elif outcome.status in (Status.TIME_LIMIT_FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION) or clock.expired():

@@ -37,7 +37,7 @@ from model.cost.analytic import CostParams
 from model.cost.device import DeviceProfile
 from model.errors import InfeasibleError, NoPlanFound
 from model.planning.mip import Judged, judge, plan_mip
-from model.schema import OPTIMAL_GAP, Batching, Planned, Problem, SolveReport, Status
+from model.schema import OPTIMAL_GAP, Batching, Planned, Problem, SolveReport, Status, relative_gap
 from model.windows.bound import WindowBound, candidate_shapes, window_bound
 from model.windows.merge import merge
 from model.windows.parallel import run_items, shared
@@ -227,7 +227,7 @@ def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 
         notes.append(f"the windowed {chosen.name} packer's plan is cheaper under the exact cost model and is returned")
     notes.append(bound_note(bound))
     cost = chosen.cost
-    gap = (cost - bound.bound) / cost if cost > 0 else 0.0
+    gap = relative_gap(cost, bound.bound)
     if gap <= OPTIMAL_GAP:
         status = Status.OPTIMAL
     report = SolveReport(status, cost, bound.bound, gap, time.perf_counter() - t0, backend_name,
