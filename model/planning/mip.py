@@ -114,14 +114,21 @@ def device_fallbacks(problem: Problem) -> list[Judged]:
     plan that meets them starts the MIP instead, and every such plan stays a fallback, so
     the planner never returns a plan costlier than a packer's nor "no plan" when one has one.
     """
+    return [j for j in packer_plans(problem, ("dpfill", "pow2", "solo")) if j.acceptable]
+
+
+def packer_plans(problem: Problem, names: tuple[str, ...], deadline: Deadline = Deadline.never(),
+                 spent: float = 0.0) -> list[Judged]:
+    """The named packers' plans judged exactly, in order, while a judging (``spent``, with the margin) still
+    fits before ``deadline``; a packer that cannot plan the problem is skipped."""
     out = []
-    for name in ("dpfill", "pow2", "solo"):
+    for name in names:
+        if deadline.left() < JUDGE_MARGIN * spent:
+            break
         try:
-            judged = judge(problem, name, PACKERS[name](problem))
+            out.append(judge(problem, name, PACKERS[name](problem)))
         except InfeasibleError:
             continue
-        if judged.acceptable:
-            out.append(judged)
     return out
 
 
@@ -139,15 +146,7 @@ def last_resort(problem: Problem, deadline: Deadline, spent: float) -> list[Judg
     while the time lasts (every request alone is one of them), for the caller to take those that meet every
     limit.  A search over part of the boxes, or a time limit, may miss a plan such a simple rule has; no plan
     should be given up for that."""
-    out = []
-    for name in LAST_RESORT:
-        if deadline.left() < JUDGE_MARGIN * spent:
-            break
-        try:
-            out.append(judge(problem, name, PACKERS[name](problem)))
-        except InfeasibleError:
-            continue
-    return out
+    return packer_plans(problem, LAST_RESORT, deadline, spent)
 
 
 def final_shapes(problem: Problem, judged: Judged, deadline: Deadline, spent: float) -> tuple[Judged, str | None]:
