@@ -148,8 +148,8 @@ def window_problem(part: WindowPart, shapes: np.ndarray, k: int) -> Problem:
     return replace(part.problem, params=params, allowed_shapes=allowed, max_shapes=k)
 
 
-def _plan_window(item: tuple[int, float]) -> tuple[tuple[Batching, ...] | None, str, str, str]:
-    """Worker: one window's MIP plan (batchings or None, status, backend, version)."""
+def _plan_window(item: tuple[int, float]) -> tuple[tuple[Batching, ...] | None, str, str]:
+    """Worker: one window's MIP plan (batchings or None, backend, version)."""
     parts, shapes, k, backend = shared()
     w, time_limit = item
     sub = window_problem(parts[w], shapes, k)
@@ -157,8 +157,8 @@ def _plan_window(item: tuple[int, float]) -> tuple[tuple[Batching, ...] | None, 
         planned = plan_mip(sub, backend=backend, time_limit=max(0.2, time_limit))
     except (InfeasibleError, NoPlanFound) as exc:  # under these shapes only: proves nothing for the trace
         log.info("windows: window %d: %s", parts[w].index, exc)
-        return None, "infeasible", backend, ""
-    return planned.batchings, planned.report.status, planned.report.backend, planned.report.version
+        return None, backend, ""
+    return planned.batchings, planned.report.backend, planned.report.version
 
 
 def mip_per_window(problem: Problem, parts: list[WindowPart], shapes: np.ndarray, backend: str,
@@ -169,9 +169,10 @@ def mip_per_window(problem: Problem, parts: list[WindowPart], shapes: np.ndarray
     items = [(w, left * part.n_requests / total) for w, part in enumerate(parts)]
     big = len(parts) > 2 and total > 2000
     results = run_items(_plan_window, items, (parts, shapes, problem.max_shapes, backend), big)
+    _, backend_name, version = results[0]
     if any(r[0] is None for r in results):
-        return None, results[0][2], results[0][3]
-    return merge(problem, parts, [r[0] for r in results]), results[0][2], results[0][3]
+        return None, backend_name, version
+    return merge(problem, parts, [r[0] for r in results]), backend_name, version
 
 
 def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 60.0) -> Planned:
