@@ -111,7 +111,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def check_engine_flags(args: argparse.Namespace, unsupported: tuple[str, ...]) -> None:
-    """``--engine dask`` with a flag it does not support (named, all of them) or ``--scheduler`` without it: exit 2."""
+    """``--engine dask`` with a flag it does not support (named, all of them), ``--scheduler`` without it or
+    with an empty address (which would silently start a local cluster instead): exit 2."""
+    if args.scheduler is not None and not args.scheduler.strip():
+        raise InputError("--scheduler", None, None, "empty address; give one like tcp://HOST:8786, or leave the "
+                         "flag out for a local cluster")
     if args.engine != "dask":
         if args.scheduler is not None:
             raise InputError("--scheduler", None, None, "needs --engine dask")

@@ -241,6 +241,9 @@ def test_unsupported_flags_are_named(tmp_path, scheduler, chat):
                    "dask does not support --scenario, --plans")
     one_line_error(cli("model.solve", str(d), "--scheduler", "tcp://127.0.0.1:9", cwd=tmp_path),
                    "--scheduler", "needs --engine dask")
+    for argv in (["--engine", "dask"], []):  # an empty address never falls back to a local cluster
+        one_line_error(cli("model.solve", str(d), *argv, "--scheduler", " ", cwd=tmp_path), "--scheduler",
+                       "empty address")
 
 
 def test_unreachable_scheduler_is_quick_and_one_line(tmp_path, chat, monkeypatch):
