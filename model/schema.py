@@ -141,6 +141,25 @@ class Batching:
 
 
 @dataclass(frozen=True, eq=False)
+class CellRuns:
+    """A planner's answer for one bucket by cells, before any request is named: run r puts ``count[r]``
+    requests of histogram cell ``cell[r]`` into batch ``batch[r]``; ``shape_of[b]`` is batch b's declared
+    seq_align.  Runs are sorted by (cell, batch): a cell's requests, taken in file order, fill its runs in
+    that order (``model.expand.runs.batching_of_runs``).  Its size grows with cells and batches, never with
+    requests, so it is what a plan of 10^8 requests is made of before the partitions are written.
+    """
+
+    cell: np.ndarray
+    batch: np.ndarray
+    count: np.ndarray
+    shape_of: np.ndarray
+
+    @property
+    def n_batches(self) -> int:
+        return int(self.shape_of.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
 class Plan:
     """One bucket's plan as written to disk, in plan-file order."""
 

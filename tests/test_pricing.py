@@ -14,7 +14,7 @@ import pytest
 from model.cost.analytic import CostParams
 from model.formulation import pricing
 from model.formulation.boxes import box_unit_cost, bucket_model, candidate_grid
-from model.histogram.cells import build_histogram, gen_min_of
+from model.histogram.cells import build_histogram
 from model.schema import Bucket, Limits
 
 
@@ -35,7 +35,7 @@ def random_case(seed: int):
                  max_pad_ratio=0.2 if rng.random() < 0.5 else None)
     max_batch = int(rng.integers(1, 5)) if rng.random() < 0.4 else None
     h = build_histogram(b, int(rng.integers(3, 20)) if rng.random() < 0.3 else None)
-    bm = bucket_model(h, gen_min_of(g, h), lim, CostParams(), mode, 0, max_batch)
+    bm = bucket_model(h, h.gen_min, lim, CostParams(), mode, 0, max_batch)
     shapes = np.unique(np.r_[h.S, rng.integers(1, 12, 3) * 64]) if mode == "strict" else None
     grid = candidate_grid(bm, shapes)
     pi = box_unit_cost(bm, h.S, h.G) * rng.uniform(0.5, 3.0, len(h)) + rng.uniform(0, 3e7, len(h))

@@ -24,8 +24,12 @@ class Histogram:
     """Cells of one bucket, sorted by (S, G).
 
     ``G`` is each cell's gen value -- the exact gen_len, or after coarsening the upper
-    edge of its gen interval (so costs computed from it never understate).
-    ``cell_of[i]`` maps request i (file order) to its cell.
+    edge of its gen interval (so costs computed from it never understate); ``gen_min``
+    is the smallest real gen_len in the cell (padding is counted against it).
+    ``cell_of[i]`` maps request i (file order) to its cell; it is None for a histogram
+    built from counts alone (``from_counts``: no request is held, only the cells).
+    A coarsened histogram keeps ``of_fine``: the coarse cell of each cell of the exact
+    histogram it was made from.
     """
 
     name: str
@@ -34,8 +38,10 @@ class Histogram:
     count: np.ndarray
     prompt_sum: np.ndarray
     gen_sum: np.ndarray
-    cell_of: np.ndarray
+    cell_of: np.ndarray | None
+    gen_min: np.ndarray
     coarsened: bool = False
+    of_fine: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.S.shape[0])
@@ -62,28 +68,49 @@ def build_histogram(bucket: Bucket, max_gen_values: int | None = None) -> Histog
     """Aggregate a bucket into (S, G) cells; coarsen G when it has too many distinct values."""
     S = align(bucket.prompt_len)
     G = bucket.gen_len
-    coarsened = False
-    if max_gen_values is not None and len(np.unique(G)) > max_gen_values:
-        edges = gen_edges(G, max_gen_values)
-        G = edges[np.searchsorted(edges, G)]
-        coarsened = True
-        log.info("bucket %s: %d distinct gen values coarsened to %d upper edges (conservative)",
-                 bucket.name, len(np.unique(bucket.gen_len)), len(edges))
     width = int(G.max()) + 1
     key = (S // GRANULARITY) * width + G
     uniq, cell_of = _dense_unique(key)
     count = np.bincount(cell_of)
     prompt_sum = np.bincount(cell_of, weights=bucket.prompt_len).astype(np.int64)
-    gen_sum = np.bincount(cell_of, weights=bucket.gen_len).astype(np.int64)
-    return Histogram(bucket.name, (uniq // width) * GRANULARITY, uniq % width, count,
-                     prompt_sum, gen_sum, cell_of.astype(np.int64), coarsened)
+    G_cell = uniq % width
+    fine = Histogram(bucket.name, (uniq // width) * GRANULARITY, G_cell, count, prompt_sum, count * G_cell,
+                     cell_of.astype(np.int64), G_cell.copy())
+    if max_gen_values is None or len(np.unique(G_cell)) <= max_gen_values:
+        return fine
+    return coarsen(fine, max_gen_values)
 
 
-def gen_min_of(bucket_gen: np.ndarray, hist: Histogram) -> np.ndarray:
-    """Smallest real gen_len in each cell (padding is counted against it, so coarse cells never understate it)."""
-    out = np.full(len(hist), np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(out, hist.cell_of, bucket_gen)
-    return out
+def from_counts(name: str, S: np.ndarray, G: np.ndarray, count: np.ndarray, prompt_sum: np.ndarray) -> Histogram:
+    """The exact histogram of a bucket known only by its cells (aligned prompt S, exact gen G, request count and
+    prompt-token sum per cell, e.g. from a group-by over partitions): no request is held."""
+    S, G = np.asarray(S, dtype=np.int64), np.asarray(G, dtype=np.int64)
+    order = np.lexsort((G, S))
+    S, G = S[order], G[order]
+    if len(S) > 1 and not ((S[1:] > S[:-1]) | ((S[1:] == S[:-1]) & (G[1:] > G[:-1]))).all():
+        raise ValueError("cells repeat")
+    count = np.asarray(count, dtype=np.int64)[order]
+    return Histogram(name, S, G, count, np.asarray(prompt_sum, dtype=np.int64)[order], count * G, None, G.copy())
+
+
+def coarsen(fine: Histogram, max_gen_values: int) -> Histogram:
+    """The exact histogram with its gens rounded up to at most ``max_gen_values`` edges (``gen_edges`` over its
+    distinct gens): the same cells as aggregating the requests at those edges, and ``of_fine`` maps each exact
+    cell to its coarse one, so a bound priced on the coarse cells can be carried back to the exact ones."""
+    edges = gen_edges(fine.G, max_gen_values)
+    G_up = edges[np.searchsorted(edges, fine.G)]
+    width = int(G_up.max()) + 1
+    uniq, of_fine = np.unique((fine.S // GRANULARITY) * width + G_up, return_inverse=True)
+    n = len(uniq)
+    gen_min = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(gen_min, of_fine, fine.gen_min)
+    log.info("bucket %s: %d distinct gen values coarsened to %d upper edges (conservative)",
+             fine.name, len(np.unique(fine.G)), len(edges))
+    return Histogram(fine.name, (uniq // width) * GRANULARITY, uniq % width,
+                     np.bincount(of_fine, weights=fine.count, minlength=n).astype(np.int64),
+                     np.bincount(of_fine, weights=fine.prompt_sum, minlength=n).astype(np.int64),
+                     np.bincount(of_fine, weights=fine.gen_sum, minlength=n).astype(np.int64),
+                     None if fine.cell_of is None else of_fine[fine.cell_of], gen_min, True, of_fine)
 
 
 def _dense_unique(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -31,7 +31,7 @@ from model.formulation.pricing import (
     lagrangian_bound,
     shape_cap_dual,
 )
-from model.histogram.cells import Histogram, gen_min_of
+from model.histogram.cells import Histogram
 from model.planning.search import Space, grow
 from model.runtime import Deadline, DeadlineExceeded, interrupted
 from solvers.backends import Backend
@@ -159,12 +159,10 @@ def exact_bound(space: Space, fine: list[Histogram], cg: ColumnGeneration, compi
     p = space.problem
     fbms, fgrids, fduals = [], [], []
     for b, (hf, bm_c, d, f) in enumerate(zip(fine, space.bms, cg.duals, compile_fixed, strict=True)):
-        bucket = p.buckets[b]
-        bm = bucket_model(hf, gen_min_of(bucket.gen_len, hf), p.limits[b], p.params, p.mode)
+        bm = bucket_model(hf, hf.gen_min, p.limits[b], p.params, p.mode)
         fbms.append(replace(bm, const_cost=bm.const_cost + f))
         fgrids.append(candidate_grid(fbms[-1], space.shapes))
-        coarse_of_fine = np.zeros(len(hf), np.int64)
-        coarse_of_fine[hf.cell_of] = bm_c.hist.cell_of
+        coarse_of_fine = bm_c.hist.of_fine if bm_c.hist.of_fine is not None else np.arange(len(hf))
         fduals.append(replace(d, pi=d.pi[coarse_of_fine]))
     fine_space = Space(p, fbms, fgrids, space.shapes, space.fixed_shapes, space.options)
     floor = floor_bound(fine_space)

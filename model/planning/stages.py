@@ -13,9 +13,9 @@ import numpy as np
 
 from model.cost.analytic import compile_cost
 from model.errors import InfeasibleError
-from model.expand.assemble import box_of_requests
+from model.expand.runs import batching_of_runs, box_runs, deal
 from model.formulation.boxes import BucketModel, Grid, bucket_model, candidate_grid
-from model.histogram.cells import Histogram, build_histogram, gen_min_of
+from model.histogram.cells import Histogram, coarsen
 from model.planning.colgen import NoDuals, exact_bound, generate
 from model.planning.options import PlannerOptions
 from model.planning.reshape import reference_shape_set
@@ -33,13 +33,12 @@ from model.planning.search import (
 )
 from model.planning.shapes import choose_shapes
 from model.runtime import Deadline, DeadlineExceeded
-from model.schema import Batching, Problem, Status
+from model.schema import Batching, CellRuns, Problem, Status
 from model.shapeset import round_up_to, usable
 from solvers.backends import Backend, get_backend
 from solvers.backends.result import Feature
 from solvers.packers import PACKERS
 from solvers.packers.greedy import pack as greedy_pack
-from solvers.packers.grouping import balanced_batching, group_batching
 
 log = logging.getLogger("shapeplan")
 
@@ -75,6 +74,7 @@ class SearchOutcome:
     notes: tuple[str, ...]
     exact: bool = False
     native: str = ""  # the last MIP's status in the solver's own words
+    runs: tuple[CellRuns, ...] | None = None  # the plan by cells (None with no plan); ``batchings`` needs requests
 
     @property
     def proven_infeasible(self) -> bool:
@@ -85,8 +85,8 @@ def bucket_models(problem: Problem, hists: list[Histogram], reserves: tuple[int,
                   ) -> list[BucketModel]:
     """Bucket constants for each histogram under the problem's limits and cost model."""
     reserves = reserves or (0,) * len(hists)
-    return [bucket_model(h, gen_min_of(b.gen_len, h), lim, problem.params, problem.mode, r, problem.max_batch_size)
-            for h, b, lim, r in zip(hists, problem.buckets, problem.limits, reserves, strict=True)]
+    return [bucket_model(h, h.gen_min, lim, problem.params, problem.mode, r, problem.max_batch_size)
+            for h, lim, r in zip(hists, problem.limits, reserves, strict=True)]
 
 
 def reference_shapes(bms: list[BucketModel], max_shapes: int, allowed: np.ndarray | None = None) -> list[int]:
@@ -178,8 +178,7 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
     """
     n_t = len(setup.shapes) if setup.shapes is not None else len(np.unique(np.concatenate([h.S for h in fine])))
     budgets = [gen_budget(h, n_t, options) for h in fine]
-    hists = [build_histogram(b, k) if k < len(np.unique(h.G)) else h
-             for b, h, k in zip(problem.buckets, fine, budgets, strict=True)]
+    hists = [coarsen(h, k) if k < len(np.unique(h.G)) else h for h, k in zip(fine, budgets, strict=True)]
     coarsened = any(h.coarsened for h in hists)
     bms = [replace(bm, const_cost=bm.const_cost + f) for bm, f in zip(bucket_models(problem, hists, reserves),
                                                                       setup.compile_fixed, strict=True)]
@@ -261,25 +260,24 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
     if best is None:
         return SearchOutcome(None, None, bound, bucket_bounds, last.result.status, solver.name, solver.version(),
                              tuple(notes), exact, last.result.native)
-    batchings = tuple(batching_of(problem, b, bm, g, a, setup) for b, (bm, g, a)
-                      in enumerate(zip(bms, grids, best.assignment, strict=True)))
+    runs = tuple(runs_of(problem, b, h, bm, g, a, setup) for b, (h, bm, g, a)
+                 in enumerate(zip(fine, bms, grids, best.assignment, strict=True)))
+    batchings = tuple(batching_of_runs(h.cell_of, r) for h, r in zip(fine, runs, strict=True)) \
+        if all(h.cell_of is not None for h in fine) else None
     return SearchOutcome(batchings, best.objective, bound, bucket_bounds, best.result.status,
-                         best.result.backend, best.result.version, tuple(notes), exact)
+                         best.result.backend, best.result.version, tuple(notes), exact, runs=runs)
 
 
-def batching_of(problem: Problem, b: int, bm: BucketModel, grid: Grid, a: Assignment, setup: ShapeSetup
-                ) -> Batching:
-    """One bucket's solution as batches: the requests of each box dealt into its batches.
-
-    Device mode: a box's m_k batches hold lo_k..hi_k members each, so its members are
-    dealt into m_k near-equal batches, sorted by gen so each batch decodes as little as
-    it can.  Otherwise one batch per box, split under a batch-size cap by the packers'
-    own splitter.
-    """
-    box_of = box_of_requests(bm.hist.cell_of, a.arc_box, a.arc_cell, a.count)
-    declared = np.full(len(box_of), setup.ref_shape[b]) if setup.ref_shape is not None else grid.box(box_of)[0]
+def runs_of(problem: Problem, b: int, fine: Histogram, bm: BucketModel, grid: Grid, a: Assignment,
+            setup: ShapeSetup) -> CellRuns:
+    """One bucket's solution as batches of cells (``model.expand.runs``): the exact cells dealt to the boxes,
+    each box cut into its batches -- one per box, split under a batch-size cap, or in device mode the box's
+    m_k batches of near-equal size, which keeps each inside the size class lo_k..hi_k the model chose."""
+    cell, box, count = deal(fine, bm.hist, a.arc_cell, a.arc_box, a.count)
+    declared = np.full(len(box), setup.ref_shape[b]) if setup.ref_shape is not None else grid.box(box)[0]
+    batches = None
     if problem.mode == "device":
-        batches = np.zeros(len(grid), dtype=np.int64)
-        batches[a.box] = a.batches
-        return balanced_batching(problem.buckets[b], declared, box_of, batches)
-    return group_batching(problem.buckets[b], declared, (box_of,), problem.max_batch_size)
+        per_box = np.zeros(len(grid), dtype=np.int64)
+        per_box[a.box] = a.batches
+        batches = per_box[box]
+    return box_runs(fine, cell, box, count, declared, problem.mode, problem.max_batch_size, batches)
