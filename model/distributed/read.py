@@ -2,7 +2,8 @@
 
 Each partition is read by the in-memory loader (``model.load.requests.load_requests``), so a
 partition is held to exactly the rules of a request file, and a bad row is named by its own file
-and line.  The frame a partition becomes (``REQUEST_COLUMNS``) stays on its worker.
+and line.  The frame a partition becomes (``REQUEST_COLUMNS``) stays on its worker, or (``persist=False``,
+for sets larger than the workers' memory) is read again by each task that needs it.
 """
 
 from __future__ import annotations
@@ -81,15 +82,16 @@ def read_partition(path: str, part: int, fmt: str | None, mapping: str | None) -
     })
 
 
-def request_frame(client, source: Source, columns: str | None):
-    """The bucket as a Dask dataframe of its partitions, read and kept in the workers' memory (persisted)."""
+def request_frame(client, source: Source, columns: str | None, persist: bool = True):
+    """The bucket as a Dask dataframe of its partitions.  With ``persist`` (the default) they are read once and
+    kept in the workers' memory; without it the frame stays lazy, and every computation on it reads its
+    partitions again (cheap for Parquet), so no worker ever holds more than the partitions it works on."""
     import dask.dataframe as dd
 
     meta = pd.DataFrame({k: pd.Series(dtype=v) for k, v in REQUEST_COLUMNS.items()})
     ddf = dd.from_map(read_partition, [str(f) for f in source.files], list(range(len(source.files))),
                       args=(source.fmt, columns), meta=meta, label="read-requests", enforce_metadata=False)
-    ddf = client.persist(ddf)
-    return ddf
+    return client.persist(ddf) if persist else ddf
 
 
 def cells_of(frame: pd.DataFrame) -> pd.DataFrame:
@@ -135,14 +137,62 @@ def lengths(client, ddf) -> tuple[np.ndarray, np.ndarray]:
     return frame["prompt_len"].to_numpy(np.int64), frame["gen_len"].to_numpy(np.int64)
 
 
+MAX_HASH_BITS = 10  # at most 1024 hash ranges
+
+
+def id_hash(ids: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each id's text (pandas' SipHash); equal ids hash alike, different ids rarely do."""
+    return pd.util.hash_array(np.asarray(ids, dtype=object), categorize=False)
+
+
+def hash_split(frame: pd.DataFrame, bits: int) -> tuple[np.ndarray, ...]:
+    """Runs on a worker: a partition's id hashes, sorted and cut by their top ``bits`` bits into 2^bits ranges."""
+    h = np.sort(id_hash(frame["request_id"].to_numpy(dtype=object)))
+    if bits == 0:
+        return (h,)
+    bounds = np.arange(1, 1 << bits, dtype=np.uint64) << np.uint64(64 - bits)
+    return tuple(np.split(h, np.searchsorted(h, bounds)))
+
+
+def repeated_hashes(*pieces: np.ndarray) -> np.ndarray:
+    """Runs on a worker: the hashes of one range that occur more than once over all the partitions' pieces."""
+    h = np.sort(np.concatenate(pieces))
+    return np.unique(h[1:][h[1:] == h[:-1]])
+
+
+def rows_hashed(frame: pd.DataFrame, hashes: np.ndarray) -> pd.DataFrame:
+    """Runs on a worker: a partition's rows whose id hashes to one of ``hashes`` (id, partition, line)."""
+    hit = np.isin(id_hash(frame["request_id"].to_numpy(dtype=object)), hashes)
+    return frame.loc[hit, ["request_id", "part", "line"]]
+
+
 def check_unique_ids(client, ddf, source: Source) -> None:
-    """A request id may appear once in the whole bucket (each file checks its own; this checks across them)."""
-    counts = ddf["request_id"].value_counts()
-    dup = client.compute(counts[counts > 1]).result()
-    if not len(dup):
+    """A request id may appear once in the whole bucket (each file checks its own; this checks across them).
+
+    By hash ranges, so no task ever sees more than a range of hashes: each partition hashes its ids (64 bits)
+    and cuts them by the top bits into R ranges (R, a power of two, about the number of partitions); one task
+    per range gathers that range from every partition and finds the hashes that repeat.  Only ids with such a
+    hash are fetched and compared as text: two different ids with one hash are no duplicate.
+    """
+    import dask
+
+    n = ddf.npartitions
+    bits = min(MAX_HASH_BITS, max(0, (n - 1).bit_length()))
+    parts = ddf.to_delayed()
+    pieces = [dask.delayed(hash_split, nout=1 << bits)(part, bits) for part in parts]
+    ranges = [dask.delayed(repeated_hashes)(*(pc[r] for pc in pieces)) for r in range(1 << bits)]
+    hashes = np.unique(np.concatenate([np.zeros(0, np.uint64), *client.gather(client.compute(ranges))]))
+    if not len(hashes):
         return
+    shared = client.scatter(hashes, broadcast=True, hash=False)
+    found = client.gather(client.compute([dask.delayed(rows_hashed)(part, shared) for part in parts]))
+    rows = pd.concat(found, ignore_index=True)
+    counts = rows["request_id"].value_counts()
+    dup = counts[counts > 1]
+    if not len(dup):
+        return  # hash collisions of different ids only
     rid = str(sorted(dup.index.astype(str))[0])
-    where = client.compute(ddf[ddf["request_id"] == rid][["part", "line"]]).result().sort_values(["part", "line"])
+    where = rows[rows["request_id"] == rid][["part", "line"]].sort_values(["part", "line"])
     (p1, l1), (p2, l2) = where.to_numpy()[:2]
     raise InputError(str(source.files[p2]), int(l2), "request_id",
                      f"duplicate id {rid!r} (also at {source.files[p1]}:{int(l1)}); ids must be unique across "
