@@ -96,7 +96,7 @@ def main_dask(args: argparse.Namespace) -> int:
     results = []
     with connect(args.scheduler) as client:
         for req_src, plan_src in pairs:
-            reqs = request_frame(client, req_src, settings.columns)
+            reqs = request_frame(client, req_src, settings.columns, persist=False)  # read again by each pass
             check_unique_ids(client, reqs, req_src)
             with np.errstate(over="ignore", invalid="ignore"):
                 result = judge_bucket(client, req_src.name, req_src, reqs, plan_src, settings.limits,

@@ -1,40 +1,57 @@
 """A plan dataset judged partition by partition, with exact global metrics.
 
-The plan's records (any source: the files of a folder in name order, rows in order) are joined
-to the request partitions on ``request_id`` by Dask.  Every rule of the in-memory evaluator is
-checked on the join (exactly once, shape covers prompt, one shape per batch, the shape caps,
-the largest shape, the KV capacity), and the metrics come from two passes:
+The plan's records (any source: the files of a folder in name order, rows in order) are matched
+to the request partitions' rows.  Every rule of the in-memory evaluator is checked on the match
+(exactly once, shape covers prompt, one shape per batch, the shape caps, the largest shape, the
+KV capacity), and the metrics come from two passes:
 
-1. a group-by per batch: members, shape, largest aligned prompt and gen, and the batch's first
-   record in plan-file order (which fixes the batch order and the spike rule's "first member");
+1. per batch: members, shape, largest aligned prompt and gen, and the batch's first record in
+   plan-file order (which fixes the batch order and the spike rule's "first member");
 2. one task per partition, given that small batch table: each member's latency by the cost
    model's own rule (``latencies_given``), the spike added where ``spike_batches`` puts it, and
-   back come exact value counts of the latencies, each batch's largest latency, and sums.
+   back come exact value counts of the latencies and of the processed prompts, each batch's
+   largest latency, and sums.
 
 The client merges them: P95 by the same rank rule over the merged counts (``p95_of_counts``,
 exact, not sampled), sequential time as the sum of the batches' largest latencies, costs by
-``batch_costs``.  Nothing of the cost arithmetic is repeated here.
+``batch_costs`` and ``prefill_cost`` over the merged prompt counts (so the result does not depend
+on how the records were split into partitions).  Nothing of the cost arithmetic is repeated here.
+
+How records meet requests depends on the dataset:
+
+* aligned (what ``python -m model.solve --engine dask`` writes, see ``model.distributed.write``):
+  ``part-00000`` holds a few records (the spike-taking members) and ``part-0000k`` the records of
+  request partition k-1 in its row order, those few removed.  One task per partition reads the
+  partition and its plan file and checks exactly that; if every partition passes and each record
+  of ``part-00000`` names a request found once, every request is planned exactly once and the
+  match is by position: no shuffle, and no task holds more than one partition and its plan file.
+* anything else: a Dask merge on ``request_id`` (held in the workers' memory, so for data sets
+  that fit there), which also names what is twice, unknown or missing.
+
+Both give the same result, bit for bit.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from model.cost.analytic import prefill_cost
 from model.cost.common import GRANULARITY, align
 from model.cost.device import DeviceProfile, kv_tokens
 from model.cost.metrics import (
     Metrics,
     batch_costs,
     latencies_given,
-    member_prefill_cost,
     p95_of_counts,
     spike_batches,
     spike_ms,
 )
-from model.distributed.read import Source
+from model.distributed.read import Source, id_hash
 from model.errors import InputError
 from model.evaluation.validate import limit_checks
 from model.load.requests import MAX_LEN
@@ -43,6 +60,11 @@ from model.schema import BucketResult, Limits, Violation
 PLAN_COLUMNS = {"request_id": "object", "batch_id": "object", "seq_align": "int64", "ppart": "int64",
                 "prow": "int64"}
 ROW_BITS = 40  # a record's plan-file position: (file index << 40) | row
+LEAD_MAX = 100_000  # a part-00000 longer than this is no aligned layout's (it holds one record per shape)
+BATCH_AGG = {"n": ("seq_align", "size"), "shape_min": ("seq_align", "min"), "shape_max": ("seq_align", "max"),
+             "s_ref": ("s_ref", "max"), "g_max": ("gen_len", "max"), "first": ("pos", "min")}
+BATCH_MERGE = {"n": "sum", "shape_min": "min", "shape_max": "max", "s_ref": "max", "g_max": "max", "first": "min"}
+BATCH_META = {"batch_id": "object", "seq_align": "int64", "s_ref": "int64", "gen_len": "int64", "pos": "int64"}
 
 
 def read_plan_partition(path: str, index: int) -> pd.DataFrame:
@@ -136,13 +158,21 @@ def _batch_columns(frame: pd.DataFrame) -> pd.DataFrame:
 def batch_table(client, joined) -> pd.DataFrame:
     """Per batch, in plan-file order of first appearance: members, smallest and largest shape, largest aligned
     prompt and gen, and the position of its first record."""
-    cols = joined.map_partitions(_batch_columns, meta={"batch_id": "object", "seq_align": "int64", "s_ref": "int64",
-                                                       "gen_len": "int64", "pos": "int64"})
-    agg = cols.groupby("batch_id").agg(n=("seq_align", "size"), shape_min=("seq_align", "min"),
-                                       shape_max=("seq_align", "max"), s_ref=("s_ref", "max"),
-                                       g_max=("gen_len", "max"), first=("pos", "min"))
-    table = client.compute(agg).result().sort_values("first", kind="stable")
+    cols = joined.map_partitions(_batch_columns, meta=BATCH_META)
+    table = client.compute(cols.groupby("batch_id").agg(**BATCH_AGG)).result().sort_values("first", kind="stable")
     return table.reset_index()
+
+
+def partial_batches(joined: pd.DataFrame) -> pd.DataFrame:
+    """The batch table of some of the records (one partition's), to be merged by ``merge_batches``."""
+    return _batch_columns(joined).groupby("batch_id", sort=False).agg(**BATCH_AGG)
+
+
+def merge_batches(partials: list[pd.DataFrame]) -> pd.DataFrame:
+    """The batch table (as ``batch_table``) from the partial tables of disjoint sets of records."""
+    table = pd.concat(partials).groupby(level=0, sort=False).agg(BATCH_MERGE).astype(np.int64)
+    table.index.name = "batch_id"
+    return table.sort_values("first", kind="stable").reset_index()
 
 
 def member_pass(frame: pd.DataFrame, index: pd.Index, n_b: np.ndarray, batch_shape: np.ndarray, s_max: np.ndarray,
@@ -168,22 +198,42 @@ def member_pass(frame: pd.DataFrame, index: pd.Index, n_b: np.ndarray, batch_sha
         first_short = (int(pos[k]), str(frame["request_id"].iloc[k]), int(seq[k]), int(aligned[k]))
     return {"values": values, "counts": counts, "worst_code": worst.index.to_numpy(np.int64),
             "worst": worst.to_numpy(np.float64),
-            "prefill": None if mode == "device" else member_prefill_cost(S, p),
+            "S_counts": None if mode == "device" else np.unique(S, return_counts=True),
             "S": int(S.sum()), "prompt": int(prompt.sum()), "gen": int(gen.sum()), "n": len(frame),
             "short": (len(short), first_short)}
 
 
 def judge_bucket(client, name: str, req_src: Source, reqs, plan_src: Source, limits: Limits, max_shapes: int,
                  max_seq_len: int | None, p, mode: str) -> BucketResult:
-    """One bucket's plan dataset validated and judged: the in-memory evaluator's result, computed partition-wise."""
+    """One bucket's plan dataset validated and judged: the in-memory evaluator's result, computed partition-wise.
+
+    ``reqs`` is the request frame (``read.request_frame``, persisted or not), its ids unique across the
+    partitions (``read.check_unique_ids``, which the evaluator runs first).  An aligned dataset is matched by
+    position (see the module docstring), anything else by a merge on ``request_id``.
+    """
     import dask
 
-    plan = plan_frame(client, plan_src)
-    problems = coverage(client, name, plan_src, req_src, plan, reqs)
-    if problems:
-        return BucketResult(name, None, (), tuple(problems))
-    joined = client.persist(plan.merge(reqs[["request_id", "prompt_len", "gen_len"]], on="request_id", how="inner"))
-    bt = batch_table(client, joined)
+    layout = aligned_layout(client, reqs, plan_src)
+    if layout is None:
+        plan = plan_frame(client, plan_src)
+        problems = coverage(client, name, plan_src, req_src, plan, reqs)
+        if problems:
+            return BucketResult(name, None, (), tuple(problems))
+        joined = client.persist(plan.merge(reqs[["request_id", "prompt_len", "gen_len"]], on="request_id",
+                                           how="inner"))
+        bt = batch_table(client, joined)
+
+        def tasks(shared: list) -> list:
+            return [dask.delayed(member_pass)(part, *shared, p, mode) for part in joined.to_delayed()]
+        local: list[pd.DataFrame] = []
+    else:
+        bt = layout.batches
+
+        def tasks(shared: list) -> list:
+            return [dask.delayed(aligned_member_pass)(part, str(plan_src.files[k + 1]), k + 1, layout.lead_rows[k],
+                                                      *shared, p, mode)
+                    for k, part in enumerate(reqs.to_delayed())]
+        local = [layout.leads]
     ids = bt["batch_id"].to_numpy(dtype=object)
     n_b = bt["n"].to_numpy(np.int64)
     batch_shape = bt["shape_min"].to_numpy(np.int64)  # a batch of two shapes is broken below; its first is kept
@@ -191,10 +241,11 @@ def judge_bucket(client, name: str, req_src: Source, reqs, plan_src: Source, lim
     s_max = bt["s_ref"].to_numpy(np.int64) if mode == "reference" else batch_shape
     spiked = bt["first"].to_numpy(np.int64)[spike_batches(ids, batch_shape)]
     index = pd.Index(ids)
-    shared = [client.scatter(x, broadcast=True) for x in (index, n_b, batch_shape, s_max, g_max, spiked)]
-    tasks = [dask.delayed(member_pass)(part, *shared, p, mode) for part in joined.to_delayed()]
-    parts = client.gather(client.compute(tasks))
-    problems += shape_problems(name, plan_src, bt, parts, max_shapes, max_seq_len)
+    given = (index, n_b, batch_shape, s_max, g_max, spiked)
+    shared = [client.scatter(x, broadcast=True, hash=False) for x in given]
+    parts = client.gather(client.compute(tasks(shared)))
+    parts += [member_pass(frame, *given, p, mode) for frame in local]
+    problems = shape_problems(name, plan_src, bt, parts, max_shapes, max_seq_len)
     if mode == "device" and isinstance(p, DeviceProfile) and p.kv_capacity_tokens is not None:
         tokens = kv_tokens(n_b, batch_shape, g_max)
         over = np.flatnonzero(tokens > p.kv_capacity_tokens)
@@ -206,6 +257,108 @@ def judge_bucket(client, name: str, req_src: Source, reqs, plan_src: Source, lim
                                       f"{'es' if len(over) > 1 else ''} over)"))
     metrics = merged_metrics(parts, n_b, batch_shape, s_max, g_max, p, mode)
     return BucketResult(name, metrics, limit_checks(metrics, limits), tuple(problems))
+
+
+# -- the aligned layout: records matched to requests by position ---------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """An aligned dataset, proven to plan every request exactly once: its batch table, the records of
+    ``part-00000`` with their requests' lengths, and per request partition the rows those records name."""
+
+    batches: pd.DataFrame
+    leads: pd.DataFrame
+    lead_rows: list[np.ndarray]
+
+
+def lead_rows(ids: np.ndarray, lead_ids: np.ndarray, lead_hash: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``ids`` that are among ``lead_ids`` (by hash, then compared as text), and which lead each is."""
+    if not len(lead_ids):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    rows = np.flatnonzero(np.isin(id_hash(ids), lead_hash))
+    at = pd.Index(lead_ids).get_indexer(ids[rows])
+    return rows[at >= 0].astype(np.int64), at[at >= 0].astype(np.int64)
+
+
+def _matched(plan: pd.DataFrame, req: pd.DataFrame, leads: np.ndarray) -> pd.DataFrame:
+    """A plan file's records with the lengths of the request rows they name (the partition's rows but ``leads``)."""
+    keep = np.ones(len(req), dtype=bool)
+    keep[leads] = False
+    return plan.assign(prompt_len=req["prompt_len"].to_numpy(np.int64)[keep],
+                       gen_len=req["gen_len"].to_numpy(np.int64)[keep])
+
+
+def _aligned(plan: pd.DataFrame, req: pd.DataFrame, leads: np.ndarray) -> bool:
+    ids = np.delete(req["request_id"].to_numpy(dtype=object), leads)
+    named = plan["request_id"].to_numpy(dtype=object)
+    return len(ids) == len(named) and bool((ids == named).all())
+
+
+def align_partition(req: pd.DataFrame, plan_path: str, index: int, lead_ids: np.ndarray,
+                    lead_hash: np.ndarray) -> dict | None:
+    """Runs on a worker, for request partition ``index - 1`` and plan file ``index``: None unless the file's
+    records name the partition's rows in order, the ``part-00000`` ones left out; else the partition's batch
+    table and its rows named in ``part-00000``, with their lengths."""
+    plan = read_plan_partition(plan_path, index)
+    rows, at = lead_rows(req["request_id"].to_numpy(dtype=object), lead_ids, lead_hash)
+    if not _aligned(plan, req, rows):
+        return None
+    return {"batches": partial_batches(_matched(plan, req, rows)), "rows": rows, "at": at,
+            "prompt": req["prompt_len"].to_numpy(np.int64)[rows], "gen": req["gen_len"].to_numpy(np.int64)[rows]}
+
+
+def aligned_member_pass(req: pd.DataFrame, plan_path: str, index: int, leads: np.ndarray, *given) -> dict:
+    """``member_pass`` on a request partition and its plan file, matched by position (``align_partition``
+    proved it; a file changed since is bad input)."""
+    plan = read_plan_partition(plan_path, index)
+    if not _aligned(plan, req, leads):
+        raise InputError(plan_path, None, None, "changed while it was judged")
+    return member_pass(_matched(plan, req, leads), *given)
+
+
+def aligned_layout(client, reqs, plan_src: Source) -> Layout | None:
+    """The dataset as aligned (see the module docstring) and proven to plan every request exactly once, or None
+    (then the general path judges it).  A bad record raises as in the general path."""
+    from distributed import as_completed
+
+    n = reqs.npartitions
+    if plan_src.fmt != "parquet" or len(plan_src.files) != n + 1:
+        return None
+    try:
+        if pq.ParquetFile(plan_src.files[0]).metadata.num_rows > LEAD_MAX:
+            return None
+    except (OSError, pa.ArrowException):
+        return None  # the general path says what is wrong with it
+    lead = read_plan_partition(str(plan_src.files[0]), 0)
+    lead_ids = lead["request_id"].to_numpy(dtype=object)
+    if not pd.Index(lead_ids).is_unique:
+        return None
+    import dask
+
+    shared = client.scatter([lead_ids, id_hash(lead_ids)], broadcast=True, hash=False)
+    tasks = [dask.delayed(align_partition)(part, str(plan_src.files[k + 1]), k + 1, *shared)
+             for k, part in enumerate(reqs.to_delayed())]
+    futures = client.compute(tasks)
+    order = {f.key: k for k, f in enumerate(futures)}
+    found: list[dict | None] = [None] * n
+    try:
+        for future, result in as_completed(futures, loop=client.loop, with_results=True):
+            if result is None:  # not aligned: no need to look further
+                client.cancel(futures)
+                return None
+            found[order[future.key]] = result
+    except BaseException:
+        client.cancel(futures)
+        raise
+    at = np.concatenate([np.zeros(0, np.int64), *(r["at"] for r in found)])
+    if len(at) != len(lead_ids) or len(np.unique(at)) != len(lead_ids):
+        return None  # a part-00000 record names no request (or, with repeated ids, more than one)
+    prompt, gen = np.zeros(len(lead_ids), np.int64), np.zeros(len(lead_ids), np.int64)
+    for r in found:
+        prompt[r["at"]], gen[r["at"]] = r["prompt"], r["gen"]
+    leads = lead.assign(prompt_len=prompt, gen_len=gen)
+    batches = merge_batches([*(r["batches"] for r in found), partial_batches(leads)])
+    return Layout(batches, leads, [r["rows"] for r in found])
 
 
 def shape_problems(name: str, plan_src: Source, bt: pd.DataFrame, parts: list[dict], max_shapes: int,
@@ -237,7 +390,7 @@ def shape_problems(name: str, plan_src: Source, bt: pd.DataFrame, parts: list[di
 def merged_metrics(parts: list[dict], n_b: np.ndarray, batch_shape: np.ndarray, s_max: np.ndarray,
                    g_max: np.ndarray, p, mode: str) -> Metrics:
     """The bucket's metrics from the partitions' exact counts and sums (see the module docstring)."""
-    prefill = None if mode == "device" else float(sum(pt["prefill"] for pt in parts))
+    prefill = None if mode == "device" else prefill_of_counts([pt["S_counts"] for pt in parts], p)
     prefill_total, decode_total, overhead_total, compile_total = batch_costs(n_b, batch_shape, s_max, g_max, prefill,
                                                                              p, mode)
     worst = np.full(len(n_b), -np.inf)
@@ -252,3 +405,13 @@ def merged_metrics(parts: list[dict], n_b: np.ndarray, batch_shape: np.ndarray, 
                    pad_tokens=pad, real_tokens=real, pad_ratio=pad / real, p95_latency_ms=p95_of_counts(values, counts),
                    sequential_ms=float(worst.sum()), n_requests=int(sum(pt["n"] for pt in parts)),
                    n_batches=len(n_b), shapes=tuple(int(s) for s in np.unique(batch_shape)))
+
+
+def prefill_of_counts(counts: list[tuple[np.ndarray, np.ndarray]], p) -> float:
+    """The analytic prefill total (``member_prefill_cost``: the members' ``prefill_cost`` summed) from the
+    partitions' value counts of the processed prompts S: merged first, so the sum is the same however the
+    members were split."""
+    values, inverse = np.unique(np.concatenate([v for v, _ in counts]), return_inverse=True)
+    n = np.zeros(len(values), dtype=np.int64)
+    np.add.at(n, inverse, np.concatenate([c for _, c in counts]).astype(np.int64))
+    return float((prefill_cost(values, p) * n).sum())
