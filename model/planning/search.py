@@ -68,6 +68,26 @@ def seed_restriction(bm: BucketModel, grid: Grid, extra_cell: np.ndarray, extra_
                       np.concatenate([own, extra_box]))
 
 
+def cover_arcs(bm: BucketModel, grid: Grid, shapes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(cell, grid box) arcs that make a first model feasible without a warm start: every cell at its own gen
+    at the smallest of ``shapes`` covering it (default: the grid's largest shape).
+
+    Each cell's own tight box may use more shapes than the cap K allows (strict mode searches every candidate
+    shape when there are few), so the first LP could be infeasible; arcs over at most K shapes (the shape
+    relaxation's) make its relaxation feasible.  Limits are not considered: a P95 or sequential limit may
+    still leave the first MIP without a plan (the greedy start is what meets those).  Cells that do not fit
+    alone (KV capacity), or that no shape covers, get none.
+    """
+    hist = bm.hist
+    ts = grid.ts if shapes is None else np.intersect1d(np.asarray(shapes, dtype=np.int64), grid.ts)
+    ts = ts if len(ts) and ts[-1] >= hist.S.max() else np.r_[ts, grid.ts[-1]]
+    cell = np.arange(len(hist))
+    t = ts[np.minimum(np.searchsorted(ts, hist.S), len(ts) - 1)]
+    v = np.where(t >= hist.S[cell], variant_of_size(bm, t, hist.G[cell], 1), -1)
+    fits = v >= 0
+    return cell[fits], grid.index(t[fits], hist.G[cell[fits]], v[fits])
+
+
 def full_restriction(bm: BucketModel, grid: Grid) -> Restriction:
     """Every box of the grid with every cell that fits it: the whole model (for small buckets)."""
     hist = bm.hist

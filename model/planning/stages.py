@@ -23,6 +23,7 @@ from model.planning.search import (
     Assignment,
     Space,
     assignment_from_batching,
+    cover_arcs,
     full_restriction,
     full_size,
     merge,
@@ -53,6 +54,7 @@ class ShapeSetup:
     bound: float  # certified bound from the shape relaxation (-inf in reference mode)
     covers_all: bool  # the search space is the whole problem, so its Lagrangian certifies too
     notes: tuple[str, ...]
+    chosen: np.ndarray | None = None  # strict: the relaxation's K shapes (a start that meets the cap)
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,7 +142,8 @@ def shape_setup(problem: Problem, fine: list[Histogram], options: PlannerOptions
     shapes = all_shapes if len(all_shapes) <= options.all_shapes_max else np.asarray(choice.shapes, dtype=np.int64)
     note = ("strict mode: shapes chosen by the shape relaxation; the bound is that relaxation (every request at "
             "its own gen_len under the best K shapes) or the Lagrangian, whichever is higher")
-    return ShapeSetup(shapes, None, [0.0] * len(fine), choice.bound, len(shapes) == len(all_shapes), (note,))
+    return ShapeSetup(shapes, None, [0.0] * len(fine), choice.bound, len(shapes) == len(all_shapes), (note,),
+                      np.asarray(choice.shapes, dtype=np.int64))
 
 
 def gen_budget(hist: Histogram, n_t: int, options: PlannerOptions) -> int:
@@ -193,8 +196,11 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
     if whole:
         res = [full_restriction(bm, g) for bm, g in zip(bms, grids, strict=True)]
     else:
-        res = [seed_restriction(bm, g, w.arc_cell if w else empty, w.arc_box if w else empty)
-               for bm, g, w in zip(bms, grids, warm or [None] * len(bms), strict=True)]
+        # no warm start under a shape choice: every cell also at the largest shape, so the first LP is feasible
+        seeds = [(w.arc_cell, w.arc_box) if w else cover_arcs(bm, g, setup.chosen) if setup.shapes is not None
+                 else (empty, empty)
+                 for bm, g, w in zip(bms, grids, warm or [None] * len(bms), strict=True)]
+        res = [seed_restriction(bm, g, c, x) for bm, g, (c, x) in zip(bms, grids, seeds, strict=True)]
     # the MIP over every box of exact cells, nothing held back, spikes placed exactly, is the problem itself
     exact = (whole and setup.covers_all and not coarsened and not any(reserves or ())
              and space.spike_per_arc(res))
