@@ -127,12 +127,17 @@ def check_cost_range(problem: Problem, source: str) -> None:
     rounded up to a power of two), plus a compile per shape -- and refuses coefficients for
     which that bound is inf or NaN: planning and evaluation would otherwise compare infinities.
     """
+    check_cost_extent(problem, sum(len(b) for b in problem.buckets),
+                      max(int(align(b.prompt_len).max()) for b in problem.buckets),
+                      max(int(b.gen_len.max()) for b in problem.buckets), source)
+
+
+def check_cost_extent(problem: Problem, n: int, s_top: int, g_hi: int, source: str) -> None:
+    """``check_cost_range`` given the requests' extent: how many, the largest aligned prompt and gen (what a
+    histogram tells without the requests)."""
     if not isinstance(problem.params, CostParams):  # device profiles are checked finite by their own loader
         return
-    n = sum(len(b) for b in problem.buckets)
-    s_top = max(int(align(b.prompt_len).max()) for b in problem.buckets)
     s_hi = max(1 << (s_top - 1).bit_length(), problem.max_seq_len or 0)
-    g_hi = max(int(b.gen_len.max()) for b in problem.buckets)
     p, shapes = problem.params, min(problem.max_shapes, n)
     with np.errstate(over="ignore", invalid="ignore"):
         cost = n * (prefill_cost(s_hi, p) + decode_cost(s_hi, g_hi, p) + p.Kbatch_overhead_cost) \

@@ -116,7 +116,8 @@ def batch_index(batch_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return codes.astype(np.int64), np.asarray(uniques, dtype=object)
 
 
-def _segment_max(values: np.ndarray, codes: np.ndarray, nb: int) -> np.ndarray:
+def segment_max(values: np.ndarray, codes: np.ndarray, nb: int) -> np.ndarray:
+    """The largest value per code 0..nb-1 (a batch's longest gen, largest latency, ...)."""
     out = np.full(nb, np.iinfo(np.int64).min if values.dtype.kind in "iu" else -np.inf, dtype=values.dtype)
     np.maximum.at(out, codes, values) if len(values) < 4096 else _sorted_max(out, values, codes)
     return out
@@ -178,8 +179,8 @@ def batch_latencies(prompt_len, gen_len, codes: np.ndarray, shape_of: np.ndarray
     shape_of = np.asarray(shape_of, dtype=np.int64)
     nb = len(shape_of)
     S = shape_of[codes] if mode != "reference" else align(np.asarray(prompt_len, dtype=np.int64))
-    s_max = _segment_max(S, codes, nb) if mode == "reference" else shape_of
-    g_max = _segment_max(gen_len, codes, nb)
+    s_max = segment_max(S, codes, nb) if mode == "reference" else shape_of
+    g_max = segment_max(gen_len, codes, nb)
     latency = latencies_given(S, codes, np.bincount(codes, minlength=nb), s_max, g_max, p, mode)
     return latency, S, s_max, g_max
 
@@ -210,7 +211,7 @@ def batch_kv_tokens(batch_ids, gen_len, seq_align) -> tuple[np.ndarray, np.ndarr
     codes, uniques = batch_index(batch_ids)
     nb = len(uniques)
     shape = np.asarray(seq_align, dtype=np.int64)[np.unique(codes, return_index=True)[1]]
-    g_max = _segment_max(np.asarray(gen_len, dtype=np.int64), codes, nb)
+    g_max = segment_max(np.asarray(gen_len, dtype=np.int64), codes, nb)
     return kv_tokens(np.bincount(codes, minlength=nb), shape, g_max), uniques
 
 
@@ -228,9 +229,11 @@ def _costs(v: _BatchView, p: Coefficients, mode: Mode) -> tuple[float, float, fl
     return batch_costs(v.n_b, v.batch_shape, v.s_max, v.g_max, prefill_total, p, mode)
 
 
-def member_prefill_cost(S: np.ndarray, p: CostParams) -> float:
-    """Analytic modes: the prefill cost of members processed at S (sums over any split of the members add up)."""
-    return float(prefill_cost(S, p).sum())
+def member_prefill_cost(S: np.ndarray, p: CostParams, weight: np.ndarray | None = None) -> float:
+    """Analytic modes: the prefill cost of members processed at S (sums over any split of the members add up);
+    with ``weight``, S[i] stands for weight[i] members."""
+    each = prefill_cost(S, p)
+    return float(each.sum() if weight is None else (each * weight).sum())
 
 
 def batch_costs(n_b: np.ndarray, batch_shape: np.ndarray, s_max: np.ndarray, g_max: np.ndarray,
@@ -255,6 +258,22 @@ def p95_of_counts(values: np.ndarray, counts: np.ndarray) -> float:
     return float(np.asarray(values, dtype=np.float64)[order][np.searchsorted(cum, k, side="right")])
 
 
+def counted_metrics(latency: np.ndarray, counts: np.ndarray, codes: np.ndarray, n_b: np.ndarray,
+                    batch_shape: np.ndarray, s_max: np.ndarray, g_max: np.ndarray, prefill_total: float | None,
+                    pad: int, real: int, p: Coefficients, mode: Mode) -> Metrics:
+    """Metrics from latencies given as counts (spikes included): ``counts[i]`` members of batch ``codes[i]``
+    have latency ``latency[i]``.  The rules of ``plan_metrics`` -- P95 rank, sequential time as the sum of
+    the batches' largest latencies, costs from the batches' extents -- for callers that never hold one
+    record per request (plans by cells, partitions merged)."""
+    prefill, decode, overhead, compile_total = batch_costs(n_b, batch_shape, s_max, g_max, prefill_total, p, mode)
+    worst = segment_max(np.asarray(latency, dtype=np.float64), np.asarray(codes, dtype=np.int64), len(n_b))
+    return Metrics(cost=prefill + decode + overhead + compile_total, prefill_cost=prefill, decode_cost=decode,
+                   overhead_cost=overhead, compile_cost=compile_total, pad_tokens=int(pad), real_tokens=int(real),
+                   pad_ratio=pad / real, p95_latency_ms=p95_of_counts(latency, counts),
+                   sequential_ms=float(worst.sum()), n_requests=int(np.asarray(counts).sum()),
+                   n_batches=len(n_b), shapes=tuple(int(s) for s in np.unique(batch_shape)))
+
+
 def plan_metrics(prompt_len: np.ndarray, gen_len: np.ndarray, batch_ids: np.ndarray,
                  seq_align: np.ndarray, p: Coefficients = CostParams(), mode: Mode = "reference",
                  wait_ms: np.ndarray | None = None) -> Metrics:
@@ -275,7 +294,7 @@ def plan_metrics(prompt_len: np.ndarray, gen_len: np.ndarray, batch_ids: np.ndar
     k = p95_rank(n)
     waited = v.latency if wait_ms is None else v.latency + np.asarray(wait_ms, dtype=np.float64)
     p95 = float(np.partition(waited, k)[k])
-    seq = float(_segment_max(v.latency, v.codes, len(v.n_b)).sum())
+    seq = float(segment_max(v.latency, v.codes, len(v.n_b)).sum())
     return Metrics(cost=cost, prefill_cost=prefill_total, decode_cost=decode_total,
                    overhead_cost=overhead_total, compile_cost=compile_total, pad_tokens=pad,
                    real_tokens=real, pad_ratio=pad / real, p95_latency_ms=p95, sequential_ms=seq,

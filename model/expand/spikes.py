@@ -29,13 +29,15 @@ from model.cost.common import allowed_above
 from model.schema import Limits
 
 
-def spike_leads(codes: np.ndarray, shape_of: np.ndarray, latency: np.ndarray, spike: float, limits: Limits
-                ) -> tuple[np.ndarray, np.ndarray]:
+def spike_leads(codes: np.ndarray, shape_of: np.ndarray, latency: np.ndarray, spike: float, limits: Limits,
+                weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(lead, takes): per batch the record that goes first, and whether that batch takes its shape's spike.
 
     ``codes`` numbers each record's batch 0..nb-1 (every batch non-empty), ``latency``
     is each record's latency without spikes.  A batch that takes the spike leads with
-    its recipient, every other batch with its fastest member.
+    its recipient, every other batch with its fastest member.  With ``weight`` a record
+    stands for that many members of equal latency (a run of one cell in one batch): the
+    P95 allowance counts members, and the spike goes to one member of the chosen record.
     """
     codes = np.asarray(codes, dtype=np.int64)
     shape_of = np.asarray(shape_of, dtype=np.int64)
@@ -70,7 +72,8 @@ def spike_leads(codes: np.ndarray, shape_of: np.ndarray, latency: np.ndarray, sp
     else:
         slack = np.inf
         if limit is not None:
-            slack = allowed_above(n) - int((latency > limit).sum())
+            w = np.ones(n, dtype=np.int64) if weight is None else np.asarray(weight, dtype=np.int64)
+            slack = allowed_above(int(w.sum())) - int(w[latency > limit].sum())
         forced = [s for s in best_all if s not in best_safe]
         slack -= sum(int(cross[best_all[s]]) for s in forced)
         saving = sorted(((inc[best_safe[s]] - inc[a], s) for s, a in best_all.items() if s in best_safe),

@@ -1,0 +1,115 @@
+"""Plans by cells judged exactly: the one cost model on runs (``CellRuns``), never one record per request.
+
+A run is ``count`` requests of one exact cell (aligned prompt S, gen G) in one batch; they
+share their latency, so every metric of ``model.cost.metrics`` follows from the runs, the
+batches' extents and the cells' token sums -- exactly what the expanded plan evaluates to,
+request by request.  Each shape's compile spike is placed by the expansion's own rule
+(``model.expand.spikes.spike_leads``, members weighted by run), on the first request of the
+chosen run.  The rules that hold by construction for runs (every request exactly once) are
+not re-checked; the shape rules are: a batch's shape covers each of its cells, the largest
+allowed shape, the allowed shapes, the K cap per bucket and across buckets, the KV capacity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from model.cost.device import DeviceProfile, kv_tokens
+from model.cost.metrics import (
+    Metrics,
+    counted_metrics,
+    latencies_given,
+    member_prefill_cost,
+    segment_max,
+    spike_ms,
+)
+from model.evaluation.validate import limit_checks
+from model.expand.spikes import spike_leads
+from model.histogram.cells import Histogram
+from model.schema import BucketResult, CellRuns, Evaluation, Limits, Problem, Violation
+
+
+@dataclass(frozen=True, eq=False)
+class RunsJudged:
+    """One bucket's runs judged: the result, and per batch the run that leads it and whether it takes its shape's
+    compile spike (the first request of that run goes first in the batch)."""
+
+    result: BucketResult
+    lead: np.ndarray
+    takes: np.ndarray
+
+
+def run_metrics(hist: Histogram, runs: CellRuns, p, mode: str, limits: Limits) -> tuple[Metrics, np.ndarray,
+                                                                                          np.ndarray]:
+    """(metrics, lead run per batch, takes per batch) of a bucket's runs over its exact histogram."""
+    nb = runs.n_batches
+    count = runs.count
+    S = hist.S[runs.cell] if mode == "reference" else runs.shape_of[runs.batch]
+    n_b = np.bincount(runs.batch, weights=count, minlength=nb).astype(np.int64)
+    s_max = segment_max(S, runs.batch, nb) if mode == "reference" else runs.shape_of
+    g_max = segment_max(hist.G[runs.cell], runs.batch, nb)
+    latency = latencies_given(S, runs.batch, n_b, s_max, g_max, p, mode)
+    spike = spike_ms(p)
+    lead, takes = spike_leads(runs.batch, runs.shape_of, latency, spike, limits, weight=count)
+    hit = lead[takes]  # one member of each of these runs takes its shape's spike
+    values = np.r_[latency, latency[hit] + spike]
+    counts = np.r_[count, np.ones(len(hit), dtype=np.int64)]
+    counts[hit] -= 1
+    codes = np.r_[runs.batch, runs.batch[hit]]
+    prefill = None if mode == "device" else member_prefill_cost(S, p, count)
+    pad = int((S * count).sum() - hist.prompt_sum.sum() + (g_max[runs.batch] * count).sum() - hist.gen_sum.sum())
+    real = int(hist.prompt_sum.sum() + hist.gen_sum.sum())
+    metrics = counted_metrics(values, counts, codes, n_b, runs.shape_of, s_max, g_max, prefill, pad, real, p, mode)
+    return metrics, lead, takes
+
+
+def shape_violations(name: str, hist: Histogram, runs: CellRuns, problem: Problem) -> list[Violation]:
+    """The shape rules of ``model.evaluation.validate`` (and the KV capacity) on runs."""
+    out = []
+    shape = runs.shape_of[runs.batch]
+    short = shape < hist.S[runs.cell]
+    if short.any():
+        k = int(np.argmax(short))
+        out.append(Violation(name, "shape-covers-prompt", f"batch {int(runs.batch[k])}: seq_align {int(shape[k])} < "
+                                                          f"aligned prompt {int(hist.S[runs.cell[k]])}"))
+    shapes = np.unique(runs.shape_of)
+    if problem.max_seq_len is not None and len(shapes) and shapes[-1] > problem.max_seq_len:
+        out.append(Violation(name, "max-seq-len", f"seq_align {int(shapes[-1])} exceeds the largest allowed shape "
+                                                  f"{problem.max_seq_len}"))
+    if problem.allowed_shapes is not None and not set(shapes.tolist()) <= set(problem.allowed_shapes):
+        bad = sorted(set(shapes.tolist()) - set(problem.allowed_shapes))
+        out.append(Violation(name, "allowed-shapes", f"seq_align {bad[0]} is not one of the allowed shapes"))
+    if len(shapes) > problem.max_shapes:
+        out.append(Violation(name, "shape-cap", f"{len(shapes)} distinct shapes in the bucket, at most "
+                                                f"{problem.max_shapes} allowed"))
+    if problem.mode == "device" and isinstance(problem.params, DeviceProfile) \
+            and problem.params.kv_capacity_tokens is not None:
+        nb = runs.n_batches
+        n_b = np.bincount(runs.batch, weights=runs.count, minlength=nb).astype(np.int64)
+        tokens = kv_tokens(n_b, runs.shape_of, segment_max(hist.G[runs.cell], runs.batch, nb))
+        over = np.flatnonzero(tokens > problem.params.kv_capacity_tokens)
+        if len(over):
+            out.append(Violation(name, "kv-capacity", f"batch {int(over[0])} holds {int(tokens[over[0]])} KV "
+                                                      f"tokens, over the device's capacity"))
+    return out
+
+
+def evaluate_runs(problem: Problem, hists: list[Histogram], runs: tuple[CellRuns, ...]
+                  ) -> tuple[Evaluation, tuple[RunsJudged, ...]]:
+    """Every bucket's runs judged (``run_metrics``, the shape rules, the limits) and the joint shape cap."""
+    judged = []
+    all_shapes: set[int] = set()
+    for bucket, limits, hist, r in zip(problem.buckets, problem.limits, hists, runs, strict=True):
+        metrics, lead, takes = run_metrics(hist, r, problem.params, problem.mode, limits)
+        all_shapes.update(metrics.shapes)
+        result = BucketResult(bucket.name, metrics, limit_checks(metrics, limits),
+                              tuple(shape_violations(bucket.name, hist, r, problem)))
+        judged.append(RunsJudged(result, lead, takes))
+    global_problems = []
+    if len(all_shapes) > problem.max_shapes:
+        global_problems.append(Violation("*", "shape-cap", f"{len(all_shapes)} distinct shapes across all buckets "
+                                         f"({', '.join(map(str, sorted(all_shapes)))}), at most "
+                                         f"{problem.max_shapes} allowed"))
+    return Evaluation(tuple(j.result for j in judged), tuple(global_problems)), tuple(judged)
