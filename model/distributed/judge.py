@@ -51,7 +51,7 @@ from model.cost.metrics import (
     spike_batches,
     spike_ms,
 )
-from model.distributed.read import Source, id_hash
+from model.distributed.read import Source
 from model.errors import InputError
 from model.evaluation.validate import limit_checks
 from model.load.requests import MAX_LEN
@@ -271,13 +271,10 @@ class Layout:
     lead_rows: list[np.ndarray]
 
 
-def lead_rows(ids: np.ndarray, lead_ids: np.ndarray, lead_hash: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rows of ``ids`` that are among ``lead_ids`` (by hash, then compared as text), and which lead each is."""
-    if not len(lead_ids):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    rows = np.flatnonzero(np.isin(id_hash(ids), lead_hash))
-    at = pd.Index(lead_ids).get_indexer(ids[rows])
-    return rows[at >= 0].astype(np.int64), at[at >= 0].astype(np.int64)
+def lead_rows(ids: np.ndarray, lead_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``ids`` that are among ``lead_ids`` (a few), and which lead each is."""
+    rows = np.flatnonzero(pd.Series(ids, dtype=object).isin(lead_ids).to_numpy()) if len(lead_ids) else []
+    return np.asarray(rows, dtype=np.int64), pd.Index(lead_ids).get_indexer(ids[rows]).astype(np.int64)
 
 
 def _matched(plan: pd.DataFrame, req: pd.DataFrame, leads: np.ndarray) -> pd.DataFrame:
@@ -294,13 +291,12 @@ def _aligned(plan: pd.DataFrame, req: pd.DataFrame, leads: np.ndarray) -> bool:
     return len(ids) == len(named) and bool((ids == named).all())
 
 
-def align_partition(req: pd.DataFrame, plan_path: str, index: int, lead_ids: np.ndarray,
-                    lead_hash: np.ndarray) -> dict | None:
+def align_partition(req: pd.DataFrame, plan_path: str, index: int, lead_ids: np.ndarray) -> dict | None:
     """Runs on a worker, for request partition ``index - 1`` and plan file ``index``: None unless the file's
     records name the partition's rows in order, the ``part-00000`` ones left out; else the partition's batch
     table and its rows named in ``part-00000``, with their lengths."""
     plan = read_plan_partition(plan_path, index)
-    rows, at = lead_rows(req["request_id"].to_numpy(dtype=object), lead_ids, lead_hash)
+    rows, at = lead_rows(req["request_id"].to_numpy(dtype=object), lead_ids)
     if not _aligned(plan, req, rows):
         return None
     return {"batches": partial_batches(_matched(plan, req, rows)), "rows": rows, "at": at,
@@ -335,8 +331,8 @@ def aligned_layout(client, reqs, plan_src: Source) -> Layout | None:
         return None
     import dask
 
-    shared = client.scatter([lead_ids, id_hash(lead_ids)], broadcast=True, hash=False)
-    tasks = [dask.delayed(align_partition)(part, str(plan_src.files[k + 1]), k + 1, *shared)
+    shared = client.scatter(lead_ids, broadcast=True, hash=False)
+    tasks = [dask.delayed(align_partition)(part, str(plan_src.files[k + 1]), k + 1, shared)
              for k, part in enumerate(reqs.to_delayed())]
     futures = client.compute(tasks)
     order = {f.key: k for k, f in enumerate(futures)}

@@ -73,8 +73,9 @@ def partitions(given: str | Path, fmt: str | None = None, what: str = "request")
 def read_partition(path: str, part: int, fmt: str | None, mapping: str | None) -> pd.DataFrame:
     """One partition as a frame of ``REQUEST_COLUMNS`` (runs on a worker; bad input raises InputError)."""
     bucket = load_requests(path, "partition", Columns.parse(mapping) if mapping else None, fmt)
+    ids = bucket.request_ids  # the loader's ids are text already: converted again only if not held as objects
     return pd.DataFrame({
-        "request_id": pd.Series(bucket.request_ids.astype(str), dtype=object),
+        "request_id": pd.Series(ids if ids.dtype == object else ids.astype(str).astype(object), dtype=object),
         "prompt_len": bucket.prompt_len.astype(np.int64),
         "gen_len": bucket.gen_len.astype(np.int64),
         "line": np.asarray(bucket.lines, dtype=np.int64),
