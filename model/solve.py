@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from model import pipeline
@@ -69,8 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     add_holdout_args(parser)
     add_window_args(parser)
     add_engine_args(parser)
+    parser.add_argument("--plan-from", choices=("auto", "requests", "histogram"), default=None,
+                        help="with --engine dask: plan from every request's lengths (the in-memory planner, its "
+                             "plan exactly), or from the group-by histogram alone (the MIP on cells; no request "
+                             "reaches this process, for 10^8 requests); auto (default) takes the histogram above "
+                             "2*10^7 requests")
     args = parser.parse_args(argv)
     check_engine_flags(args, DASK_UNSUPPORTED)
+    if args.plan_from is not None and args.engine != "dask":
+        raise InputError("--plan-from", None, None, "needs --engine dask")
     if args.engine == "dask":
         return main_dask(args)
     if args.report is not None and args.report.exists() and not args.report.is_dir():
@@ -159,7 +167,7 @@ def main_dask(args: argparse.Namespace) -> int:
         raise InputError("--engine", None, None, "dask needs request folders or globs of partitions")
     if args.out.exists() and not args.out.is_dir():
         raise InputError("--out", None, None, f"{args.out} is a file; give a folder for the plan datasets")
-    settings = dask_settings(args)
+    settings = replace(dask_settings(args), plan_from=args.plan_from or "auto")
     sources = [partitions(r, args.format) for r in args.requests]
     require_dask()
     with connect(args.scheduler) as client:
@@ -167,13 +175,14 @@ def main_dask(args: argparse.Namespace) -> int:
         problem = loaded.problem
         hist_cells = sum(h.n_cells for h in loaded.hists)
         print(f"input: {', '.join(s.given for s in sources)}; {len(problem.buckets)} buckets, "
-              f"{sum(len(s.files) for s in sources)} partitions, {sum(len(b) for b in problem.buckets)} requests, "
+              f"{sum(len(s.files) for s in sources)} partitions, {sum(loaded.n_requests)} requests, "
               f"{hist_cells} cells; K = {problem.max_shapes}; cost model {problem.mode}; engine dask "
-              f"({len(client.scheduler_info().get('workers', {}))} workers)")
+              f"({len(client.scheduler_info().get('workers', {}))} workers), planned from "
+              f"{'the histogram' if loaded.cells is not None else 'requests'}")
         run = solve(loaded, args.solver, args.backend, args.time_limit)
         source = ", ".join(s.given for s in sources)
         pipeline.check_finite_metrics(run.evaluation, source)
-        rep = run.planned.report
+        rep = run.report
         for i, result in enumerate(run.evaluation.results):
             extra = {"solver": f"{args.solver} ({rep.backend} {rep.version}), status {rep.status.value}"}
             if rep.bucket_bounds is not None:

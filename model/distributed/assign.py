@@ -37,9 +37,20 @@ def quotas(prompt_len: np.ndarray, gen_len: np.ndarray, batch_of: np.ndarray, hi
     key = cell_key(_aligned(prompt_len), gen_len)
     order = np.argsort(key, kind="stable")  # by cell, partition order within: the planner's dealing order
     k_sorted, b_sorted = key[order], np.asarray(batch_of, dtype=np.int64)[order]
-    n = len(key)
     # runs: maximal stretches of one cell and one batch in that order
     run_start = np.flatnonzero(np.r_[True, (k_sorted[1:] != k_sorted[:-1]) | (b_sorted[1:] != b_sorted[:-1])])
+    return run_quotas(k_sorted[run_start], b_sorted[run_start], np.diff(np.r_[run_start, len(key)]), hist)
+
+
+def run_quotas(run_key: np.ndarray, run_batch: np.ndarray, run_count: np.ndarray, hist: PartHistogram
+               ) -> list[Quotas]:
+    """Each partition's quotas for a batching given as runs (``count`` requests of cell ``key`` in ``batch``),
+    runs in dealing order: cells ascending, and within a cell the order its requests fill them."""
+    run_count = np.asarray(run_count, dtype=np.int64)
+    n = int(run_count.sum())
+    run_start = np.r_[0, np.cumsum(run_count)[:-1]].astype(np.int64)
+    k_sorted = np.repeat(np.asarray(run_key, dtype=np.int64), run_count)
+    b_sorted = np.asarray(run_batch, dtype=np.int64)
     # blocks: partition p's requests of cell c, at cell_start[c] + off[p, c] in the same order
     h_key = cell_key(hist.S, hist.G)  # sorted by (cell, partition)
     if not (np.diff(h_key) >= 0).all():
@@ -55,8 +66,26 @@ def quotas(prompt_len: np.ndarray, gen_len: np.ndarray, batch_of: np.ndarray, hi
     out = []
     for p in range(len(hist.sizes)):
         mine = np.flatnonzero(seg_part == p)  # already in (cell, rank) order
-        out.append(Quotas(k_sorted[cuts[mine]], seg_len[mine], b_sorted[run_start[run[mine]]]))
+        out.append(Quotas(k_sorted[cuts[mine]], seg_len[mine], b_sorted[run[mine]]))
     return out
+
+
+def holder(key: int, rank: int, hist: PartHistogram) -> tuple[int, int]:
+    """(partition, rank within that partition's requests of the cell) of a cell's request of rank ``rank`` in
+    partition order (what a partition needs to find the row: its ``rank``-th row of cell ``key``)."""
+    h_key = cell_key(hist.S, hist.G)
+    lo, hi = np.searchsorted(h_key, key, side="left"), np.searchsorted(h_key, key, side="right")
+    cum = np.cumsum(hist.count[lo:hi])
+    i = int(np.searchsorted(cum, rank, side="right"))
+    return int(hist.part[lo + i]), int(rank - (cum[i - 1] if i else 0))
+
+
+def row_of_rank(prompt_len: np.ndarray, gen_len: np.ndarray, key: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """A partition's rows holding its ``rank``-th request of cell ``key`` (ranks in row order), per pair."""
+    keys = cell_key(_aligned(prompt_len), gen_len)
+    order = np.argsort(keys, kind="stable")
+    start = np.searchsorted(keys[order], np.asarray(key, dtype=np.int64), side="left")
+    return order[start + np.asarray(rank, dtype=np.int64)]
 
 
 def apply_quotas(prompt_len: np.ndarray, gen_len: np.ndarray, q: Quotas) -> np.ndarray:

@@ -96,20 +96,22 @@ def request_frame(client, source: Source, columns: str | None, persist: bool = T
 
 
 def cells_of(frame: pd.DataFrame) -> pd.DataFrame:
-    """Each request's partition and histogram cell (aligned prompt S, gen_len G)."""
+    """Each request's partition and histogram cell (aligned prompt S, gen_len G), and its prompt_len."""
     return pd.DataFrame({"part": frame["part"].to_numpy(), "S": align(frame["prompt_len"].to_numpy()),
-                         "G": frame["gen_len"].to_numpy()})
+                         "G": frame["gen_len"].to_numpy(), "prompt_len": frame["prompt_len"].to_numpy()})
 
 
 @dataclass(frozen=True, eq=False)
 class PartHistogram:
-    """Request counts per (partition, cell): ``part``, ``S``, ``G``, ``count`` sorted by (S, G, part)."""
+    """Request counts (and prompt-token sums) per (partition, cell): ``part``, ``S``, ``G``, ``count``,
+    ``prompt_sum`` sorted by (S, G, part)."""
 
     part: np.ndarray
     S: np.ndarray
     G: np.ndarray
     count: np.ndarray
     sizes: np.ndarray  # requests per partition
+    prompt_sum: np.ndarray | None = None
 
     @property
     def n_cells(self) -> int:
@@ -123,13 +125,14 @@ def cell_key(S: np.ndarray, G: np.ndarray) -> np.ndarray:
 
 def histogram(client, ddf, n_parts: int) -> PartHistogram:
     """The per-partition histogram over cells, by a Dask group-by on (partition, S, G)."""
-    cells = ddf.map_partitions(cells_of, meta={"part": "int64", "S": "int64", "G": "int64"})
-    counts = client.compute(cells.groupby(["part", "S", "G"]).size()).result()
-    frame = counts.reset_index(name="count").sort_values(["S", "G", "part"], kind="stable")
+    cells = ddf.map_partitions(cells_of, meta={"part": "int64", "S": "int64", "G": "int64", "prompt_len": "int64"})
+    sums = client.compute(cells.groupby(["part", "S", "G"])["prompt_len"].agg(["size", "sum"])).result()
+    frame = sums.reset_index().sort_values(["S", "G", "part"], kind="stable")
     part = frame["part"].to_numpy(np.int64)
-    count = frame["count"].to_numpy(np.int64)
+    count = frame["size"].to_numpy(np.int64)
     return PartHistogram(part, frame["S"].to_numpy(np.int64), frame["G"].to_numpy(np.int64), count,
-                         np.bincount(part, weights=count, minlength=n_parts).astype(np.int64))
+                         np.bincount(part, weights=count, minlength=n_parts).astype(np.int64),
+                         frame["sum"].to_numpy(np.int64))
 
 
 def lengths(client, ddf) -> tuple[np.ndarray, np.ndarray]:

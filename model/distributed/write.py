@@ -29,7 +29,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from model.distributed.assign import Quotas, apply_quotas
+from model.distributed.assign import Quotas, apply_quotas, row_of_rank
 from model.errors import InputError
 from model.runtime import shielded
 
@@ -54,13 +54,15 @@ def records_table(request_id, batch_id, seq_align) -> pa.Table:
 
 
 def write_partition(frame: pd.DataFrame, q: Quotas, batch_ids: np.ndarray, batch_shape: np.ndarray,
-                    leads: np.ndarray, path: str) -> pd.DataFrame:
-    """Runs on the worker holding a request partition: its rows' batches from its quotas, its records written to
-    ``path`` (in row order, without the spike-taking members), and those members' records returned."""
-    code = apply_quotas(frame["prompt_len"].to_numpy(), frame["gen_len"].to_numpy(), q)
+                    lead_key: np.ndarray, lead_rank: np.ndarray, path: str) -> pd.DataFrame:
+    """Runs on a worker, for one request partition: its rows' batches from its quotas, its records written to
+    ``path`` (in row order, without the spike-taking members), and those members' records returned.  The
+    spike-taking members are named by cell key and rank among the partition's requests of that cell."""
+    prompt, gen = frame["prompt_len"].to_numpy(), frame["gen_len"].to_numpy()
+    code = apply_quotas(prompt, gen, q)
     ids = frame["request_id"].to_numpy(dtype=object)
     lead = np.zeros(len(code), dtype=bool)
-    lead[leads] = True
+    lead[row_of_rank(prompt, gen, lead_key, lead_rank)] = True
     keep = ~lead
     pq.write_table(records_table(ids[keep], batch_ids[code[keep]], batch_shape[code[keep]]), path)
     return pd.DataFrame({"request_id": ids[lead], "batch_id": batch_ids[code[lead]],
