@@ -20,6 +20,7 @@ from model import pipeline, solve, sweep
 from model.cli_common import run_main
 from model.errors import InfeasibleError, NoPlanFound
 from model.formulation import pricing
+from model.histogram.cells import build_histogram
 from model.planning import mip, stages
 from model.planning.mip import plan_mip
 from model.runtime import (
@@ -315,7 +316,7 @@ def test_the_floor_bound_needs_no_pricing(monkeypatch):
         raise AssertionError("priced")
 
     prob = two_buckets(50)
-    fine = [stages.build_histogram(b) for b in prob.buckets]
+    fine = [build_histogram(b) for b in prob.buckets]
     bms = stages.bucket_models(prob, fine)
     space = stages.Space(prob, bms, [stages.candidate_grid(bm, None) for bm in bms], None, [1, 1])
     expected = pricing.lagrangian_bound(space.bms, space.grids,

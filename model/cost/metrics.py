@@ -258,15 +258,14 @@ def p95_of_counts(values: np.ndarray, counts: np.ndarray) -> float:
     return float(np.asarray(values, dtype=np.float64)[order][np.searchsorted(cum, k, side="right")])
 
 
-def counted_metrics(latency: np.ndarray, counts: np.ndarray, codes: np.ndarray, n_b: np.ndarray,
+def counted_metrics(latency: np.ndarray, counts: np.ndarray, worst: np.ndarray, n_b: np.ndarray,
                     batch_shape: np.ndarray, s_max: np.ndarray, g_max: np.ndarray, prefill_total: float | None,
                     pad: int, real: int, p: Coefficients, mode: Mode) -> Metrics:
-    """Metrics from latencies given as counts (spikes included): ``counts[i]`` members of batch ``codes[i]``
-    have latency ``latency[i]``.  The rules of ``plan_metrics`` -- P95 rank, sequential time as the sum of
-    the batches' largest latencies, costs from the batches' extents -- for callers that never hold one
-    record per request (plans by cells, partitions merged)."""
+    """Metrics from latencies given as counts (spikes included): ``counts[i]`` members have latency
+    ``latency[i]``, and ``worst[b]`` is batch b's largest.  The rules of ``plan_metrics`` -- P95 rank,
+    sequential time as the sum of the batches' largest latencies, costs from the batches' extents -- for
+    callers that never hold one record per request (plans by cells, partitions merged)."""
     prefill, decode, overhead, compile_total = batch_costs(n_b, batch_shape, s_max, g_max, prefill_total, p, mode)
-    worst = segment_max(np.asarray(latency, dtype=np.float64), np.asarray(codes, dtype=np.int64), len(n_b))
     return Metrics(cost=prefill + decode + overhead + compile_total, prefill_cost=prefill, decode_cost=decode,
                    overhead_cost=overhead, compile_cost=compile_total, pad_tokens=int(pad), real_tokens=int(real),
                    pad_ratio=pad / real, p95_latency_ms=p95_of_counts(latency, counts),

@@ -40,14 +40,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from model.cost.analytic import prefill_cost
 from model.cost.common import GRANULARITY, align
 from model.cost.device import DeviceProfile, kv_tokens
 from model.cost.metrics import (
     Metrics,
-    batch_costs,
+    counted_metrics,
     latencies_given,
-    p95_of_counts,
+    member_prefill_cost,
     spike_batches,
     spike_ms,
 )
@@ -387,8 +386,6 @@ def merged_metrics(parts: list[dict], n_b: np.ndarray, batch_shape: np.ndarray, 
                    g_max: np.ndarray, p, mode: str) -> Metrics:
     """The bucket's metrics from the partitions' exact counts and sums (see the module docstring)."""
     prefill = None if mode == "device" else prefill_of_counts([pt["S_counts"] for pt in parts], p)
-    prefill_total, decode_total, overhead_total, compile_total = batch_costs(n_b, batch_shape, s_max, g_max, prefill,
-                                                                             p, mode)
     worst = np.full(len(n_b), -np.inf)
     for pt in parts:
         np.maximum.at(worst, pt["worst_code"], pt["worst"])
@@ -396,18 +393,13 @@ def merged_metrics(parts: list[dict], n_b: np.ndarray, batch_shape: np.ndarray, 
     counts = np.concatenate([pt["counts"] for pt in parts])
     pad = int(sum(pt["S"] - pt["prompt"] for pt in parts) + int((n_b * g_max).sum()) - sum(pt["gen"] for pt in parts))
     real = int(sum(pt["prompt"] + pt["gen"] for pt in parts))
-    return Metrics(cost=prefill_total + decode_total + overhead_total + compile_total, prefill_cost=prefill_total,
-                   decode_cost=decode_total, overhead_cost=overhead_total, compile_cost=compile_total,
-                   pad_tokens=pad, real_tokens=real, pad_ratio=pad / real, p95_latency_ms=p95_of_counts(values, counts),
-                   sequential_ms=float(worst.sum()), n_requests=int(sum(pt["n"] for pt in parts)),
-                   n_batches=len(n_b), shapes=tuple(int(s) for s in np.unique(batch_shape)))
+    return counted_metrics(values, counts, worst, n_b, batch_shape, s_max, g_max, prefill, pad, real, p, mode)
 
 
 def prefill_of_counts(counts: list[tuple[np.ndarray, np.ndarray]], p) -> float:
-    """The analytic prefill total (``member_prefill_cost``: the members' ``prefill_cost`` summed) from the
-    partitions' value counts of the processed prompts S: merged first, so the sum is the same however the
-    members were split."""
+    """The analytic prefill total from the partitions' value counts of the processed prompts S: merged first,
+    so the sum is the same however the members were split."""
     values, inverse = np.unique(np.concatenate([v for v, _ in counts]), return_inverse=True)
     n = np.zeros(len(values), dtype=np.int64)
     np.add.at(n, inverse, np.concatenate([c for _, c in counts]).astype(np.int64))
-    return float((prefill_cost(values, p) * n).sum())
+    return member_prefill_cost(values, p, n)

@@ -57,11 +57,11 @@ def run_metrics(hist: Histogram, runs: CellRuns, p, mode: str, limits: Limits) -
     values = np.r_[latency, latency[hit] + spike]
     counts = np.r_[count, np.ones(len(hit), dtype=np.int64)]
     counts[hit] -= 1
-    codes = np.r_[runs.batch, runs.batch[hit]]
+    worst = segment_max(values, np.r_[runs.batch, runs.batch[hit]], nb)
     prefill = None if mode == "device" else member_prefill_cost(S, p, count)
     pad = int((S * count).sum() - hist.prompt_sum.sum() + (g_max[runs.batch] * count).sum() - hist.gen_sum.sum())
     real = int(hist.prompt_sum.sum() + hist.gen_sum.sum())
-    metrics = counted_metrics(values, counts, codes, n_b, runs.shape_of, s_max, g_max, prefill, pad, real, p, mode)
+    metrics = counted_metrics(values, counts, worst, n_b, runs.shape_of, s_max, g_max, prefill, pad, real, p, mode)
     return metrics, lead, takes
 
 
