@@ -32,13 +32,14 @@ def scheduler():
 
 @pytest.fixture(scope="module")
 def chat():
-    ids, prompt, gen = bucket_arrays(np.random.default_rng(5), CHAT, 1500)
+    ids, prompt, gen = bucket_arrays(np.random.default_rng(5), CHAT, 900)
     return pd.DataFrame({"request_id": ids, "prompt_len": prompt, "gen_len": gen})
 
 
-@pytest.mark.parametrize("mode", [[], ["--cost-model", "strict"]], ids=["reference", "strict"])
+@pytest.mark.parametrize("mode", [[], pytest.param(["--cost-model", "strict"], marks=pytest.mark.slow)],
+                         ids=["reference", "strict"])
 def test_histogram_plan_is_valid_exact_and_as_cheap(tmp_path, scheduler, chat, mode):
-    reqs = write_parts(chat, tmp_path / "reqs", [400, 401, 1100], "parquet")
+    reqs = write_parts(chat, tmp_path / "reqs", [300, 301, 700], "parquet")
     whole = tmp_path / "whole.parquet"
     write_one(chat, whole, "parquet")
     common = ["--limit-shapes", "4", "--time-limit", "6", "--quiet", "--max-p95-latency-ms", "1e9", *mode]
@@ -68,7 +69,7 @@ def test_histogram_plan_is_valid_exact_and_as_cheap(tmp_path, scheduler, chat, m
 
 
 def test_histogram_plan_refuses_what_it_cannot_do(tmp_path, scheduler, chat):
-    reqs = write_parts(chat, tmp_path / "reqs", [700], "parquet")
+    reqs = write_parts(chat, tmp_path / "reqs", [450], "parquet")
     base = ["model.solve", "--engine", "dask", "--scheduler", scheduler, "--plan-from", "histogram", str(reqs),
             "--out", str(tmp_path / "o"), "--quiet", "--time-limit", "3"]
     packer = cli(*base, "--solver", "pow2", cwd=tmp_path)
