@@ -195,7 +195,9 @@ def main_dask(args: argparse.Namespace) -> int:
         total = sum(r.metrics.cost for r in results if r.metrics)
         chosen = sorted({s for r in results if r.metrics for s in r.metrics.shapes})
         print(f"chosen shapes ({len(chosen)}): {', '.join(map(str, chosen))}")
-        print(f"total: cost {fmt(total)}, time {run.wall_s:.1f} s")
+        bound = f", lower bound {fmt(rep.bound)}, gap {rep.gap:.3%}" if rep.bound is not None and rep.gap is not None \
+            else ""
+        print(f"total: cost {fmt(total)}{bound}, time {run.wall_s:.1f} s")
         for note in rep.notes:
             print(f"note: {note}")
         print(verdict(list(results), list(run.evaluation.global_problems)))

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import cli
+from helpers import REPO, cli
 from test_dask_engine import dataset_records, write_one, write_parts
 
 distributed = pytest.importorskip("distributed")
@@ -76,6 +76,8 @@ def test_histogram_plan_refuses_what_it_cannot_do(tmp_path, scheduler, chat):
     assert packer.returncode == 2 and "MIP only" in packer.stderr
     too_long = cli(*base, "--max-seq-len", "512", cwd=tmp_path)
     assert too_long.returncode == 2 and "reqs/part-" in too_long.stderr and "prompt_len" in too_long.stderr
+    device = cli(*base, "--device-profile", str(REPO / "data" / "profiles" / "opt13b-a100-tp1.toml"), cwd=tmp_path)
+    assert device.returncode == 2 and "device mode plans from requests" in device.stderr
     memory = cli("model.solve", "--plan-from", "histogram", str(reqs / "part-0.parquet"), cwd=tmp_path)
     assert memory.returncode == 2 and "--plan-from" in memory.stderr and "needs --engine dask" in memory.stderr
     assert not (tmp_path / "o").exists()
