@@ -25,12 +25,6 @@ METRICS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms", "pad_tokens",
 
 
 @pytest.fixture(scope="module")
-def scheduler():
-    with distributed.LocalCluster(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None) as c:
-        yield c.scheduler_address
-
-
-@pytest.fixture(scope="module")
 def chat():
     ids, prompt, gen = bucket_arrays(np.random.default_rng(5), CHAT, 900)
     return pd.DataFrame({"request_id": ids, "prompt_len": prompt, "gen_len": gen})

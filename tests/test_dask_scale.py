@@ -34,12 +34,6 @@ CUTS = [150, 151, 380]  # four partitions, one of a single row
 
 
 @pytest.fixture(scope="module")
-def scheduler():
-    with distributed.LocalCluster(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None) as c:
-        yield c.scheduler_address
-
-
-@pytest.fixture(scope="module")
 def client(scheduler):
     with distributed.Client(scheduler, set_as_default=False) as c:
         yield c

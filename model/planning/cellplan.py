@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from model.errors import InfeasibleError, InputError, NoPlanFound
 from model.evaluation.cells import RunsJudged, evaluate_runs
 from model.histogram.cells import Histogram
-from model.planning.mip import tightened
+from model.planning.mip import plan_status, tightened
 from model.planning.options import PlannerOptions
 from model.planning.stages import search, shape_setup
 from model.runtime import Deadline
-from model.schema import OPTIMAL_GAP, CellRuns, Evaluation, Problem, SolveReport, Status, relative_gap
+from model.schema import CellRuns, Evaluation, Problem, SolveReport, Status, relative_gap
 from solvers.backends import get_backend
 from solvers.backends.result import Feature
 
@@ -93,14 +93,8 @@ def plan_cells(problem: Problem, fine: list[Histogram], backend: str = "highs", 
                      "found the model had missed")
     cost = evaluation.total_cost
     gap = relative_gap(cost, first.bound)
-    if gap <= OPTIMAL_GAP:
-        status = Status.OPTIMAL
-    elif outcome.status in (Status.TIME_LIMIT_FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION) or clock.expired():
-        status = Status.TIME_LIMIT_FEASIBLE
-    else:
-        status = Status.FEASIBLE
-    report = SolveReport(status, cost, first.bound, gap, time.perf_counter() - t0, solver.name, solver.version(),
-                         first.bucket_bounds, tuple(notes))
+    report = SolveReport(plan_status(gap, outcome.status, clock), cost, first.bound, gap, time.perf_counter() - t0,
+                         solver.name, solver.version(), first.bucket_bounds, tuple(notes))
     return CellPlanned(runs, judged, evaluation, report)
 
 

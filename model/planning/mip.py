@@ -166,6 +166,16 @@ def final_shapes(problem: Problem, judged: Judged, deadline: Deadline, spent: fl
     return judged, None
 
 
+def plan_status(gap: float, last: Status, clock: Deadline) -> Status:
+    """A returned plan's status: optimal only at gap 0 (to rounding), "time limit" when the last search or the
+    clock ran out, else feasible."""
+    if gap <= OPTIMAL_GAP:
+        return Status.OPTIMAL
+    if last in (Status.TIME_LIMIT_FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION) or clock.expired():
+        return Status.TIME_LIMIT_FEASIBLE
+    return Status.FEASIBLE
+
+
 def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
              options: PlannerOptions = PlannerOptions()) -> Planned:
     """Plan every bucket by optimisation; the report carries a certified lower bound and its gap.
@@ -247,12 +257,7 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     if pass_note:
         notes.append(pass_note)
     gap = relative_gap(chosen.cost, first.bound)
-    if gap <= OPTIMAL_GAP:
-        status = Status.OPTIMAL
-    elif outcome.status in (Status.TIME_LIMIT_FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION) or clock.expired():
-        status = Status.TIME_LIMIT_FEASIBLE
-    else:
-        status = Status.FEASIBLE
+    status = plan_status(gap, outcome.status, clock)
     # the backend asked for, whichever candidate won (the notes say when it is not the MIP's plan): the last
     # search's own record may name the LP backend column generation used instead
     report = SolveReport(status, chosen.cost, first.bound, gap, time.perf_counter() - t0, solver.name,

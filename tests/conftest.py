@@ -1,0 +1,13 @@
+"""Fixtures shared by test modules."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def scheduler():
+    """An in-process Dask cluster for one test module (the command lines join it with ``--scheduler``)."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None) as c:
+        yield c.scheduler_address
