@@ -185,6 +185,7 @@ def test_the_lp_price_bound_is_below_the_brute_force_optimum(prob):
     assert whole_trace_bound(prob, time.perf_counter() + 30) <= brute_force(prob).cost * (1 + 1e-12)
 
 
+@pytest.mark.slow  # the main job's test covers the default scenario in device mode by default
 def test_the_lp_price_bound_tightens_the_default_scenario_and_plan_mip_reports_it():
     """On the embedded default (P95-limited, small batches) it is above the shape relaxation, so it is used."""
     prob, _ = pipeline.load_problem(pipeline.InputSpec(scenario=pipeline.DEFAULT_SCENARIO, max_shapes=8))

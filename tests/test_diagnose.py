@@ -75,6 +75,7 @@ def test_at_best_holds_for_the_problem_as_given_and_is_exact_for_sequential_time
         assert claimed["sequential_ms"] == pytest.approx(best["sequential_ms"], rel=1e-12)
 
 
+@pytest.mark.slow
 def test_max_batch_size_1_names_the_exact_least_sequential_time():
     """The embedded reference scenario with B = 1: every request is its own batch, so chat's sequential time is
     at least the sum of its solo latencies plus one spike -- and that plan reaches it."""

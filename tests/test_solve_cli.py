@@ -87,7 +87,7 @@ def evaluate_in_process(scenario: Path, plans: Path, *extra: str) -> int:
 def test_feasible_scenario_writes_plans_that_evaluate_accepts(small, tmp_path):
     out = tmp_path / "out"
     # the MIP does not close its last 0.2% and would run the default 60 s
-    done = run("--scenario", str(small), "--out", str(out), "--time-limit", "5", cwd=tmp_path)
+    done = run("--scenario", str(small), "--out", str(out), "--time-limit", "3", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert set(plans_in(out)) == {"plan_chat.jsonl", "plan_short.jsonl"}
     assert "OK: every plan is valid and meets every limit" in done.stdout
@@ -96,7 +96,8 @@ def test_feasible_scenario_writes_plans_that_evaluate_accepts(small, tmp_path):
     assert judged.returncode == 0, judged.stdout + judged.stderr
 
 
-@pytest.mark.parametrize("backend", ["cpsat", pytest.param("pulp", marks=pytest.mark.slow)])
+@pytest.mark.slow  # test_mip_known runs every backend through the planner by default
+@pytest.mark.parametrize("backend", ["cpsat", "pulp"])
 def test_other_backends(small, tmp_path, backend):
     out = tmp_path / "out"
     # CP-SAT cannot prove these optimal and would use the default 60 s: the limit keeps the suite fast
@@ -134,7 +135,7 @@ def test_strict_cost_model_on_request_files(small, tmp_path):
 
 
 def test_default_run_plans_the_embedded_scenario(tmp_path):
-    done = run("--limit-shapes", "8", "--time-limit", "4", "--out", "tmp", "--quiet", cwd=tmp_path)
+    done = run("--limit-shapes", "8", "--time-limit", "3", "--out", "tmp", "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "data/default/scenario.toml" in done.stdout.replace("\\", "/")
     assert "cost model device" in done.stdout and "device-hours" in done.stdout
