@@ -8,7 +8,6 @@ that a second shape can pay.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ from model.histogram.cells import build_histogram
 from model.planning.flow import shape_relaxation
 from model.planning.mip import plan_mip
 from model.planning.runs import optimal_runs
+from model.runtime import Deadline
 from model.schema import Limits, Problem
 from model.windows.bound import whole_trace_bound
 from solvers.packers import PACKERS
@@ -182,13 +182,13 @@ def test_scenario_device_profile_by_path_or_inline_table(tmp_path: Path):
 @pytest.mark.parametrize("prob", [device(SIX, k=1), device(SIX, k=2), device(FIVE, k=2),
                                   device(SIX, k=2, max_batch_size=2)], ids=["six K=1", "six K=2", "five K=2", "B=2"])
 def test_the_lp_price_bound_is_below_the_brute_force_optimum(prob):
-    assert whole_trace_bound(prob, time.perf_counter() + 30) <= brute_force(prob).cost * (1 + 1e-12)
+    assert whole_trace_bound(prob, Deadline.after(30)) <= brute_force(prob).cost * (1 + 1e-12)
 
 
 @pytest.mark.slow  # the main job's test covers the default scenario in device mode by default
 def test_the_lp_price_bound_tightens_the_default_scenario_and_plan_mip_reports_it():
     """On the embedded default (P95-limited, small batches) it is above the shape relaxation, so it is used."""
     prob, _ = pipeline.load_problem(pipeline.InputSpec(scenario=pipeline.DEFAULT_SCENARIO, max_shapes=8))
-    lp = whole_trace_bound(prob, time.perf_counter() + 30)
+    lp = whole_trace_bound(prob, Deadline.after(30))
     assert lp > 1.2 * shape_relaxation(prob, [build_histogram(b) for b in prob.buckets]).bound
     assert plan_mip(prob, time_limit=2).report.bound >= lp * (1 - 1e-12)

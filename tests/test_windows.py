@@ -26,6 +26,7 @@ from model.evaluation.validate import evaluate_plans
 from model.load.plans import read_plan
 from model.load.profile import load_profile
 from model.pipeline import InputSpec, load_problem
+from model.runtime import Deadline
 from model.schema import Batching, Bucket, Limits, Plan, Problem
 from model.windows.bound import lp_duals, window_bound
 from model.windows.devices import device_use
@@ -242,7 +243,7 @@ def test_the_bound_never_exceeds_the_brute_force_optimum(seed):
               np.sort(rng.uniform(0, 20, n)))
     prob = windowed(problem(b, k=2, params=TOY, mode="device"), 10.0)
     exact = windowed_optimum(prob)
-    wb = window_bound(prob, window_pools(prob), time.perf_counter() + 30)
+    wb = window_bound(prob, window_pools(prob), Deadline.after(30))
     assert wb.bound <= exact * (1 + 1e-9)
     run = pipeline.run(prob, "mip", time_limit=5)
     assert run.evaluation.ok and exact <= run.evaluation.total_cost * (1 + 1e-9)

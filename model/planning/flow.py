@@ -278,7 +278,7 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
     n_requests = sum(len(b) for b in problem.buckets)
     if want_bound and problem.mode == "device" and problem.windowing is None \
             and n_requests * len(all_shapes(problem, fine)) <= options.lp_price_max_cells:
-        lp_price = whole_trace_bound(problem, deadline.share(options.lp_price_share).at)
+        lp_price = whole_trace_bound(problem, deadline.share(options.lp_price_share))
     until = deadline
     model, blocks, result = solve_levels(problem, fine, bms, plan_levels, solver, until, warm,
                                          spikes=True, options=options)

@@ -39,13 +39,13 @@ there; so it is weaker where windows are small and the plan moves many requests 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from model.cost.analytic import CostParams, compile_cost, decode_cost, prefill_cost
 from model.cost.device import DeviceProfile, batch_time, linear_parts
+from model.runtime import Deadline
 from model.schema import Problem, Windowing
 from model.windows.parallel import chunks, run_items, shared, workers_available
 from model.windows.runs import WindowPools, window_pools
@@ -201,7 +201,7 @@ def _price_windows(item: tuple[int, range]) -> list[tuple[np.ndarray, np.ndarray
     b, windows = item
     out = []
     for w in windows:
-        lp = use_lp and time.perf_counter() < deadline
+        lp = use_lp and not deadline.expired()
         psi = window_prices(problem, pools[b].S[w], pools[b].G[w], cands, lp)
         out.append((pools[b].rows[w], np.minimum.accumulate(psi[:, ::-1], axis=1)[:, ::-1], lp))
     return out
@@ -210,7 +210,7 @@ def _price_windows(item: tuple[int, range]) -> list[tuple[np.ndarray, np.ndarray
 PARALLEL_MIN_REQUESTS = 4000  # below this the LP prices take well under a second: no processes
 
 
-def all_prices(problem: Problem, pools: list[WindowPools], cands: np.ndarray, use_lp: bool, deadline: float
+def all_prices(problem: Problem, pools: list[WindowPools], cands: np.ndarray, use_lp: bool, deadline: Deadline
                ) -> tuple[list[np.ndarray], int]:
     """phi of every bucket (rows in file order x candidates) and how many windows got LP prices; the windows
     are priced on several processes when the LP has enough to do."""
@@ -289,7 +289,7 @@ def shape_dp(acc: np.ndarray, cands: np.ndarray, max_shapes: int, top: int | Non
     return float(f[k][top]), tuple(int(cands[i]) for i in sorted(picks))
 
 
-def window_bound(problem: Problem, pools: list[WindowPools], deadline: float, use_lp: bool = True
+def window_bound(problem: Problem, pools: list[WindowPools], deadline: Deadline, use_lp: bool = True
                  ) -> WindowBound:
     """The certified lower bound of the windowed problem (see module docstring), and per bucket the bound of
     that bucket alone (each valid for its bucket; their sum is at most the joint bound)."""
@@ -305,7 +305,7 @@ def window_bound(problem: Problem, pools: list[WindowPools], deadline: float, us
     return WindowBound(value, tuple(bucket_bounds), shapes, lp_windows, sum(len(p) for p in pools))
 
 
-def whole_trace_bound(problem: Problem, deadline: float) -> float:
+def whole_trace_bound(problem: Problem, deadline: Deadline) -> float:
     """Device mode without windows: the same certified bound with the whole trace as one window.
 
     Every plan of the unwindowed problem is a plan of its one-window form with the same cost (a window

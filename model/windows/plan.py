@@ -37,6 +37,7 @@ from model.cost.analytic import CostParams
 from model.cost.device import DeviceProfile
 from model.errors import InfeasibleError, NoPlanFound
 from model.planning.mip import Judged, judge, plan_mip
+from model.runtime import Deadline
 from model.schema import OPTIMAL_GAP, Batching, Planned, Problem, SolveReport, Status, relative_gap
 from model.windows.bound import WindowBound, candidate_shapes, window_bound
 from model.windows.merge import merge
@@ -54,7 +55,7 @@ SEARCH_SHARE = 0.75
 
 
 def search_shapes(problem: Problem, costs: list[IntervalCosts], cands: np.ndarray, starts: list[np.ndarray],
-                  deadline: float) -> tuple[np.ndarray, float]:
+                  deadline: Deadline) -> tuple[np.ndarray, float]:
     """The best shape set found: each start scored exactly, then one-shape moves (to a nearby candidate),
     drops and additions taken while they lower the exact total, until none does or the deadline."""
     top = int(cands[-1])
@@ -72,7 +73,12 @@ def search_shapes(problem: Problem, costs: list[IntervalCosts], cands: np.ndarra
         return seen[key]
 
     def time_left() -> bool:
-        return time.perf_counter() + slowest[0] < deadline
+        """A scoring as long as the longest so far still fits (progress said every few seconds)."""
+        if deadline.left() <= slowest[0]:
+            return False
+        deadline.tick("windowed shape search", "%d shape sets scored, best %.6g", len(seen), min(seen.values(),
+                                                                                                default=np.inf))
+        return True
 
     best = min((np.asarray(sorted(set(int(x) for x in s) | {top}), dtype=np.int64) for s in starts), key=score)
     current = score(best)
@@ -162,9 +168,9 @@ def _plan_window(item: tuple[int, float]) -> tuple[tuple[Batching, ...] | None, 
 
 
 def mip_per_window(problem: Problem, parts: list[WindowPart], shapes: np.ndarray, backend: str,
-                   deadline: float) -> tuple[tuple[Batching, ...] | None, str, str]:
+                   deadline: Deadline) -> tuple[tuple[Batching, ...] | None, str, str]:
     """Every window planned by the MIP planner under ``shapes``, merged (None if a window has no plan)."""
-    left = max(1.0, deadline - time.perf_counter())
+    left = max(1.0, deadline.left())
     total = max(1, sum(p.n_requests for p in parts))
     items = [(w, left * part.n_requests / total) for w, part in enumerate(parts)]
     big = len(parts) > 2 and total > 2000
@@ -178,11 +184,16 @@ def mip_per_window(problem: Problem, parts: list[WindowPart], shapes: np.ndarray
 def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 60.0) -> Planned:
     """Plan a windowed problem (see module docstring); the report's bound covers the windowed problem."""
     t0 = time.perf_counter()
-    deadline = t0 + time_limit
+    deadline = Deadline.after(time_limit)
+
+    def part(share: float) -> Deadline:
+        """The instant ``share`` of the time limit after the start."""
+        return Deadline(t0 + share * time_limit)
+
     get_backend(backend)  # an unknown backend is bad input whichever path runs
     pools = window_pools(problem)
     device = isinstance(problem.params, DeviceProfile)
-    bound = window_bound(problem, pools, t0 + BOUND_SHARE * time_limit, use_lp=device)
+    bound = window_bound(problem, pools, part(BOUND_SHARE), use_lp=device)
     log.info("windows: %d windows of %g s; bound %.6e (LP prices in %d of %d window-buckets) at shapes %s",
              n_windows(problem), problem.windowing.seconds, bound.bound, bound.lp_windows, bound.windows,
              list(bound.shapes))
@@ -196,8 +207,8 @@ def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 
     if device:
         costs = [IntervalCosts(p, problem.params, problem.max_batch_size) for p in pools]
         starts = [np.asarray(bound.shapes), dpfill_shapes(problem, pools)]
-        shapes, _ = search_shapes(problem, costs, cands, starts, t0 + SEARCH_SHARE * time_limit)
-        judged = acceptable(problem, "mip", window_plan(problem, costs, shapes, deadline - 0.1 * time_limit))
+        shapes, _ = search_shapes(problem, costs, cands, starts, part(SEARCH_SHARE))
+        judged = acceptable(problem, "mip", window_plan(problem, costs, shapes, part(0.9)))
         backend_name = "windows-runs-dp"
         notes.append("device mode: shapes by local search scored with each window's exact-for-its-family plan "
                      "(requests on the smallest used shape, optimal runs of gens per shape)")

@@ -16,13 +16,13 @@ It is a plan, never a bound.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from model.cost.common import align
 from model.cost.device import DeviceProfile, linear_parts
+from model.runtime import Deadline
 from model.schema import Batching, Bucket, Problem
 from model.shapeset import round_up_to, usable
 from model.windows.split import windows_of
@@ -245,16 +245,18 @@ def subset_assignment(costs: IntervalCosts, shapes: np.ndarray) -> list[np.ndarr
 TAIL_SIZES = (1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377)
 
 
-def improve(costs: IntervalCosts, assign: list[np.ndarray], deadline: float, rounds: int = 12) -> list[np.ndarray]:
+def improve(costs: IntervalCosts, assign: list[np.ndarray], deadline: Deadline, rounds: int = 12
+            ) -> list[np.ndarray]:
     """Move part of a used shape's requests up to the next used shape of their window -- the q longest or
     the q shortest gens, q from ``TAIL_SIZES`` or all -- where that lowers the window's exact cost (runs
     re-cut on both sides); the best move per window per round, until none helps or the deadline."""
     pools, prof, max_batch = costs.pools, costs.prof, costs.max_batch
     assign = [a.copy() for a in assign]
     active = set(range(len(assign)))  # a window with no helpful move keeps none until it changes
-    for _ in range(rounds):
-        if time.perf_counter() > deadline or not active:
+    for rnd in range(rounds):
+        if deadline.expired() or not active:
             break
+        deadline.tick("windowed plan: moves between shapes", "round %d, %d windows still moving", rnd + 1, len(active))
         base_groups, base_shape, base = [], [], {}
         cand, cand_groups, cand_shape = [], [], []
         for w in sorted(active):
@@ -313,7 +315,7 @@ def assignment_batchings(problem: Problem, costs: IntervalCosts, assign: list[np
 
 
 def window_plan(problem: Problem, all_costs: list[IntervalCosts], shapes: np.ndarray,
-                deadline: float | None = None) -> tuple[Batching, ...]:
+                deadline: Deadline | None = None) -> tuple[Batching, ...]:
     """Every bucket's batching under ``shapes``: per window the used subset chosen by ``subset_dp``, then
     (until ``deadline``) part of a shape's requests moved up where that pays (``improve``); each shape's
     requests cut into optimal runs."""
