@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --engine dask: plan from every request's lengths (the in-memory planner, its "
                              "plan exactly), or from the group-by histogram alone (the MIP on cells; no request "
                              "reaches this process, for 10^8 requests); auto (default) takes the histogram above "
-                             "2*10^7 requests")
+                             "2*10^7 requests in the reference and strict modes")
     args = parser.parse_args(argv)
     check_engine_flags(args, DASK_UNSUPPORTED)
     if args.plan_from is not None and args.engine != "dask":

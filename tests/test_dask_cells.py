@@ -75,3 +75,17 @@ def test_histogram_plan_refuses_what_it_cannot_do(tmp_path, scheduler, chat):
     memory = cli("model.solve", "--plan-from", "histogram", str(reqs / "part-0.parquet"), cwd=tmp_path)
     assert memory.returncode == 2 and "--plan-from" in memory.stderr and "needs --engine dask" in memory.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_auto_plans_from_the_histogram_above_the_threshold_but_never_in_device_mode(tmp_path, scheduler, chat,
+                                                                                     monkeypatch):
+    from model.distributed import engine
+
+    monkeypatch.setattr(engine, "REQUESTS_ON_CLIENT", 500)  # the chat fixture has 900 requests
+    reqs = write_parts(chat, tmp_path / "reqs", [450], "parquet")
+    base = ["model.solve", "--engine", "dask", "--scheduler", scheduler, str(reqs), "--quiet", "--time-limit", "3"]
+    auto = cli(*base, "--out", str(tmp_path / "a"), cwd=tmp_path)
+    assert auto.returncode == 0 and "planned from the histogram" in auto.stdout, auto.stderr
+    device = cli(*base, "--out", str(tmp_path / "d"), "--solver", "pow2", "--device-profile",
+                 str(REPO / "data" / "profiles" / "opt13b-a100-tp1.toml"), cwd=tmp_path)
+    assert device.returncode == 0 and "planned from requests" in device.stdout, device.stderr

@@ -73,10 +73,10 @@ class Settings:
     params_source: str | None = None  # the file the coefficients came from (named if its costs overflow)
     columns: str | None = None
     fmt: str | None = None
-    plan_from: str = "auto"  # "requests", "histogram", or "auto" (histogram above REQUESTS_ON_CLIENT)
+    plan_from: str = "auto"  # "requests", "histogram", or "auto" (see PLAN_FROM)
 
 
-PLAN_FROM = ("auto", "requests", "histogram")
+PLAN_FROM = ("auto", "requests", "histogram")  # auto: the histogram above REQUESTS_ON_CLIENT, except in device mode
 REQUESTS_ON_CLIENT = 20_000_000  # "auto" plans from the histogram above this many requests in all
 
 
@@ -112,7 +112,9 @@ def load(client, sources: list[Source], settings: Settings) -> Loaded:
         hists.append(histogram(client, ddf, len(source.files)))
         frames.append(ddf)
     total = sum(int(h.sizes.sum()) for h in hists)
-    by_cells = settings.plan_from == "histogram" or (settings.plan_from == "auto" and total > REQUESTS_ON_CLIENT)
+    # auto: device mode always from requests (its exact runs need them), the analytic modes above the threshold
+    by_cells = settings.plan_from == "histogram" or (settings.plan_from == "auto" and total > REQUESTS_ON_CLIENT
+                                                      and settings.mode != "device")
     if by_cells:
         return _load_cells(client, sources, frames, hists, settings)
     frames = [client.persist(f) for f in frames]  # small enough to keep: every later pass reads memory
