@@ -155,3 +155,29 @@ def test_the_writer_allows_a_symlinked_output_folder(tmp_path: Path):
     (tmp_path / "link").symlink_to(tmp_path / "real")
     write_plans({tmp_path / "link" / "plan_a.jsonl": make_plan(2)}, inside=tmp_path / "link")
     assert read_plan(tmp_path / "real" / "plan_a.jsonl").request_ids.tolist() == ["r0", "r1"]
+
+
+def test_rows_of_a_read_plan_by_hash_and_by_text_agree(tmp_path, monkeypatch):
+    """A plan read back matches its bucket by hashes (the fast path) exactly as the full id matching does, a
+    hash collision falls back to that matching, and repeats or strangers are still named."""
+    from model.evaluation import validate
+
+    rng = np.random.default_rng(2)
+    b = bucket(rng.integers(1, 500, 300).tolist(), rng.integers(1, 50, 300).tolist())
+    order = rng.permutation(300)
+    plan = Plan(b.request_ids[order], np.array([f"s{i % 7}" for i in range(300)], dtype=object),
+                np.full(300, 512, dtype=np.int64))
+    path = tmp_path / "plan.jsonl"
+    write_plans({path: plan})
+    back = read_plan(path)
+    assert back.batch_ids[0] is back.batch_ids[7]  # equal batch ids share one string
+    rows = validate._rows_by_hash(b, back)
+    assert rows is not None and (rows == order).all()
+    assert (validate.plan_rows(b, back)[0] == order).all()
+    monkeypatch.setattr(validate, "id_hash", lambda ids: np.zeros(len(ids), np.uint64))  # everything collides
+    assert validate._rows_by_hash(b, back) is None
+    assert (validate.plan_rows(b, back)[0] == order).all()
+    twice = Plan(np.r_[back.request_ids[:-1], back.request_ids[:1]], back.batch_ids, back.seq_align)
+    rows, problems = validate.plan_rows(b, twice)
+    assert rows is None and {"appears twice", "is missing"} <= {w for p in problems for w in
+                                                               ("appears twice", "is missing") if w in p.message}

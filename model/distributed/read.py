@@ -18,7 +18,7 @@ import pandas as pd
 from model.cost.common import GRANULARITY, align
 from model.errors import InputError
 from model.load.names import check_name
-from model.load.requests import Columns, detect_format, load_requests
+from model.load.requests import Columns, detect_format, id_hash, load_requests
 
 SUFFIXES = (".parquet", ".csv", ".jsonl")
 GLOB_CHARS = "*?["
@@ -142,11 +142,6 @@ def lengths(client, ddf) -> tuple[np.ndarray, np.ndarray]:
 
 
 MAX_HASH_BITS = 10  # at most 1024 hash ranges
-
-
-def id_hash(ids: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of each id's text (pandas' SipHash); equal ids hash alike, different ids rarely do."""
-    return pd.util.hash_array(np.asarray(ids, dtype=object), categorize=False)
 
 
 def hash_split(frame: pd.DataFrame, bits: int) -> tuple[np.ndarray, ...]:

@@ -8,6 +8,7 @@ import pandas as pd
 from model.cost.common import align
 from model.cost.device import DeviceProfile
 from model.cost.metrics import Metrics, batch_index, batch_kv_tokens, plan_metrics
+from model.load.requests import id_hash
 from model.schema import (
     Bucket,
     BucketResult,
@@ -27,6 +28,9 @@ def plan_rows(bucket: Bucket, plan: Plan) -> tuple[np.ndarray | None, list[Viola
     """
     if plan.rows is not None and _rows_hold(bucket, plan):
         return plan.rows, []
+    rows = _rows_by_hash(bucket, plan)
+    if rows is not None:
+        return rows, []
     problems: list[Violation] = []
     ids = pd.Index(bucket.request_ids.astype(str))
     plan_ids = pd.Series(plan.request_ids.astype(str))
@@ -65,6 +69,34 @@ def _rows_hold(bucket: Bucket, plan: Plan) -> bool:
     if not (np.bincount(rows, minlength=len(bucket)) == 1).all():
         return False
     return bool((bucket.request_ids[rows] == plan.request_ids).all())
+
+
+def _rows_by_hash(bucket: Bucket, plan: Plan) -> np.ndarray | None:
+    """The rows of a plan read from a file, matched by 64-bit hashes of the ids' text and confirmed by the text:
+    a few int64 arrays, where a hash join of 10^7 Python strings held 0.9 GB more and took twice as long.
+
+    Both sides' hashes sorted: when they are equal element by element and the bucket's are distinct, the k-th
+    record in hash order is the k-th row in hash order -- a permutation -- and comparing the ids' text rules
+    out a collision.  None whenever that fails: the full matching then names what is wrong.
+    """
+    n = len(bucket)
+    if len(plan) != n or n == 0:
+        return None
+    h = id_hash(bucket.request_ids)
+    by_row = np.argsort(h)
+    h = h[by_row]
+    if (h[1:] == h[:-1]).any():
+        return None
+    hp = id_hash(plan.request_ids)
+    by_record = np.argsort(hp)
+    same = bool((hp[by_record] == h).all())
+    del h, hp
+    if not same:
+        return None
+    rows = np.empty(n, dtype=np.int64)
+    rows[by_record] = by_row
+    del by_row, by_record
+    return rows if bool((bucket.request_ids[rows] == plan.request_ids).all()) else None
 
 
 def _line(plan: Plan, k: int) -> int:

@@ -12,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pajson
 
 from model.cost.common import GRANULARITY, HEADS, HIDDEN
 from model.errors import InputError
-from model.load.requests import MAX_LEN, JsonFieldError, check_utf8, line_numbers, strict_json
+from model.load.requests import MAX_LEN, JsonFieldError, check_utf8, json_table, line_numbers, strict_json
 from model.runtime import shielded
 from model.schema import Plan
 
@@ -50,16 +49,41 @@ def read_plan(path: str | Path) -> Plan:
     if len(lines) == 0:
         raise InputError(str(path), None, None, "empty plan")
     check_utf8(path, raw)
-    fast = _read_plan_fast(raw, lines, str(path))
-    return fast if fast is not None else _read_plan_slow(path, raw)
+    regular = path.is_file()  # read again by pyarrow, so its bytes (1.2 GB at 10^7) are not held too; a pipe once
+    if regular:
+        raw = b""
+    table = _parse(str(path) if regular else pa.BufferReader(raw), path)
+    fast = _read_plan_fast(table, lines, str(path)) if table is not None else None
+    if fast is not None:
+        del table
+        pa.default_memory_pool().release_unused()  # the table's memory, back to the system, not kept pooled
+        return fast
+    del table
+    return _read_plan_slow(path, path.read_bytes() if regular else raw)
 
 
-def _read_plan_fast(raw: bytes, lines: np.ndarray, source: str) -> Plan | None:
-    """The plan if every record passes the column-wise checks, else None (let the slow pass explain)."""
+def _parse(source, path: Path) -> pa.Table | None:
+    """The records as a table, read column-wise in blocks, or None if pyarrow cannot read them (the slow pass
+    explains)."""
     try:
-        table = pajson.read_json(pa.BufferReader(raw), read_options=pajson.ReadOptions(block_size=1 << 24))
+        return json_table(source)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return None
+    except OSError as exc:  # changed or gone since it was read
+        raise InputError(str(path), None, None, f"cannot read: {exc.strerror or exc}") from exc
+
+
+def shared_strings(column: pa.ChunkedArray) -> np.ndarray:
+    """A column as an object array of str in which equal values are one Python object (a batch id repeats for
+    every member: 10^7 records hold a few 10^4 distinct ids, not 10^7 strings)."""
+    column = column.cast(pa.string())
+    distinct = column.unique()
+    index = pc.index_in(column, value_set=distinct).to_numpy(zero_copy_only=False)
+    return np.asarray(distinct.to_pylist(), dtype=object)[index]
+
+
+def _read_plan_fast(table: pa.Table, lines: np.ndarray, source: str) -> Plan | None:
+    """The plan if every record passes the column-wise checks, else None (let the slow pass explain)."""
     if table.num_rows != len(lines) or not all(k in table.column_names for k in RECORD_KEYS):
         return None
     shape = table.column("shape")
@@ -75,8 +99,8 @@ def _read_plan_fast(raw: bytes, lines: np.ndarray, source: str) -> Plan | None:
     if not ((heads == HEADS).all() and (hidden == HIDDEN).all() and (seq > 0).all() and (seq % GRANULARITY == 0).all()
             and (seq <= MAX_LEN).all()):
         return None
-    rid, bid = (np.asarray(c.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object) for c in ids)
-    return Plan(rid, bid, seq.astype(np.int64), source, lines)
+    rid = np.asarray(ids[0].cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object)
+    return Plan(rid, shared_strings(ids[1]), seq.astype(np.int64), source, lines)
 
 
 def _read_plan_slow(path: Path, raw: bytes) -> Plan:

@@ -123,7 +123,11 @@ def load_requests(path: str | Path, name: str | None = None, columns: Columns | 
     else:
         frame, lines, columns = _read_parquet(path, raw, columns, time_column)
         pending = None
-    return _to_bucket(path, name, frame, lines, columns, pending, time_required=time_column is not None)
+    del raw
+    bucket = _to_bucket(path, name, frame, lines, columns, pending, time_required=time_column is not None)
+    del frame
+    pa.default_memory_pool().release_unused()  # the parsed table's memory, back to the system, not kept pooled
+    return bucket
 
 
 def _with_time(columns: Columns, time_column: str | None) -> Columns:
@@ -173,6 +177,9 @@ def _csv_header(raw: bytes) -> list[str]:
     return [h.strip().strip('"') for h in first.split(",")]
 
 
+LINE_CHUNK = 1 << 24
+
+
 def line_numbers(raw: bytes) -> np.ndarray:
     """1-based line number of each non-blank line (pyarrow skips blank ones).
 
@@ -180,7 +187,9 @@ def line_numbers(raw: bytes) -> np.ndarray:
     looked at one by one, and well-formed files have none.
     """
     buf = np.frombuffer(raw, dtype=np.uint8)
-    ends = np.flatnonzero(buf == 10)
+    # newline positions chunk by chunk: a comparison over the whole buffer would hold a byte per byte of it
+    ends = np.concatenate([np.zeros(0, np.int64)] + [np.flatnonzero(buf[lo:lo + LINE_CHUNK] == 10) + lo
+                                                     for lo in range(0, len(buf), LINE_CHUNK)])
     if len(buf) and buf[-1] != 10:
         ends = np.append(ends, len(buf))
     starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64) if len(ends) else np.zeros(0, np.int64)
@@ -192,6 +201,14 @@ def line_numbers(raw: bytes) -> np.ndarray:
     return np.flatnonzero(nonblank).astype(np.int64) + 1
 
 
+def json_table(source) -> pa.Table:
+    """JSON lines as a table, column-wise by pyarrow.  The parser's scratch memory (about twice the table at
+    10^7 records) stays in the allocator's pool unless handed back: it is, so the arrays built next can use it."""
+    table = pajson.read_json(source, read_options=pajson.ReadOptions(block_size=1 << 24))
+    pa.default_memory_pool().release_unused()
+    return table
+
+
 def _read_jsonl(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame, np.ndarray, InputError | None]:
     """JSONL via pyarrow; on any parse trouble, a line-by-line pass finds the exact line."""
     lines = line_numbers(raw)
@@ -199,8 +216,7 @@ def _read_jsonl(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame,
         raise InputError(str(path), None, None, "no requests (empty file)")
     check_utf8(path, raw)
     try:
-        table = pajson.read_json(pa.BufferReader(raw),
-                                 read_options=pajson.ReadOptions(block_size=1 << 24))
+        table = json_table(pa.BufferReader(raw))
         # A float column may hold 1e3 (refused) or 12.0 (accepted): only the text tells them apart.
         floats = any(pa.types.is_floating(table.column(c).type) for c in columns.wanted() if c in table.column_names)
         if table.num_rows == len(lines) and not floats:
@@ -618,3 +634,15 @@ def _id_column(col: pd.Series, field: str, lines: np.ndarray) -> tuple[np.ndarra
 def _first_equal(values: pd.Series, k: int) -> int:
     """Row of the first value equal to row k's (where a duplicate was first seen)."""
     return int(np.argmax((values == values.iloc[k]).to_numpy()))
+
+
+HASH_CHUNK = 1 << 20
+
+
+def id_hash(ids: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each id's text (pandas' SipHash); equal ids hash alike, different ids rarely do: a match
+    by hash is a candidate, confirmed by comparing the text.  Hashed a chunk at a time: the hasher encodes every
+    string of its input at once (0.8 GB of scratch for 10^7 ids)."""
+    ids = np.asarray(ids, dtype=object)
+    return np.concatenate([np.zeros(0, np.uint64)] + [pd.util.hash_array(ids[lo:lo + HASH_CHUNK], categorize=False)
+                                                      for lo in range(0, len(ids), HASH_CHUNK)])
