@@ -118,6 +118,7 @@ def test_audit_shows_device_hours_in_device_mode(folder):
 
 # -- solve, evaluate and sweep ------------------------------------------------------------------------
 
+@pytest.mark.slow  # tests/test_holdout.py plans the held-out part three ways by default
 def test_solve_holdout_checks_and_writes_nothing(folder, tmp_path):
     done = cli("model.solve", str(folder / "trace.csv"), "--columns", "azure", "--cost-model", "strict",
                "--limit-shapes", "3", "--holdout", "0.3", "--time-limit", "2", "--out", "out", "--quiet",

@@ -197,7 +197,7 @@ def profile():
     return load_profile(REPO / "data" / "profiles" / "opt13b-a100-tp1.toml")
 
 
-@pytest.mark.parametrize("allowed", [(192, 320), (128, 256, 512), (320,)])
+@pytest.mark.parametrize("allowed", [(192, 320), pytest.param((128, 256, 512), marks=pytest.mark.slow), (320,)])
 def test_device_mode_reaches_the_restricted_optimum(profile, allowed):
     prob = problem(SIX, k=2, mode="device", params=profile, allowed_shapes=allowed)
     best = brute_force(prob).cost

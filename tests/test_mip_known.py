@@ -100,6 +100,7 @@ def mip_cost(prob: Problem, backend: str) -> tuple[float, float | None]:
     return cost, planned.report.bound
 
 
+@pytest.mark.slow  # checks the test oracle, not the planner
 def test_the_brute_force_itself():
     """Its plan arrays reproduce the worked example, and a hand-computed optimum comes out exactly."""
     prob = problem(WORKED)

@@ -29,7 +29,7 @@ from model.planning.mip import plan_mip
 from model.schema import Limits, Problem
 from solvers.packers import PACKERS
 
-SETTINGS = settings(max_examples=8, deadline=None, derandomize=True, database=None,
+SETTINGS = settings(max_examples=6, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
