@@ -327,3 +327,16 @@ def test_the_floor_bound_needs_no_pricing(monkeypatch):
     floor = colgen.floor_bound(space)
     assert floor.total == pytest.approx(expected.total, rel=1e-12)
     assert np.allclose(floor.per_bucket, expected.per_bucket, rtol=1e-12)
+
+
+def test_a_cut_device_shape_relaxation_gives_no_bound_and_the_top_shape():
+    """Device mode's shape relaxation under a deadline already passed: no bound, and the one shape covering
+    every prompt as the start (the run goes on instead of spending seconds past its limit)."""
+    from model.planning.flow import all_shapes, shape_relaxation
+
+    prob = two_buckets(60)
+    fine = [build_histogram(b) for b in prob.buckets]
+    cut = shape_relaxation(prob, fine, Deadline(0.0))
+    assert cut.bound == -np.inf and cut.shapes == (int(all_shapes(prob, fine)[-1]),)
+    whole = shape_relaxation(prob, fine)
+    assert np.isfinite(whole.bound)

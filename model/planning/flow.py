@@ -26,7 +26,7 @@ from model.histogram.cells import Histogram
 from model.planning.options import PlannerOptions
 from model.planning.shapes import ShapeChoice, choose_shapes
 from model.planning.stages import SearchOutcome, bucket_models
-from model.runtime import Deadline, interrupted
+from model.runtime import Deadline, DeadlineExceeded, interrupted
 from model.schema import Batching, Problem, Status
 from model.shapeset import round_up_to, usable
 from model.windows.bound import whole_trace_bound
@@ -77,10 +77,18 @@ def all_shapes(problem: Problem, hists: list[Histogram]) -> np.ndarray:
     return shapes[shapes <= problem.max_seq_len] if problem.max_seq_len is not None else shapes
 
 
-def shape_relaxation(problem: Problem, hists: list[Histogram]) -> ShapeChoice:
+def shape_relaxation(problem: Problem, hists: list[Histogram], deadline: Deadline = Deadline.never()
+                     ) -> ShapeChoice:
     """The best K shapes when every request pays only its floor (``boxes.request_floor``): a lower bound
-    on any plan, and its shapes a good start."""
-    return choose_shapes(bucket_models(problem, hists), all_shapes(problem, hists), problem.max_shapes)
+    on any plan, and its shapes a good start.  Cut by ``deadline`` (10 s on 10^5 long-context requests):
+    no bound (-inf) and the one shape that covers every prompt as the start."""
+    shapes = all_shapes(problem, hists)
+    try:
+        return choose_shapes(bucket_models(problem, hists), shapes, problem.max_shapes, deadline)
+    except DeadlineExceeded:
+        log.info("device mode: the time limit cut the shape relaxation short; no bound from it, and the start "
+                 "is the one shape %d", int(shapes[-1]))
+        return ShapeChoice(-np.inf, (int(shapes[-1]),))
 
 
 def start_levels(problem: Problem, warm: tuple[Batching, ...] | None) -> tuple[np.ndarray | None, list]:

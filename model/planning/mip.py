@@ -196,7 +196,8 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     flow = problem.mode == "device"
     greedy = greedy_plan(problem, options, clock.share(options.greedy_share))
     if flow:
-        relaxation = shape_relaxation(problem, fine)  # the first start, and part of the flow search's bound
+        # the first start, and part of the flow search's bound
+        relaxation = shape_relaxation(problem, fine, clock.share(options.relaxation_share))
         starts = [np.asarray(relaxation.shapes)]
         if greedy is not None:
             starts.append(np.unique(np.concatenate([bt.shape_of for bt in greedy])))

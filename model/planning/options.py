@@ -57,6 +57,9 @@ class PlannerOptions:
         are request-weighted quantiles and the bound comes from the relaxed model.
       start_share: share of the time limit device mode's start (shape local search with
         exact batching) may use.
+      relaxation_share: share of the time limit device mode's shape relaxation may use
+        (10 s on 10^5 long-context requests); cut short, it gives no bound and the one
+        shape covering every prompt as the start.
       lp_price_share: share of the time left that device mode's LP-price bound
         (``model.windows.bound.whole_trace_bound``) may use; cut short, it prices the
         remaining shapes by per-request floors and stays valid.
@@ -88,5 +91,6 @@ class PlannerOptions:
     flow_shape_levels: int = 48
     flow_gen_levels: int = 160
     start_share: float = 0.2
+    relaxation_share: float = 0.3
     lp_price_share: float = 0.1
     lp_price_max_cells: int = 20_000_000
