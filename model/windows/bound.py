@@ -147,13 +147,15 @@ def anchors(S: np.ndarray) -> np.ndarray:
     return distinct[picks]
 
 
-def window_prices(problem: Problem, S: np.ndarray, g: np.ndarray, cands: np.ndarray, use_lp: bool
-                  ) -> np.ndarray:
+def window_prices(problem: Problem, S: np.ndarray, g: np.ndarray, cands: np.ndarray, use_lp: bool,
+                  deadline: Deadline = Deadline.never()) -> np.ndarray:
     """psi for one window of one bucket: (requests, candidates), inf where a candidate is below the request.
 
     ``S`` and ``g`` are the window's entry shapes and gens, sorted by gen.  With the LP, one is solved per
     anchor a (``anchors``) at shape a over every request below the next anchor: a batch at any shape
     s in [a, next anchor) draws from that pool and costs at least T at a plus each member's growth to s.
+    Once ``deadline`` passes, the remaining anchors' shapes are priced by per-request floors (valid, weaker):
+    the whole trace as one window is one call, and its LPs took seconds past a short time limit.
     """
     psi = np.full((len(g), len(cands)), np.inf)
     p = problem.params
@@ -164,7 +166,7 @@ def window_prices(problem: Problem, S: np.ndarray, g: np.ndarray, cands: np.ndar
         cols = np.flatnonzero((cands >= base) & ((cands < nxt) if nxt is not None else True))
         if not len(cols):
             continue
-        if lp:
+        if lp and not deadline.expired():
             pool = np.flatnonzero(S < nxt) if nxt is not None else np.arange(len(S))
             fits = batch_capacity(base, g[pool], problem.max_batch_size, p.kv_capacity_tokens) >= 1
             pool = pool[fits]
@@ -176,8 +178,8 @@ def window_prices(problem: Problem, S: np.ndarray, g: np.ndarray, cands: np.ndar
             block = base_price[:, None] + growth(g[pool], base, shapes, p)
             psi[np.ix_(pool, cols)] = np.where(ok, block, np.inf)
         else:
-            pool = np.flatnonzero(S <= base)
             for j in cols.tolist():
+                pool = np.flatnonzero(S <= cands[j])
                 psi[pool, j] = floor_prices(problem, S[pool], g[pool], int(cands[j]), len(pool))
     return psi
 
@@ -202,7 +204,7 @@ def _price_windows(item: tuple[int, range]) -> list[tuple[np.ndarray, np.ndarray
     out = []
     for w in windows:
         lp = use_lp and not deadline.expired()
-        psi = window_prices(problem, pools[b].S[w], pools[b].G[w], cands, lp)
+        psi = window_prices(problem, pools[b].S[w], pools[b].G[w], cands, lp, deadline)
         out.append((pools[b].rows[w], np.minimum.accumulate(psi[:, ::-1], axis=1)[:, ::-1], lp))
     return out
 
