@@ -107,14 +107,18 @@ def tightened(problem: Problem, reserves: tuple[int, ...], broken: tuple[tuple[i
     return replace(problem, limits=tuple(limits)), tuple(reserves)
 
 
-def device_fallbacks(problem: Problem) -> list[Judged]:
+def device_fallbacks(problem: Problem, deadline: Deadline = Deadline.never()) -> list[Judged]:
     """Device mode: the plans of the packers that meet every limit (dpfill, pow2, solo), judged exactly.
 
     The exact-batching start ignores the limits; when it breaks one, the cheapest packer
     plan that meets them starts the MIP instead, and every such plan stays a fallback, so
-    the planner never returns a plan costlier than a packer's nor "no plan" when one has one.
+    the planner never returns a plan costlier than a packer's nor "no plan" when one has one --
+    within ``deadline``: a packer is not started once it has passed (each takes seconds on 10^5
+    long-context requests), so a short time limit may leave fewer fallbacks.
     """
-    return [j for j in packer_plans(problem, ("dpfill", "pow2", "solo")) if j.acceptable]
+    n = sum(len(b) for b in problem.buckets)
+    return [j for j in packer_plans(problem, ("dpfill", "pow2", "solo"), deadline, JUDGE_S_PER_REQUEST * n)
+            if j.acceptable]
 
 
 def packer_plans(problem: Problem, names: tuple[str, ...], deadline: Deadline = Deadline.never(),
@@ -203,7 +207,7 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
             starts.append(np.unique(np.concatenate([bt.shape_of for bt in greedy])))
         greedy = device_start(problem, starts, all_shapes(problem, fine), shape_levels(problem, fine, options),
                               clock.share(options.start_share).at)
-    fallbacks = device_fallbacks(problem) if flow else []
+    fallbacks = device_fallbacks(problem, clock.share(options.fallback_share)) if flow else []
     t_judge = time.perf_counter()
     judged_greedy = judge(problem, "exact-runs start" if flow else "greedy", greedy) if greedy is not None else None
     if flow and fallbacks and not judged_greedy.acceptable:

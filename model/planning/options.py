@@ -57,6 +57,8 @@ class PlannerOptions:
         are request-weighted quantiles and the bound comes from the relaxed model.
       start_share: share of the time limit device mode's start (shape local search with
         exact batching) may use.
+      fallback_share: share of the time left that device mode's packer fallbacks may start
+        within (a packer is not started after it).
       relaxation_share: share of the time limit device mode's shape relaxation may use
         (10 s on 10^5 long-context requests); cut short, it gives no bound and the one
         shape covering every prompt as the start.
@@ -92,5 +94,6 @@ class PlannerOptions:
     flow_gen_levels: int = 160
     start_share: float = 0.2
     relaxation_share: float = 0.3
+    fallback_share: float = 0.3
     lp_price_share: float = 0.1
     lp_price_max_cells: int = 20_000_000
