@@ -18,6 +18,7 @@ write its own records (``write``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ from model.distributed.write import (
 )
 from model.errors import InputError
 from model.evaluation.cells import RunsJudged
+from model.expand.assemble import ranked_ids, shape_ranks
 from model.histogram.cells import Histogram, from_counts
 from model.planning.cellplan import CellPlanned, plan_cells
 from model.schema import Bucket, CellRuns, Evaluation, Limits, Plan, Problem, SolveReport
@@ -227,10 +229,8 @@ def request_layout(bucket: Bucket, plan: Plan, hist: PartHistogram) -> Layout:
     keys = cell_key(align(bucket.prompt_len), bucket.gen_len)
     # each lead's rank among the requests of its cell before it, in partition order
     rank = np.asarray([int((keys[:r] == keys[r]).sum()) for r in rows], dtype=np.int64)
-    held = [holder(int(keys[r]), int(k), hist) for r, k in zip(rows, rank, strict=True)]
     return Layout(quotas(bucket.prompt_len, bucket.gen_len, batch_of, hist), ids, shape,
-                  np.bincount(codes, minlength=len(ids)), np.asarray([h[0] for h in held], dtype=np.int64),
-                  keys[rows], np.asarray([h[1] for h in held], dtype=np.int64))
+                  np.bincount(codes, minlength=len(ids)), *_held(keys[rows], rank, hist))
 
 
 def cell_layout(hist: Histogram, runs: CellRuns, judged: RunsJudged, part_hist: PartHistogram) -> Layout:
@@ -238,22 +238,23 @@ def cell_layout(hist: Histogram, runs: CellRuns, judged: RunsJudged, part_hist: 
     0 (its id sorts first), the others in batch order; the spike goes to the first request of the chosen run."""
     shape = runs.shape_of
     nb = len(shape)
-    order = np.lexsort((np.arange(nb), ~judged.takes, shape))
-    head = np.r_[True, shape[order][1:] != shape[order][:-1]] if nb else np.zeros(0, bool)
-    rank = np.empty(nb, dtype=np.int64)
-    rank[order] = np.arange(nb) - np.maximum.accumulate(np.where(head, np.arange(nb), 0))
-    width = len(str(max(int(rank.max(initial=0)), 0)))
-    ids = np.array([f"s{s}-{r:0{width}d}" for s, r in zip(shape.tolist(), rank.tolist(), strict=True)], dtype=object)
+    ids = ranked_ids(shape, shape_ranks(shape, np.lexsort((np.arange(nb), ~judged.takes, shape))))
     key = cell_key(hist.S[runs.cell], hist.G[runs.cell])
     before = np.cumsum(runs.count) - runs.count  # requests of earlier runs ...
     cell_first = np.r_[True, runs.cell[1:] != runs.cell[:-1]]
     before -= np.maximum.accumulate(np.where(cell_first, before, 0))  # ... of the same cell
     lead_runs = judged.lead[judged.takes]
-    held = [holder(int(key[r]), int(before[r]), part_hist) for r in lead_runs]
     members = np.bincount(runs.batch, weights=runs.count, minlength=nb).astype(np.int64)
     return Layout(run_quotas(key, runs.batch, runs.count, part_hist), ids, shape, members,
-                  np.asarray([h[0] for h in held], dtype=np.int64), key[lead_runs],
-                  np.asarray([h[1] for h in held], dtype=np.int64))
+                  *_held(key[lead_runs], before[lead_runs], part_hist))
+
+
+def _held(keys: np.ndarray, ranks: np.ndarray, hist: PartHistogram) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The spike-taking members, given by cell key and rank in partition order, as (partition, cell key, rank
+    among that partition's requests of the cell)."""
+    held = [holder(int(k), int(r), hist) for k, r in zip(keys, ranks, strict=True)]
+    return (np.asarray([h[0] for h in held], dtype=np.int64), np.asarray(keys, dtype=np.int64),
+            np.asarray([h[1] for h in held], dtype=np.int64))
 
 
 def write(client, out_dir: Path, loaded: Loaded, solved: Solved) -> tuple[Path, ...]:
@@ -288,11 +289,11 @@ def write(client, out_dir: Path, loaded: Loaded, solved: Solved) -> tuple[Path, 
             write_manifest(s, manifest(source, lay, solved, b))
         commit(staged)
     except BaseException:
-        with _quiet():
+        with contextlib.suppress(BaseException):  # the error itself is what the user must see
             client.cancel(futures)
         discard(staged)
         for folder in made:  # deepest first; only empty ones go
-            with _quiet():
+            with contextlib.suppress(BaseException):
                 folder.rmdir()
         raise
     return tuple(s.target for s in staged)
@@ -316,14 +317,4 @@ def manifest(source: Source, lay: Layout, solved: Solved, b: int) -> dict:
         "solver": {"planner": solved.planner, "planned_from": "histogram" if solved.cells is not None else "requests",
                    "status": rep.status.value, "backend": rep.backend, "bound": rep.bound, "gap": rep.gap},
     }
-
-
-class _quiet:
-    """Swallow anything while cancelling work after an error (the error itself is what the user must see)."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        return True
 

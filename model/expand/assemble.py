@@ -59,34 +59,19 @@ def assemble(bucket: Bucket, batching: Batching, params: Coefficients = CostPara
     limit = limits.max_p95_latency_ms
     crosses = (first_lat <= limit) & (spiked > limit) if limit is not None else np.zeros(nb, bool)
     # per shape, the batch that takes the spike ranks 0; the rest keep their order
-    pick_order = np.lexsort((np.arange(nb), first_lat, seq_hurt, crosses, ~takes, shape_of))
-    shapes_sorted = shape_of[pick_order]
-    head = np.r_[True, shapes_sorted[1:] != shapes_sorted[:-1]]
-    rank = np.empty(nb, dtype=np.int64)
-    group_start = np.maximum.accumulate(np.where(head, np.arange(nb), 0))
+    rank = shape_ranks(shape_of, np.lexsort((np.arange(nb), first_lat, seq_hurt, crosses, ~takes, shape_of)))
     not_lead = np.ones(len(codes), dtype=bool)
     not_lead[lead] = False
     order = np.lexsort((np.arange(len(codes)), latency, not_lead, codes))
     if windows is None:
-        rank[pick_order] = np.arange(nb) - group_start
-        width = len(str(max(int(rank.max()), 0))) if nb else 1
-        ids = np.array([f"s{s}-{r:0{width}d}" for s, r in zip(shape_of.tolist(), rank.tolist(), strict=True)],
-                       dtype=object)
+        ids = ranked_ids(shape_of, rank)
         batch_order = np.lexsort((rank, shape_of))
     else:
         # the spike's batch keeps rank 0 of its shape; the others follow window by window
         win = np.zeros(nb, dtype=np.int64)
         win[codes] = np.asarray(windows, dtype=np.int64)
-        spiked_batch = np.zeros(nb, dtype=bool)
-        spiked_batch[pick_order[head]] = True
-        order2 = np.lexsort((np.arange(nb), win, ~spiked_batch, shape_of))
-        start2 = np.maximum.accumulate(np.where(np.r_[True, shape_of[order2][1:] != shape_of[order2][:-1]],
-                                                np.arange(nb), 0)) if nb else np.zeros(0, np.int64)
-        rank[order2] = np.arange(nb) - start2
-        width = len(str(max(int(rank.max()), 0))) if nb else 1
-        wwidth = len(str(max(int(win.max()), 0))) if nb else 1
-        ids = np.array([f"s{s}-{r:0{width}d}-w{w:0{wwidth}d}" for s, r, w in
-                        zip(shape_of.tolist(), rank.tolist(), win.tolist(), strict=True)], dtype=object)
+        rank = shape_ranks(shape_of, np.lexsort((np.arange(nb), win, rank != 0, shape_of)))
+        ids = ranked_ids(shape_of, rank, win)
         batch_order = np.lexsort((rank, shape_of, win))
     pos = np.empty(nb, dtype=np.int64)
     pos[batch_order] = np.arange(nb)
@@ -97,26 +82,31 @@ def assemble(bucket: Bucket, batching: Batching, params: Coefficients = CostPara
                 seq_align=shape_of[codes[rec]], source=f"<plan {bucket.name}>", rows=rec)
 
 
+def shape_ranks(shape_of: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Each batch's rank among the batches of its shape, taken in ``order`` (batch indices sorted by shape
+    first): rank 0 is the batch whose id sorts first, so its first member takes the shape's compile spike."""
+    nb = len(shape_of)
+    s = shape_of[order]
+    head = np.r_[True, s[1:] != s[:-1]] if nb else np.zeros(0, bool)
+    rank = np.empty(nb, dtype=np.int64)
+    rank[order] = np.arange(nb) - np.maximum.accumulate(np.where(head, np.arange(nb), 0))
+    return rank
+
+
+def ranked_ids(shape_of: np.ndarray, rank: np.ndarray, windows: np.ndarray | None = None) -> np.ndarray:
+    """Batch ids ``s<seq_align>-<rank>`` (``-w<window>`` with arrival windows), numbers zero-padded so the ids
+    sort as their ranks do."""
+    width = len(str(max(int(rank.max(initial=0)), 0)))
+    if windows is None:
+        return np.array([f"s{s}-{r:0{width}d}" for s, r in zip(shape_of.tolist(), rank.tolist(), strict=True)],
+                        dtype=object)
+    wwidth = len(str(max(int(windows.max(initial=0)), 0)))
+    return np.array([f"s{s}-{r:0{width}d}-w{w:0{wwidth}d}" for s, r, w in
+                     zip(shape_of.tolist(), rank.tolist(), windows.tolist(), strict=True)], dtype=object)
+
+
 def assemble_all(problem: Problem, batchings: tuple[Batching, ...]) -> tuple[Plan, ...]:
     """Every bucket's batching as a plan (with the problem's arrival windows, if any)."""
     return tuple(assemble(b, bt, problem.params, problem.mode, lim, waits_of(problem, b),
                           windows_of(problem, b) if problem.windowing is not None else None)
                  for b, bt, lim in zip(problem.buckets, batchings, problem.limits, strict=True))
-
-
-def box_of_requests(cell_of: np.ndarray, arc_box: np.ndarray, arc_cell: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """The box each request rides in, from a solution given as request counts per (cell, box).
-
-    Requests sorted by cell (file order within) are dealt to the arcs sorted by (cell,
-    box): the cumulative arc counts line up with the cell boundaries, so one
-    searchsorted places every request.
-    """
-    n_cells = int(cell_of.max()) + 1
-    if (np.bincount(arc_cell, weights=count, minlength=n_cells) != np.bincount(cell_of, minlength=n_cells)).any():
-        raise RuntimeError("solution does not plan every request exactly once")
-    order = np.argsort(cell_of, kind="stable")
-    arcs = np.lexsort((arc_box, arc_cell))
-    cum = np.cumsum(count[arcs])
-    box_of = np.empty(len(cell_of), np.int64)
-    box_of[order] = arc_box[arcs][np.searchsorted(cum, np.arange(len(cell_of)), side="right")]
-    return box_of
