@@ -166,6 +166,8 @@ def test_quotas_rebuild_any_batching_per_partition():
                               for p in range(len(sizes))])
         assert (got == batch_of).all()
         assert sum(len(q) for q in qs) <= n + len(frame)  # quotas, not a row list: at most runs + blocks
+        with pytest.raises(RuntimeError, match="does not match"):  # a request the histogram does not hold
+            quotas(prompt, gen + 100, batch_of, hist)
 
 
 def test_p95_of_counts_is_the_rank_rule():

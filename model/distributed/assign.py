@@ -18,6 +18,7 @@ import numpy as np
 
 from model.cost.common import align
 from model.distributed.read import PartHistogram, cell_key
+from model.expand.runs import merge_cuts
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,27 +47,26 @@ def run_quotas(run_key: np.ndarray, run_batch: np.ndarray, run_count: np.ndarray
                ) -> list[Quotas]:
     """Each partition's quotas for a batching given as runs (``count`` requests of cell ``key`` in ``batch``),
     runs in dealing order: cells ascending, and within a cell the order its requests fill them."""
+    run_key, run_batch = np.asarray(run_key, dtype=np.int64), np.asarray(run_batch, dtype=np.int64)
     run_count = np.asarray(run_count, dtype=np.int64)
     n = int(run_count.sum())
     run_start = np.r_[0, np.cumsum(run_count)[:-1]].astype(np.int64)
-    k_sorted = np.repeat(np.asarray(run_key, dtype=np.int64), run_count)
-    b_sorted = np.asarray(run_batch, dtype=np.int64)
     # blocks: partition p's requests of cell c, at cell_start[c] + off[p, c] in the same order
     h_key = cell_key(hist.S, hist.G)  # sorted by (cell, partition)
     if not (np.diff(h_key) >= 0).all():
         raise RuntimeError("histogram not sorted by cell")
     block_start = np.cumsum(np.r_[0, hist.count[:-1]])
-    if block_start[-1] + hist.count[-1] != n or (np.repeat(h_key, hist.count) != k_sorted).any():
+    if block_start[-1] + hist.count[-1] != n:
         raise RuntimeError("the partitions' histogram does not match the requests the planner saw")
-    cuts = np.union1d(run_start, block_start)
-    seg_len = np.diff(np.r_[cuts, n])
-    run = np.searchsorted(run_start, cuts, side="right") - 1
-    block = np.searchsorted(block_start, cuts, side="right") - 1
+    # segments of runs cut by blocks: sizes of cells and batches, never one entry per request (10^8)
+    run, block, seg_len = merge_cuts(run_start, block_start, n)
+    if (run_key[run] != h_key[block]).any():
+        raise RuntimeError("the partitions' histogram does not match the requests the planner saw")
     seg_part = hist.part[block]
     out = []
     for p in range(len(hist.sizes)):
         mine = np.flatnonzero(seg_part == p)  # already in (cell, rank) order
-        out.append(Quotas(k_sorted[cuts[mine]], seg_len[mine], b_sorted[run[mine]]))
+        out.append(Quotas(run_key[run[mine]], seg_len[mine], run_batch[run[mine]]))
     return out
 
 

@@ -26,8 +26,9 @@ from model.histogram.cells import Histogram
 from model.schema import Batching, CellRuns
 
 
-def _merge_cuts(starts_a: np.ndarray, starts_b: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Segments of [0, total) cut at both lists of starts: (index into a, index into b, length) per segment."""
+def merge_cuts(starts_a: np.ndarray, starts_b: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Segments of [0, total) cut at both lists of starts (each ascending, from 0): (index into a, index into b,
+    length) per segment -- two partitions of one sequence laid over each other, without the sequence."""
     cuts = np.union1d(starts_a, starts_b)
     cuts = cuts[cuts < total]
     length = np.diff(np.r_[cuts, total])
@@ -53,7 +54,7 @@ def deal(fine: Histogram, coarse: Histogram, arc_cell: np.ndarray, arc_box: np.n
     cells = np.lexsort((np.arange(len(fine)), of_fine))  # coarse cell, then gen ascending (exact cells sort so)
     f_count = fine.count[cells]
     total = int(f_count.sum())
-    i, j, length = _merge_cuts(np.r_[0, np.cumsum(f_count)[:-1]], np.r_[0, np.cumsum(a_count)[:-1]], total)
+    i, j, length = merge_cuts(np.r_[0, np.cumsum(f_count)[:-1]], np.r_[0, np.cumsum(a_count)[:-1]], total)
     return cells[i], a_box[j], length
 
 
@@ -93,7 +94,7 @@ def box_runs(fine: Histogram, seg_cell: np.ndarray, seg_box: np.ndarray, seg_cou
     else:
         local = k * (max_batch_size or 0)
     chunk_start = box_start[owner] + local
-    s, b, length = _merge_cuts(seg_start, chunk_start, total)
+    s, b, length = merge_cuts(seg_start, chunk_start, total)
     shape_of = box_shape[first][owner]
     cell, batch = seg_cell[s], b
     runs = np.lexsort((batch, cell))
