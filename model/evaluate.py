@@ -29,10 +29,10 @@ from model.cli_common import (
 )
 from model.deploy.flags import add_shape_args, add_window_args
 from model.errors import InputError
-from model.evaluation.validate import evaluate_plans, time_text
+from model.evaluation.validate import evaluate_plans, joint_shape_cap, time_text
 from model.load.plans import read_plan
 from model.report.tables import bucket_table, verdict
-from model.schema import Evaluation, Violation
+from model.schema import Evaluation
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,10 +103,8 @@ def main_dask(args: argparse.Namespace) -> int:
                                       settings.max_shapes, settings.max_seq_len, settings.params, settings.mode)
             pipeline.check_finite_metrics(Evaluation((result,), ()), plan_src.given)
             results.append(result)
-    shapes = sorted({s for r in results if r.metrics for s in r.metrics.shapes})
-    global_problems = [] if len(shapes) <= settings.max_shapes else [
-        Violation("*", "shape-cap", f"{len(shapes)} distinct shapes across all buckets ({', '.join(map(str, shapes))}),"
-                                    f" at most {settings.max_shapes} allowed")]
+    global_problems = joint_shape_cap({s for r in results if r.metrics for s in r.metrics.shapes},
+                                      settings.max_shapes)
     print(f"cost model: {settings.mode}; shape cap K = {settings.max_shapes} per bucket and across all buckets; "
           "engine dask (partition-wise, exact metrics)")
     for result, (_, plan_src) in zip(results, pairs, strict=True):

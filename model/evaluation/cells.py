@@ -7,7 +7,8 @@ request by request.  Each shape's compile spike is placed by the expansion's own
 (``model.expand.spikes.spike_leads``, members weighted by run), on the first request of the
 chosen run.  The rules that hold by construction for runs (every request exactly once) are
 not re-checked; the shape rules are: a batch's shape covers each of its cells, the largest
-allowed shape, the allowed shapes, the K cap per bucket and across buckets, the KV capacity.
+allowed shape, the allowed shapes, the K cap per bucket and across buckets.  Device mode's KV
+rule is not: the planner by cells takes the analytic modes only (``evaluate_runs`` refuses it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.cost.device import DeviceProfile, kv_tokens
 from model.cost.metrics import (
     Metrics,
     counted_metrics,
@@ -25,7 +25,7 @@ from model.cost.metrics import (
     segment_max,
     spike_ms,
 )
-from model.evaluation.validate import limit_checks
+from model.evaluation.validate import joint_shape_cap, limit_checks
 from model.expand.spikes import spike_leads
 from model.histogram.cells import Histogram
 from model.schema import BucketResult, CellRuns, Evaluation, Limits, Problem, Violation
@@ -66,7 +66,7 @@ def run_metrics(hist: Histogram, runs: CellRuns, p, mode: str, limits: Limits) -
 
 
 def shape_violations(name: str, hist: Histogram, runs: CellRuns, problem: Problem) -> list[Violation]:
-    """The shape rules of ``model.evaluation.validate`` (and the KV capacity) on runs."""
+    """The shape rules of ``model.evaluation.validate`` on runs."""
     out = []
     shape = runs.shape_of[runs.batch]
     short = shape < hist.S[runs.cell]
@@ -84,21 +84,15 @@ def shape_violations(name: str, hist: Histogram, runs: CellRuns, problem: Proble
     if len(shapes) > problem.max_shapes:
         out.append(Violation(name, "shape-cap", f"{len(shapes)} distinct shapes in the bucket, at most "
                                                 f"{problem.max_shapes} allowed"))
-    if problem.mode == "device" and isinstance(problem.params, DeviceProfile) \
-            and problem.params.kv_capacity_tokens is not None:
-        nb = runs.n_batches
-        n_b = np.bincount(runs.batch, weights=runs.count, minlength=nb).astype(np.int64)
-        tokens = kv_tokens(n_b, runs.shape_of, segment_max(hist.G[runs.cell], runs.batch, nb))
-        over = np.flatnonzero(tokens > problem.params.kv_capacity_tokens)
-        if len(over):
-            out.append(Violation(name, "kv-capacity", f"batch {int(over[0])} holds {int(tokens[over[0]])} KV "
-                                                      f"tokens, over the device's capacity"))
     return out
 
 
 def evaluate_runs(problem: Problem, hists: list[Histogram], runs: tuple[CellRuns, ...]
                   ) -> tuple[Evaluation, tuple[RunsJudged, ...]]:
-    """Every bucket's runs judged (``run_metrics``, the shape rules, the limits) and the joint shape cap."""
+    """Every bucket's runs judged (``run_metrics``, the shape rules, the limits) and the joint shape cap.  The
+    analytic modes only: the planner by cells refuses device mode, and its KV rule is not judged here."""
+    if problem.mode == "device":
+        raise ValueError("runs are judged in the reference and strict modes; device mode plans from requests")
     judged = []
     all_shapes: set[int] = set()
     for bucket, limits, hist, r in zip(problem.buckets, problem.limits, hists, runs, strict=True):
@@ -107,9 +101,5 @@ def evaluate_runs(problem: Problem, hists: list[Histogram], runs: tuple[CellRuns
         result = BucketResult(bucket.name, metrics, limit_checks(metrics, limits),
                               tuple(shape_violations(bucket.name, hist, r, problem)))
         judged.append(RunsJudged(result, lead, takes))
-    global_problems = []
-    if len(all_shapes) > problem.max_shapes:
-        global_problems.append(Violation("*", "shape-cap", f"{len(all_shapes)} distinct shapes across all buckets "
-                                         f"({', '.join(map(str, sorted(all_shapes)))}), at most "
-                                         f"{problem.max_shapes} allowed"))
-    return Evaluation(tuple(j.result for j in judged), tuple(global_problems)), tuple(judged)
+    return (Evaluation(tuple(j.result for j in judged), tuple(joint_shape_cap(all_shapes, problem.max_shapes))),
+            tuple(judged))

@@ -223,10 +223,12 @@ def evaluate_plans(problem: Problem, plans: tuple[Plan, ...]) -> tuple[list[Buck
                                problem.params, problem.mode, None if waits is None else waits[rows])
         all_shapes.update(metrics.shapes)
         results.append(BucketResult(bucket.name, metrics, limit_checks(metrics, limits), tuple(problems)))
-    global_problems = []
-    if len(all_shapes) > problem.max_shapes:
-        global_problems.append(Violation("*", "shape-cap",
-                                         f"{len(all_shapes)} distinct shapes across all buckets "
-                                         f"({', '.join(map(str, sorted(all_shapes)))}), at most "
-                                         f"{problem.max_shapes} allowed"))
-    return results, global_problems
+    return results, joint_shape_cap(all_shapes, problem.max_shapes)
+
+
+def joint_shape_cap(shapes: set[int], max_shapes: int) -> list[Violation]:
+    """The cap K across all buckets: the distinct shapes of every bucket's plan together."""
+    if len(shapes) <= max_shapes:
+        return []
+    return [Violation("*", "shape-cap", f"{len(shapes)} distinct shapes across all buckets "
+                                        f"({', '.join(map(str, sorted(shapes)))}), at most {max_shapes} allowed")]

@@ -196,7 +196,8 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
     if whole:
         res = [full_restriction(bm, g) for bm, g in zip(bms, grids, strict=True)]
     else:
-        # no warm start under a shape choice: every cell also at the largest shape, so the first LP is feasible
+        # no warm start under a shape choice: every cell also at the relaxation's K shapes (``cover_arcs``), so
+        # the first LP is feasible
         seeds = [(w.arc_cell, w.arc_box) if w else cover_arcs(bm, g, setup.chosen) if setup.shapes is not None
                  else (empty, empty)
                  for bm, g, w in zip(bms, grids, warm or [None] * len(bms), strict=True)]
