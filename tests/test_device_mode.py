@@ -20,7 +20,7 @@ from model.errors import InfeasibleError
 from model.histogram.cells import build_histogram
 from model.planning.flow import shape_relaxation
 from model.planning.mip import plan_mip
-from model.planning.runs import optimal_runs
+from model.planning.runs import IntervalRuns, improve_shapes, optimal_runs
 from model.runtime import Deadline
 from model.schema import Limits, Problem
 from model.windows.bound import whole_trace_bound
@@ -81,6 +81,55 @@ def test_optimal_runs_is_the_exact_cut_and_matches_batch_time():
         total = sum(float(batch_time(b - a, 128, gens[b - 1], TOY)) for a, b in zip(cuts, cuts[1:], strict=False))
         best = min(best, total)
     assert cost == pytest.approx(best, rel=1e-12)
+
+
+def test_interval_runs_cost_is_what_the_evaluator_charges_their_batching():
+    """The start's cached costs, its local search and its final batching agree with the exact evaluator:
+    two buckets, a P95 limit, and shape sets costed in any order (the cache must not mix intervals)."""
+    rng = np.random.default_rng(5)
+    a = bucket(rng.integers(20, 900, 120).tolist(), rng.integers(1, 300, 120).tolist(), name="a")
+    b = bucket(rng.integers(20, 500, 80).tolist(), rng.integers(1, 300, 80).tolist(), name="b")
+    prob = device(a, b, k=3, limits=Limits(max_p95_latency_ms=2500.0))
+    runs = IntervalRuns(prob)
+    for shapes in ([1024], [256, 1024], [128, 512, 1024], [256, 1024]):
+        sh = np.asarray(shapes, dtype=np.int64)
+        batchings = runs.batching(sh)
+        results = check_valid(prob, batchings)
+        assert all(set(np.unique(bt.shape_of)) <= set(shapes) for bt in batchings)
+        assert runs.total(sh) == pytest.approx(sum(r.metrics.cost for r in results), rel=1e-12)
+    cands = np.arange(64, 1025, 64)
+    better = improve_shapes(runs, np.asarray([1024]), cands, deadline=float("inf"))
+    assert better[-1] == 1024 and runs.total(better) <= runs.total(np.asarray([1024]))
+
+
+@pytest.mark.parametrize("levels", [4, 400], ids=["coarse levels", "exact levels"])
+def test_a_start_s_flows_satisfy_every_conservation_row(levels):
+    """The warm start's flows are built by paths, not by an LP: rebuild each bucket's conservation rows from
+    the start vector and check the residual is zero, with the bounds held (coarse grids included)."""
+    from model.formulation.flow import build_flow_model
+    from model.planning.flow import flow_levels, warm_vector
+    from model.planning.options import PlannerOptions
+    from model.planning.stages import bucket_models
+
+    rng = np.random.default_rng(9)
+    a = bucket(rng.integers(20, 900, 150).tolist(), rng.integers(1, 300, 150).tolist(), name="a")
+    b = bucket(rng.integers(20, 400, 90).tolist(), rng.integers(1, 300, 90).tolist(), name="b")
+    prob = device(a, b, k=3)
+    start = PACKERS["dpfill"](prob)
+    hists = [build_histogram(x) for x in prob.buckets]
+    opts = PlannerOptions(flow_shape_levels=levels, flow_gen_levels=levels)
+    lv = flow_levels(prob, hists, opts, "ceil", start)
+    model, blocks = build_flow_model(bucket_models(prob, hists), lv, prob.max_shapes, prob.max_batch_size)
+    x = warm_vector(prob, hists, bucket_models(prob, hists), lv, blocks, model.n_cols, start)
+    assert x is not None
+    assert (x >= model.lb - 1e-9).all() and (x <= model.ub + 1e-9).all()
+    for bkt in range(2):
+        rows = model.block("row", "flow", bkt)
+        sel = (model.rows >= rows.start) & (model.rows < rows.stop)
+        lhs = np.zeros(model.n_rows)
+        np.add.at(lhs, model.rows[sel], model.vals[sel] * x[model.cols[sel]])
+        assert np.abs(lhs[rows.slice()] - model.row_lo[rows.slice()]).max() < 1e-9
+        assert x[blocks[bkt].w.slice()].sum() == len(prob.buckets[bkt])
 
 
 def small_kv_problem(k: int = 3) -> Problem:

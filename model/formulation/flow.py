@@ -88,7 +88,8 @@ def bucket_levels(S: np.ndarray, G: np.ndarray, count: np.ndarray, ts: np.ndarra
 
 @dataclass(frozen=True, eq=False)
 class FlowBlocks:
-    """Where one bucket's columns sit: boxes (level i, level j, variant v) of its w and m columns."""
+    """Where one bucket's columns sit: boxes (level i, level j, variant v) of its w and m columns, its
+    flows (a[i, j] at i * ng + j, d[i, j] at i * (ng - 1) + j) and its shape switches z."""
 
     box_i: np.ndarray
     box_j: np.ndarray
@@ -96,6 +97,8 @@ class FlowBlocks:
     w: Block
     m: Block
     z: Block
+    a: Block
+    d: Block
 
 
 def _boxes(bm: BucketModel, lv: Levels, reach: np.ndarray, max_batch: int | None):
@@ -148,7 +151,7 @@ def build_flow_model(bms: list[BucketModel], levels: list[Levels], max_shapes: i
         z = bld.add_cols("z", shape_compile(ts, bm.params), 0.0, 1.0, True, b)
         zs.append(z)
         const += bm.const_cost
-        blocks.append(FlowBlocks(i, j, v, w, m, z))
+        blocks.append(FlowBlocks(i, j, v, w, m, z, a, d))
         _flow_rows(bld, b, lv, reach, i, j, w, a, d)
         _size_rows(bld, b, w, m, lo, hi, total)
         _shape_rows(bld, b, i, m, z, m_ub)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-from dataclasses import replace
 
 import numpy as np
 
@@ -30,8 +29,8 @@ from model.runtime import Deadline, DeadlineExceeded, interrupted
 from model.schema import Batching, Problem, Status
 from model.shapeset import round_up_to, usable
 from model.windows.bound import whole_trace_bound
-from solvers.backends import Backend, get_backend
-from solvers.backends.result import Feature, SolveOptions
+from solvers.backends import Backend
+from solvers.backends.result import BackendResult, Feature, SolveOptions
 from solvers.packers.grouping import balanced_batching
 
 log = logging.getLogger("shapeplan")
@@ -193,15 +192,16 @@ def flow_batching(problem: Problem, b: int, hist: Histogram, ts: np.ndarray, gs:
     return balanced_batching(problem.buckets[b], ts[i][box_of], box_of, m)
 
 
-def warm_vector(problem: Problem, bms: list[BucketModel], levels: list[Levels], blocks: list[FlowBlocks],
-                n_cols: int, batchings: tuple[Batching, ...] | None) -> np.ndarray | None:
-    """A packer's plan as a start for the plan model (served counts and batches per box; flows and
-    shapes derived), or None where one of its batches has no box on the level grid."""
+def warm_vector(problem: Problem, hists: list[Histogram], bms: list[BucketModel], levels: list[Levels],
+                blocks: list[FlowBlocks], n_cols: int, batchings: tuple[Batching, ...] | None) -> np.ndarray | None:
+    """A packer's plan as a start for the plan model (served counts and batches per box, shapes, and the
+    flows that carry each request from its entry level to its batch's box), or None where one of its
+    batches has no box on the level grid."""
     if batchings is None:
         return None
     x = np.zeros(n_cols)
     ts = levels[0].ts
-    for b, (bm, lv, fb, bt) in enumerate(zip(bms, levels, blocks, batchings, strict=True)):
+    for b, (bm, h, lv, fb, bt) in enumerate(zip(bms, hists, levels, blocks, batchings, strict=True)):
         bucket = problem.buckets[b]
         nb = len(bt.shape_of)
         g_max = np.zeros(nb, np.int64)
@@ -221,22 +221,54 @@ def warm_vector(problem: Problem, bms: list[BucketModel], levels: list[Levels], 
             x[fb.w.start + k] += nn
             x[fb.m.start + k] += 1
         x[fb.z.start + np.unique(i)] = 1.0
+        entry = (entry_levels(entry_shapes(problem, h)[h.cell_of], ts, "ceil"),
+                 entry_levels(bucket.gen_len, lv.gs, "ceil"))
+        a_flow, d_flow = start_flows(entry, (i[bt.batch_of], j[bt.batch_of]), lv.supply.shape)
+        x[fb.a.slice()] = a_flow
+        x[fb.d.slice()] = d_flow
     return x
+
+
+def start_flows(entry: tuple[np.ndarray, np.ndarray], box: tuple[np.ndarray, np.ndarray],
+                shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The flows (a, d in their column order) that take every request from its entry level (i0, j0) to its
+    box's level (i1, j1): up the shape levels along row j0, then up the gen levels along column i1.
+
+    Each path is added as two differences and summed by cumsum, so this costs O(requests + levels)
+    and needs no LP; every level it passes is reachable (it is above the request's entry).  Raises
+    ValueError when a box lies below its member's entry level (the start is not a plan on this grid)."""
+    (i0, j0), (i1, j1) = entry, box
+    if (i1 < i0).any() or (j1 < j0).any():
+        raise ValueError("a start batch lies below a member's entry level")
+    nt, ng = shape
+    up = np.zeros((nt, ng))
+    np.add.at(up, (i0, j0), 1.0)
+    np.add.at(up, (i1, j0), -1.0)
+    over = np.zeros((nt, ng))
+    np.add.at(over, (i1, j0), 1.0)
+    np.add.at(over, (i1, j1), -1.0)
+    return np.cumsum(up, axis=0)[:-1].reshape(-1), np.cumsum(over, axis=1)[:, :-1].reshape(-1)
 
 
 def solve_levels(problem: Problem, hists: list[Histogram], bms: list[BucketModel], levels: list[Levels],
                  solver: Backend, until: Deadline, warm: tuple[Batching, ...] | None, spikes: bool,
                  options: PlannerOptions):
-    """Build and solve one flow model; returns (model, blocks, result)."""
+    """Build and solve one flow model; returns (model, blocks, result).  With the deadline already past
+    when the model is built, no backend is called (a child process alone takes a second to start)."""
     model, blocks = build_flow_model(bms, levels, problem.max_shapes, problem.max_batch_size, spikes=spikes)
-    start = warm_vector(problem, bms, levels, blocks, model.n_cols, warm)
+    start = warm_vector(problem, hists, bms, levels, blocks, model.n_cols, warm)
     if start is not None:
         y = model.block("col", "y")
         used = np.zeros(len(levels[0].ts), bool)
         for fb in blocks:
             used |= start[fb.z.slice()] > 0
         start[y.slice()] = used.astype(float)
-        start = _with_flows(model, start)
+    if until.expired():
+        result = BackendResult(Status.TIME_LIMIT_NO_SOLUTION, None, None, None, None, 0.0, solver.name,
+                               solver.version(), "the time limit passed before the flow model was solved")
+        log.info("flow model: %d columns, %d rows: not solved, the time limit has passed", model.n_cols,
+                 model.n_rows)
+        return model, blocks, result
     warm_ok = start is not None and Feature.WARM_START in solver.features
     progress = (lambda inc, bnd: log.info("  MIP incumbent %.6e", inc)) if Feature.PROGRESS in solver.features \
         else None
@@ -247,24 +279,6 @@ def solve_levels(problem: Problem, hists: list[Histogram], bms: list[BucketModel
     log.info("flow model: %d columns, %d rows: %s, objective %s, bound %s (%s %.1f s)", model.n_cols, model.n_rows,
              result.status.value, result.objective, result.bound, result.backend, result.time_s)
     return model, blocks, result
-
-
-def _with_flows(model, start: np.ndarray) -> np.ndarray | None:
-    """Complete a start's flow columns so every conservation row holds (a tiny LP over the flows)."""
-    fixed = np.isin(np.arange(model.n_cols), np.flatnonzero(start != 0)) | ~_flow_columns(model)
-    lb = np.where(fixed, start, model.lb)
-    ub = np.where(fixed, start, model.ub)
-    lp = replace(model, lb=lb, ub=ub, c=np.zeros(model.n_cols), integer=np.zeros(model.n_cols, bool))
-    res = get_backend("highs").solve(lp, SolveOptions(time_limit=5.0, relax=True))
-    return res.x if res.x is not None and res.status is Status.OPTIMAL else None
-
-
-def _flow_columns(model) -> np.ndarray:
-    mask = np.zeros(model.n_cols, bool)
-    for blk in model.col_blocks:
-        if blk.name in ("a", "d"):
-            mask[blk.slice()] = True
-    return mask
 
 
 def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, ...] | None, solver: Backend,

@@ -96,65 +96,84 @@ def filled_cost(gens: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | 
     return total
 
 
-def shape_cost(problem: Problem, gens_by_shape: dict[int, np.ndarray], s: int,
-               latency_limit: float | None = None) -> float:
-    """Exact device time of one shape's requests (sorted gens) batched optimally, plus its compile time."""
-    gens = gens_by_shape.get(s)
-    if gens is None or len(gens) == 0:
-        return 0.0
-    return optimal_runs(gens, s, problem.params, problem.max_batch_size, latency_limit)[0] + problem.params.compile_ms
+class IntervalRuns:
+    """Exact batchings of shape intervals, each computed once: ``(lo, hi]`` holds every bucket's requests whose
+    aligned prompt lies in it, run at shape hi and batched by ``optimal_runs`` (P95 limit respected).
+
+    With every request on the smallest shape covering it, a shape set's plan is its intervals' batchings, so
+    the start's costing, the local search's moves and the final batching share one cache.  It keeps each
+    interval's cost and run boundaries (one entry per batch, not per request); members are re-sorted on
+    demand.  One cache serves one ``device_start`` call: it is mutable state, never shared between problems.
+    """
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.aligned = [align(b.prompt_len) for b in problem.buckets]
+        self._cache: dict[tuple[int, int], tuple[float, tuple[np.ndarray, ...]]] = {}
+
+    def members(self, b: int, lo: int, hi: int) -> np.ndarray:
+        """Bucket b's requests in (lo, hi], by gen then index (the order the runs cut)."""
+        idx = np.flatnonzero((self.aligned[b] > lo) & (self.aligned[b] <= hi))
+        return idx[np.argsort(self.problem.buckets[b].gen_len[idx], kind="stable")]
+
+    def interval(self, lo: int, hi: int) -> tuple[float, tuple[np.ndarray, ...]]:
+        """(device time plus one compile per bucket with members, per bucket the runs' end positions)."""
+        key = (lo, hi)
+        if key not in self._cache:
+            prob = self.problem
+            cost, ends = 0.0, []
+            for b, lim in enumerate(prob.limits):
+                members = self.members(b, lo, hi)
+                if len(members) == 0:
+                    ends.append(np.zeros(0, np.int64))
+                    continue
+                t, batch = optimal_runs(prob.buckets[b].gen_len[members], hi, prob.params, prob.max_batch_size,
+                                        lim.max_p95_latency_ms)
+                cost += t + prob.params.compile_ms
+                ends.append(np.flatnonzero(np.diff(np.r_[batch, -1])) + 1)
+            self._cache[key] = (cost, tuple(ends))
+        return self._cache[key]
+
+    def total(self, shapes: np.ndarray) -> float:
+        """Exact device time of the plan these shapes (sorted, distinct) make."""
+        lows = np.r_[0, shapes[:-1]]
+        return sum(self.interval(int(lo), int(hi))[0] for lo, hi in zip(lows, shapes, strict=True))
+
+    def batching(self, shapes: np.ndarray) -> tuple[Batching, ...]:
+        """Every bucket's requests on the smallest of ``shapes`` covering them, in their intervals' runs."""
+        lows = np.r_[0, shapes[:-1]]
+        parts = [self.interval(int(lo), int(hi))[1] for lo, hi in zip(lows, shapes, strict=True)]
+        out = []
+        for b, bucket in enumerate(self.problem.buckets):
+            batch_of = np.empty(len(bucket), dtype=np.int64)
+            shape_out: list[np.ndarray] = []
+            base = 0
+            for lo, hi, ends in zip(lows.tolist(), shapes.tolist(), (p[b] for p in parts), strict=True):
+                if len(ends) == 0:
+                    continue
+                members = self.members(b, lo, hi)
+                batch_of[members] = base + np.searchsorted(ends, np.arange(len(members)), side="right")
+                shape_out.append(np.full(len(ends), hi, dtype=np.int64))
+                base += len(ends)
+            out.append(Batching(batch_of, np.concatenate(shape_out) if shape_out else np.zeros(0, np.int64)))
+        return tuple(out)
 
 
-def runs_batching(problem: Problem, shapes: np.ndarray) -> tuple[Batching, ...]:
-    """Every bucket's requests on the smallest given shape covering them, batched by ``optimal_runs``."""
-    out = []
-    for bucket, limits in zip(problem.buckets, problem.limits, strict=True):
-        shape_of = shapes[np.searchsorted(shapes, align(bucket.prompt_len))]
-        n = len(bucket)
-        order = np.lexsort((np.arange(n), bucket.gen_len, shape_of))
-        batch_of = np.empty(n, dtype=np.int64)
-        shape_out: list[np.ndarray] = []
-        base = 0
-        for s in np.unique(shape_of).tolist():
-            members = order[shape_of[order] == s]
-            _, batch = optimal_runs(bucket.gen_len[members], int(s), problem.params, problem.max_batch_size,
-                                    limits.max_p95_latency_ms)
-            batch_of[members] = base + batch
-            nb = int(batch.max()) + 1
-            shape_out.append(np.full(nb, s, dtype=np.int64))
-            base += nb
-        out.append(Batching(batch_of, np.concatenate(shape_out) if shape_out else np.zeros(0, np.int64)))
-    return tuple(out)
+def distinct_shapes(shapes: np.ndarray) -> np.ndarray:
+    """Shapes sorted, each once, as int64."""
+    return np.asarray(sorted(set(int(s) for s in shapes)), dtype=np.int64)
 
 
-def improve_shapes(problem: Problem, shapes: np.ndarray, candidates: np.ndarray, deadline: float) -> np.ndarray:
+def improve_shapes(runs: IntervalRuns, shapes: np.ndarray, candidates: np.ndarray, deadline: float) -> np.ndarray:
     """Move one shape at a time to a neighbouring candidate, or drop it, while the exact total drops.
 
     The largest shape stays (it must cover the longest prompt).  Every request runs on
     the smallest shape covering it, so a shape's cost depends only on it and the shape
-    below it: interval costs are cached, and a move re-batches the intervals it changes.
-    Stops at the deadline with the best set so far.
+    below it: ``runs`` caches interval costs, and a move re-batches the intervals it
+    changes.  Stops at the deadline with the best set so far.
     """
-    shapes = np.asarray(sorted(set(int(s) for s in shapes)), dtype=np.int64)
-    aligned = [align(b.prompt_len) for b in problem.buckets]
-    cache: dict[tuple[int, int], float] = {}
-
-    def interval(lo: int, hi: int) -> float:
-        """Exact cost of the requests with aligned prompt in (lo, hi] run at hi, over every bucket."""
-        if (lo, hi) not in cache:
-            cost = 0.0
-            for a, bucket, lim in zip(aligned, problem.buckets, problem.limits, strict=True):
-                sel = (a > lo) & (a <= hi)
-                if sel.any():
-                    cost += shape_cost(problem, {hi: np.sort(bucket.gen_len[sel])}, hi, lim.max_p95_latency_ms)
-            cache[(lo, hi)] = cost
-        return cache[(lo, hi)]
-
-    def total(sh: np.ndarray) -> float:
-        lows = np.r_[0, sh[:-1]]
-        return sum(interval(int(lo), int(hi)) for lo, hi in zip(lows, sh, strict=True))
-
-    current = total(shapes)
+    shapes = distinct_shapes(shapes)
+    current = runs.total(shapes)
     improved = True
     while improved and time.perf_counter() < deadline:
         check_interrupt()
@@ -167,7 +186,7 @@ def improve_shapes(problem: Problem, shapes: np.ndarray, candidates: np.ndarray,
             for trial in trials:
                 if time.perf_counter() > deadline:
                     break
-                cost = total(trial)
+                cost = runs.total(trial)
                 if cost < current * (1 - 1e-12):
                     shapes, current, improved = trial, cost, True
                     break
@@ -227,27 +246,20 @@ def device_start(problem: Problem, starts: list[np.ndarray], candidates: np.ndar
     chosen shape covering it and each shape's requests batched exactly (``optimal_runs``), then improved
     by moving or dropping one shape at a time among the candidates until the deadline.  Each start's exact
     costing takes seconds on 10^5 long-context requests: the DP's start is costed first, then the given
-    ones in reverse order (a shape relaxation cut short gives one shape), while the deadline allows."""
+    ones in reverse order (a shape relaxation cut short gives one shape), while the deadline allows.  The
+    first costing always runs (a start is needed); the final batching reuses the costings' runs."""
     now = time.perf_counter()
     cost = interval_costs(problem, coarse, now + 0.5 * max(0.0, deadline - now))
     if cost is not None:
         starts = [*starts, best_shapes(cost, coarse, problem.max_shapes)]
+    runs = IntervalRuns(problem)
     best, best_cost = None, np.inf
     for sh in reversed(starts):
         if best is not None and time.perf_counter() > deadline:
             break
-        c = total_cost(problem, sh)
+        sh = distinct_shapes(sh)
+        c = runs.total(sh)
         if c < best_cost or best is None:
             best, best_cost = sh, c
-    return runs_batching(problem, improve_shapes(problem, best, candidates, deadline))
+    return runs.batching(improve_shapes(runs, best, candidates, deadline))
 
-
-def total_cost(problem: Problem, shapes: np.ndarray) -> float:
-    """Exact device time of the plan ``runs_batching`` makes with these shapes."""
-    shapes = np.asarray(sorted(set(int(s) for s in shapes)), dtype=np.int64)
-    cost = 0.0
-    for bucket, lim in zip(problem.buckets, problem.limits, strict=True):
-        s_of = shapes[np.searchsorted(shapes, align(bucket.prompt_len))]
-        groups = {int(s): np.sort(bucket.gen_len[s_of == s]) for s in np.unique(s_of)}
-        cost += sum(shape_cost(problem, groups, s, lim.max_p95_latency_ms) for s in groups)
-    return cost
