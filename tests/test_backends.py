@@ -245,6 +245,24 @@ def test_the_time_limit_holds_without_a_solution(name, n, private_tmp):
     assert not solver_processes(str(private_tmp))
 
 
+def test_a_big_mip_with_no_time_to_start_a_child_returns_its_warm_start_at_once(monkeypatch):
+    """Starting HiGHS's child process costs about a second on a big model; with less time left than that the
+    call returns the warm start (or no solution) without starting one, instead of overrunning its deadline."""
+    n = highs_module.CHILD_MIN_COLS + 1000
+    model = arrays(np.arange(n, dtype=float), np.zeros(n), np.ones(n), [({j: 1.0 for j in range(n)}, 1.0, np.inf)])
+    started = []
+    monkeypatch.setattr(highs_module, "solve_in_child", lambda *a: started.append(a))
+    start = np.zeros(n)
+    start[5] = 1.0
+    limit = highs_module.child_start_s(model) * 0.9
+    out = get_backend("highs").solve(model, SolveOptions(time_limit=limit, warm_start=start))
+    assert out.status is Status.TIME_LIMIT_FEASIBLE and out.objective == pytest.approx(5.0) and not started
+    out = get_backend("highs").solve(model, SolveOptions(time_limit=limit))
+    assert out.status is Status.TIME_LIMIT_NO_SOLUTION and out.x is None and not started
+    get_backend("highs").solve(model, SolveOptions(time_limit=limit / 0.8))
+    assert len(started) == 1
+
+
 def test_the_cbc_runner_cleans_up_when_cbc_fails(private_tmp, monkeypatch):
     """A CBC that exits with an error is an ERROR result and leaves no file behind."""
     monkeypatch.setattr(pulp.PULP_CBC_CMD, "pulp_cbc_path", "/bin/false")

@@ -20,7 +20,7 @@ from model.errors import InfeasibleError
 from model.histogram.cells import build_histogram
 from model.planning.flow import shape_relaxation
 from model.planning.mip import plan_mip
-from model.planning.runs import IntervalRuns, improve_shapes, optimal_runs
+from model.planning.runs import IntervalRuns, device_start, improve_shapes, optimal_runs
 from model.runtime import Deadline
 from model.schema import Limits, Problem
 from model.windows.bound import whole_trace_bound
@@ -100,6 +100,19 @@ def test_interval_runs_cost_is_what_the_evaluator_charges_their_batching():
     cands = np.arange(64, 1025, 64)
     better = improve_shapes(runs, np.asarray([1024]), cands, deadline=float("inf"))
     assert better[-1] == 1024 and runs.total(better) <= runs.total(np.asarray([1024]))
+    assert IntervalRuns(prob).total(np.asarray([512, 1024]), deadline=0.0) == np.inf
+
+
+def test_device_start_past_its_deadline_costs_nothing_unless_a_start_is_required():
+    """A start is costed past the deadline only when the caller has none (no greedy plan): a short time limit
+    then keeps the greedy plan instead of spending seconds on exact batching."""
+    rng = np.random.default_rng(6)
+    prob = device(bucket(rng.integers(20, 900, 60).tolist(), rng.integers(1, 300, 60).tolist()), k=2)
+    shapes = [np.asarray([1024])]
+    cands = np.arange(64, 1025, 64)
+    assert device_start(prob, shapes, cands, cands, deadline=0.0, required=False) is None
+    start = device_start(prob, shapes, cands, cands, deadline=0.0, required=True)
+    assert all(r.ok for r in check_valid(prob, start))
 
 
 @pytest.mark.parametrize("levels", [4, 400], ids=["coarse levels", "exact levels"])

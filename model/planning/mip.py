@@ -54,6 +54,7 @@ log = logging.getLogger("shapeplan")
 # timed on greedy's plan and that much (times the margin) kept; without greedy, estimated
 JUDGE_MARGIN = 1.5
 JUDGE_S_PER_REQUEST = 2.5e-6  # expand + evaluate per request, measured at 10^7 (20-25 s)
+MATCH_S_PER_CELL = 7e-6  # device mode: the flow solution's matching to requests, 0.48 s on 68k cells
 FINAL_PASS_JUDGES = 2  # the final shape pass judges up to this many re-declarations of the returned plan
 LAST_RESORT = ("solo", "cells", "pow2", "exp", "baseline")  # analytic modes: tried when nothing else meets the limits
 
@@ -199,22 +200,30 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     fine = [build_histogram(b) for b in problem.buckets]
     flow = problem.mode == "device"
     greedy = greedy_plan(problem, options, clock.share(options.greedy_share))
+    start_name = "greedy"
     if flow:
         # the first start, and part of the flow search's bound
         relaxation = shape_relaxation(problem, fine, clock.share(options.relaxation_share))
-        starts = [np.asarray(relaxation.shapes)]
+        # the relaxation's shapes first when it finished (its cut-short answer is one shape covering all)
+        starts = [np.asarray(relaxation.shapes)] if np.isfinite(relaxation.bound) else []
         if greedy is not None:
             starts.append(np.unique(np.concatenate([bt.shape_of for bt in greedy])))
-        greedy = device_start(problem, starts, all_shapes(problem, fine), shape_levels(problem, fine, options),
-                              clock.share(options.start_share).at)
+        if not starts:
+            starts.append(np.asarray(relaxation.shapes))
+        exact_start = device_start(problem, starts, all_shapes(problem, fine),
+                                   shape_levels(problem, fine, options), clock.share(options.start_share).at,
+                                   required=greedy is None)
+        if exact_start is not None:
+            greedy, start_name = exact_start, "exact-runs start"
     fallbacks = device_fallbacks(problem, clock.share(options.fallback_share)) if flow else []
     t_judge = time.perf_counter()
-    judged_greedy = judge(problem, "exact-runs start" if flow else "greedy", greedy) if greedy is not None else None
+    judged_greedy = judge(problem, start_name, greedy) if greedy is not None else None
     if flow and fallbacks and not judged_greedy.acceptable:
         greedy = min(fallbacks, key=lambda j: j.cost).batchings  # a start that meets the limits
     # the final judging of the MIP's plan must fit too: keep about what judging greedy's took
     spent = time.perf_counter() - t_judge if greedy is not None else JUDGE_S_PER_REQUEST * n_requests
-    work = Deadline(clock.at - judge_reserve(spent, clock.left()))
+    matching = MATCH_S_PER_CELL * sum(len(h) for h in fine) if flow else 0.0
+    work = Deadline(clock.at - judge_reserve(spent, clock.left()) - matching)
     setup = None if flow else shape_setup(problem, fine, options, work)
     first, mip_ok, judged, attempt_problem, attempt = None, None, None, problem, 0
     reserves = (0,) * len(fine)  # the model places every compile spike exactly (arrays.spike_rows)

@@ -134,10 +134,16 @@ class IntervalRuns:
             self._cache[key] = (cost, tuple(ends))
         return self._cache[key]
 
-    def total(self, shapes: np.ndarray) -> float:
-        """Exact device time of the plan these shapes (sorted, distinct) make."""
+    def total(self, shapes: np.ndarray, deadline: float = np.inf) -> float:
+        """Exact device time of the plan these shapes (sorted, distinct) make; inf when ``deadline`` passes
+        before every interval is costed (those costed stay cached)."""
         lows = np.r_[0, shapes[:-1]]
-        return sum(self.interval(int(lo), int(hi))[0] for lo, hi in zip(lows, shapes, strict=True))
+        cost = 0.0
+        for lo, hi in zip(lows.tolist(), shapes.tolist(), strict=True):
+            if time.perf_counter() > deadline:
+                return np.inf
+            cost += self.interval(lo, hi)[0]
+        return cost
 
     def batching(self, shapes: np.ndarray) -> tuple[Batching, ...]:
         """Every bucket's requests on the smallest of ``shapes`` covering them, in their intervals' runs."""
@@ -186,7 +192,7 @@ def improve_shapes(runs: IntervalRuns, shapes: np.ndarray, candidates: np.ndarra
             for trial in trials:
                 if time.perf_counter() > deadline:
                     break
-                cost = runs.total(trial)
+                cost = runs.total(trial, deadline)
                 if cost < current * (1 - 1e-12):
                     shapes, current, improved = trial, cost, True
                     break
@@ -240,26 +246,41 @@ def best_shapes(cost: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
 
 
 def device_start(problem: Problem, starts: list[np.ndarray], candidates: np.ndarray, coarse: np.ndarray,
-                 deadline: float) -> tuple[Batching, ...]:
+                 deadline: float, required: bool = True) -> tuple[Batching, ...] | None:
     """The planner's start in device mode: the best of the given shape sets and of an exact interval DP
-    over the ``coarse`` candidates (when it finishes in half the time), every request on the smallest
-    chosen shape covering it and each shape's requests batched exactly (``optimal_runs``), then improved
-    by moving or dropping one shape at a time among the candidates until the deadline.  Each start's exact
-    costing takes seconds on 10^5 long-context requests: the DP's start is costed first, then the given
-    ones in reverse order (a shape relaxation cut short gives one shape), while the deadline allows.  The
-    first costing always runs (a start is needed); the final batching reuses the costings' runs."""
+    over the ``coarse`` candidates, every request on the smallest chosen shape covering it and each
+    shape's requests batched exactly (``optimal_runs``), then improved by moving or dropping one shape at
+    a time among the candidates until the deadline.
+
+    Each start's exact costing takes seconds on 10^5 long-context requests, so they are costed in order
+    of promise while the deadline allows: the first given set (the caller's best guess), the DP's (when
+    its interval costs finish within half the time left), then the other given sets.  A costing runs
+    past the deadline only when a start is ``required`` and none is costed yet (else None: the caller
+    has another plan); the final batching reuses the costings' runs."""
+    runs = IntervalRuns(problem)
+    best, best_cost = None, np.inf
+
+    def consider(sh: np.ndarray) -> None:
+        nonlocal best, best_cost
+        if (best is not None or not required) and time.perf_counter() > deadline:
+            return
+        sh = distinct_shapes(sh)
+        c = runs.total(sh, deadline if best is not None or not required else np.inf)
+        if c < best_cost:
+            best, best_cost = sh, c
+
+    if starts:
+        consider(starts[0])
     now = time.perf_counter()
     cost = interval_costs(problem, coarse, now + 0.5 * max(0.0, deadline - now))
     if cost is not None:
-        starts = [*starts, best_shapes(cost, coarse, problem.max_shapes)]
-    runs = IntervalRuns(problem)
-    best, best_cost = None, np.inf
-    for sh in reversed(starts):
-        if best is not None and time.perf_counter() > deadline:
-            break
-        sh = distinct_shapes(sh)
-        c = runs.total(sh)
-        if c < best_cost or best is None:
-            best, best_cost = sh, c
+        consider(best_shapes(cost, coarse, problem.max_shapes))
+    for sh in starts[1:]:
+        consider(sh)
+    if best is None and required:  # every costing so far was cut: the caller's first guess, whatever the time
+        required_sh = starts[0] if starts else coarse[-1:]
+        best, best_cost = distinct_shapes(required_sh), runs.total(distinct_shapes(required_sh))
+    if best is None:
+        return None
     return runs.batching(improve_shapes(runs, best, candidates, deadline))
 

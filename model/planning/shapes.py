@@ -48,11 +48,17 @@ def interval_costs(bms: list[BucketModel], shapes: np.ndarray, deadline: Deadlin
         compile_ = shape_compile(shapes, bm.params)
         s_max_j = int(np.searchsorted(shapes, hist.S.max()))
         has_j = np.bincount(j_of_cell, minlength=T) > 0
+        # cells by shape index, so the cells that fit under shapes[hi] are a prefix; floors depend on the
+        # gen alone, so they are priced once per distinct gen (thousands) rather than per cell
+        order = np.argsort(j_of_cell, kind="stable")
+        j_sorted, count_sorted = j_of_cell[order], hist.count[order].astype(np.float64)
+        gens, gen_of = np.unique(hist.G[order], return_inverse=True)
+        ends = np.searchsorted(j_sorted, np.arange(T), side="right")
         for hi in range(T):
             deadline.tick("shape relaxation", "shape %d of %d", hi, T)
-            fits = j_of_cell <= hi
-            unit = request_floor(bm, np.int64(shapes[hi]), hist.G[fits])
-            per_j = np.bincount(j_of_cell[fits], weights=hist.count[fits] * unit, minlength=T)[:hi + 1]
+            n = ends[hi]
+            unit = request_floor(bm, np.int64(shapes[hi]), gens)[gen_of[:n]]
+            per_j = np.bincount(j_sorted[:n], weights=count_sorted[:n] * unit, minlength=T)[:hi + 1]
             suffix = np.cumsum(per_j[::-1])[::-1]  # suffix[r] = cost of S indices r..hi
             any_req = np.cumsum(has_j[:hi + 1][::-1])[::-1] > 0
             r = np.arange(hi + 1)  # r = lo + 1
