@@ -67,7 +67,8 @@ class PlannerOptions:
         remaining shapes by per-request floors and stays valid.
       lp_price_max_cells: that bound prices every request at every candidate shape;
         above this many (requests x candidates) it is skipped (10^5 long-context
-        requests x 2,000 shapes took 50 s and 1.6 GB).
+        requests x 2,000 shapes took 50 s and 1.6 GB); it is skipped too when even
+        its floors-only table would take over a quarter of the time left.
     """
 
     max_gen_values: int = 2048

@@ -112,26 +112,48 @@ def lp_duals(g: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None) 
     return np.repeat(np.maximum(slope, 0.0), c)
 
 
-def floor_prices(problem: Problem, S: np.ndarray, g: np.ndarray, s: int, pool: int) -> np.ndarray:
+def floor_prices(problem: Problem, S: np.ndarray, g: np.ndarray, s, pool) -> np.ndarray:
     """Per-request floors at shape s: own per-member cost plus the fixed part shared by the most members a
-    batch at s can hold (KV capacity, batch-size cap, ``pool`` requests); inf where a request cannot fit."""
+    batch at s can hold (KV capacity, batch-size cap, ``pool`` requests); inf where a request cannot fit.
+    Arguments broadcast (requests down, shapes across), so a block of shapes is priced in one call."""
     p = problem.params
     cap_b = problem.max_batch_size
     if isinstance(p, DeviceProfile):
-        best = np.full(len(g), np.inf)
+        out_shape = np.broadcast_shapes(np.shape(g), np.shape(s), np.shape(pool))
+        best = np.full(out_shape, np.inf)
         regimes = [False, True] if p.decode_large is not None else [False]
         cap = np.minimum(batch_capacity(s, g, cap_b, p.kv_capacity_tokens), pool)
         for large in regimes:
             lo = p.decode_large_from if large else 1
             hi = cap if large or p.decode_large_from is None else np.minimum(cap, p.decode_large_from - 1)
-            fixed, per = linear_parts(np.full(len(g), s), g, np.full(len(g), large), p)
+            fixed, per = linear_parts(np.broadcast_to(s, out_shape), np.broadcast_to(g, out_shape), large, p)
             share = per + fixed / np.maximum(hi, 1)
             best = np.where(lo <= hi, np.minimum(best, share), best)
         return best
     assert isinstance(p, CostParams)
-    at = np.full(len(g), s) if problem.mode == "strict" else S
+    at = np.broadcast_to(s, np.broadcast_shapes(np.shape(g), np.shape(s))) if problem.mode == "strict" else S
     own = prefill_cost(at, p) + decode_cost(at, g, p)
-    return own + p.Kbatch_overhead_cost / max(1, min(pool, cap_b or pool))
+    pool = np.asarray(pool)
+    return own + p.Kbatch_overhead_cost / np.maximum(1, np.minimum(pool, cap_b or pool))
+
+
+FLOOR_BLOCK = 2_000_000  # requests x shapes priced per call by ``floor_block``
+
+
+def floor_block(problem: Problem, S: np.ndarray, g: np.ndarray, shapes: np.ndarray) -> np.ndarray:
+    """(requests x shapes) floors, inf where a shape is below the request, each shape's pool the requests with
+    S at most it.  Outside reference mode a floor depends on the gen alone, so it is priced once per
+    distinct gen and spread; blocks of shapes keep the temporaries near FLOOR_BLOCK elements."""
+    out = np.full((len(g), len(shapes)), np.inf)
+    pools = np.searchsorted(np.sort(S), shapes, side="right")
+    by_gen = problem.mode != "reference"
+    gens, gen_of = np.unique(g, return_inverse=True) if by_gen else (g, np.arange(len(g)))
+    step = max(1, FLOOR_BLOCK // max(1, len(g)))
+    for lo in range(0, len(shapes), step):
+        sh, pl = shapes[lo:lo + step], pools[lo:lo + step]
+        at_gen = floor_prices(problem, S[:, None], gens[:, None], sh[None, :], pl[None, :])
+        out[:, lo:lo + step] = np.where(S[:, None] <= sh[None, :], at_gen[gen_of], np.inf)
+    return out
 
 
 def anchors(S: np.ndarray) -> np.ndarray:
@@ -178,9 +200,7 @@ def window_prices(problem: Problem, S: np.ndarray, g: np.ndarray, cands: np.ndar
             block = base_price[:, None] + growth(g[pool], base, shapes, p)
             psi[np.ix_(pool, cols)] = np.where(ok, block, np.inf)
         else:
-            for j in cols.tolist():
-                pool = np.flatnonzero(S <= cands[j])
-                psi[pool, j] = floor_prices(problem, S[pool], g[pool], int(cands[j]), len(pool))
+            psi[:, cols] = floor_block(problem, S, g, cands[cols])
     return psi
 
 
