@@ -166,15 +166,15 @@ def test_a_slow_greedy_warm_start_is_cut_at_its_share(monkeypatch):
 def test_a_slow_strict_shape_relaxation_falls_back_to_one_shape(monkeypatch):
     from model.planning import shapes
 
-    real = shapes.interval_costs
+    real = shapes.floor_table
 
-    def slow(bms, all_shapes, deadline):
+    def slow(bm, all_shapes, deadline):
         while True:
             time.sleep(0.02)
             deadline.tick("shape relaxation")
-        return real(bms, all_shapes, deadline)
+        return real(bm, all_shapes, deadline)
 
-    monkeypatch.setattr(shapes, "interval_costs", slow)
+    monkeypatch.setattr(shapes, "floor_table", slow)
     prob = Problem(synthetic(100, 4), (Limits(), Limits()), 8, mode="strict")
     t0 = time.perf_counter()
     out = plan_mip(prob, time_limit=1.5)

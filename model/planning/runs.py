@@ -22,6 +22,7 @@ import numpy as np
 
 from model.cost.common import align
 from model.cost.device import DeviceProfile, batch_time, linear_parts
+from model.planning.shapes import shape_dp
 from model.runtime import check_interrupt
 from model.schema import Batching, Problem
 from solvers.packers.grouping import batch_capacity
@@ -226,25 +227,6 @@ def interval_costs(problem: Problem, candidates: np.ndarray, deadline: float) ->
     return cost
 
 
-def best_shapes(cost: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
-    """At most k candidates (the largest included) minimising the sum of interval costs: exact DP."""
-    T = len(candidates)
-    f = [cost[0]]
-    back = [np.full(T, -1)]
-    for _ in range(1, min(k, T)):
-        cand = f[-1][:, None] + cost[1:, :]
-        cand[np.tril_indices(T)] = np.inf  # lo < hi
-        back.append(np.argmin(cand, axis=0))
-        f.append(cand[back[-1], np.arange(T)])
-    top = T - 1
-    n = int(np.argmin([fk[top] for fk in f]))
-    picks, hi = [top], top
-    for kk in range(n, 0, -1):
-        hi = int(back[kk][hi])
-        picks.append(hi)
-    return candidates[np.sort(np.asarray(picks))]
-
-
 def device_start(problem: Problem, starts: list[np.ndarray], candidates: np.ndarray, coarse: np.ndarray,
                  deadline: float, required: bool = True) -> tuple[Batching, ...] | None:
     """The planner's start in device mode: the best of the given shape sets and of an exact interval DP
@@ -274,7 +256,7 @@ def device_start(problem: Problem, starts: list[np.ndarray], candidates: np.ndar
     now = time.perf_counter()
     cost = interval_costs(problem, coarse, now + 0.5 * max(0.0, deadline - now))
     if cost is not None:
-        consider(best_shapes(cost, coarse, problem.max_shapes))
+        consider(np.asarray(shape_dp(cost, coarse, problem.max_shapes)[1]))
     for sh in starts[1:]:
         consider(sh)
     if best is None and required:  # every costing so far was cut: the caller's first guess, whatever the time

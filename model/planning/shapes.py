@@ -1,19 +1,29 @@
 """Strict and device mode: choosing the K compiled shapes, with a certified bound, by dynamic programming.
 
 In these modes every member pays prefill and decode at its batch's declared shape, so
-the shape set Y decides most of the cost.  Relax everything but the shape cap:
+the shape set decides most of the cost.  Relax everything but the shape cap: a request
+r costs at least floor(y(r), G_r), y(r) = the smallest shape of the set >= S_r
+(``boxes.request_floor``: its per-member cost, grown with both t and g, plus in device
+mode its least share of a batch's fixed time).  For a sorted set this is a sum over its
+intervals (y_{i-1}, y_i], so the best set of at most K shapes is a shortest path with K
+edges over the candidates (``shape_dp``): exact, O(K T^2).  Two such bounds hold:
 
-  * a request r costs at least floor(y(r), G_r), y(r) = the smallest shape in Y >= S_r
-    (``boxes.request_floor``: its per-member cost, grown with both t and g, plus in
-    device mode its least share of a batch's fixed time);
-  * each shape that serves requests of a bucket costs at least one batch overhead
-    (analytic modes; device mode already spread it over the members);
-  * each bucket compiles at least the shape that covers its longest prompt.
+  * per bucket, over the shapes U_b it uses: each of them costs the bucket its compile
+    and at least one batch overhead (analytic modes; device mode spread the overhead
+    over the members), whether or not requests have it as their smallest.  Any plan
+    costs the bucket at least this for its own U_b (|U_b| <= K), so at least its
+    minimum over every set: the sum over buckets is a bound;
+  * jointly, over Y = the union of the U_b (|Y| <= K): a bucket need not use a shape of
+    Y that covers some of its requests (they may ride higher, sharing batches), so only
+    its longest prompt's interval is charged: one compile (of the smallest shape of Y
+    covering it, which it must compile or pay more) and one batch overhead.
+    Charging a batch overhead on every interval holding requests of the bucket, as this
+    module once did, is not valid with several buckets: a bucket with one request in
+    each of two intervals can run both in one batch at the upper shape.
 
-For a sorted Y this cost is a sum over the intervals (y_{i-1}, y_i] of the sorted
-candidate shapes, so the best Y with |Y| <= K is a shortest path with K edges over
-the candidates: exact, O(K T^2).  Its value is a valid lower bound on any plan (the
-limits are dropped, which only loosens it); its Y is where the MIP then searches.
+The bound is the larger of the two (for one bucket they coincide, with the first's
+charges); the shapes searched are the DP's under the estimate "each bucket pays a compile
+and an overhead for every shape at which it has requests", a guide, not a bound.
 """
 
 from __future__ import annotations
@@ -34,58 +44,80 @@ class ShapeChoice:
     shapes: tuple[int, ...]
 
 
-def interval_costs(bms: list[BucketModel], shapes: np.ndarray, deadline: Deadline = Deadline.never()) -> np.ndarray:
-    """cost[lo+1, hi]: relaxed cost of serving every request with S in (shapes[lo], shapes[hi]] at shapes[hi].
+def floor_table(bm: BucketModel, shapes: np.ndarray, deadline: Deadline = Deadline.never()) -> np.ndarray:
+    """floors[lo+1, hi]: the summed floors of one bucket's requests with S in (shapes[lo], shapes[hi]] run at
+    shapes[hi] (row 0 stands for "no shape below"; entries with lo >= hi are meaningless, see ``shape_dp``).
 
-    Row 0 stands for "no shape below" (lo = -1); entries with lo >= hi are +inf.
     Raises DeadlineExceeded if ``deadline`` passes first.
     """
     T = len(shapes)
     acc = np.zeros((T + 1, T))
-    for bm in bms:
-        hist = bm.hist
-        j_of_cell = np.searchsorted(shapes, hist.S)  # every cell's S (or smallest allowed shape above) is a candidate
-        compile_ = shape_compile(shapes, bm.params)
-        s_max_j = int(np.searchsorted(shapes, hist.S.max()))
-        has_j = np.bincount(j_of_cell, minlength=T) > 0
-        # cells by shape index, so the cells that fit under shapes[hi] are a prefix; floors depend on the
-        # gen alone, so they are priced once per distinct gen (thousands) rather than per cell
-        order = np.argsort(j_of_cell, kind="stable")
-        j_sorted, count_sorted = j_of_cell[order], hist.count[order].astype(np.float64)
-        gens, gen_of = np.unique(hist.G[order], return_inverse=True)
-        ends = np.searchsorted(j_sorted, np.arange(T), side="right")
-        for hi in range(T):
-            deadline.tick("shape relaxation", "shape %d of %d", hi, T)
-            n = ends[hi]
-            unit = request_floor(bm, np.int64(shapes[hi]), gens)[gen_of[:n]]
-            per_j = np.bincount(j_sorted[:n], weights=count_sorted[:n] * unit, minlength=T)[:hi + 1]
-            suffix = np.cumsum(per_j[::-1])[::-1]  # suffix[r] = cost of S indices r..hi
-            any_req = np.cumsum(has_j[:hi + 1][::-1])[::-1] > 0
-            r = np.arange(hi + 1)  # r = lo + 1
-            acc[r, hi] += (suffix + batch_floor(bm) * any_req
-                           + compile_[hi] * ((r <= s_max_j) & (s_max_j <= hi)))
+    hist = bm.hist
+    j_of_cell = np.searchsorted(shapes, hist.S)  # every cell's S (or smallest allowed shape above) is a candidate
+    # cells by shape index, so the cells that fit under shapes[hi] are a prefix; floors depend on the
+    # gen alone, so they are priced once per distinct gen (thousands) rather than per cell
+    order = np.argsort(j_of_cell, kind="stable")
+    j_sorted, count_sorted = j_of_cell[order], hist.count[order].astype(np.float64)
+    gens, gen_of = np.unique(hist.G[order], return_inverse=True)
+    ends = np.searchsorted(j_sorted, np.arange(T), side="right")
+    for hi in range(T):
+        deadline.tick("shape relaxation", "shape %d of %d", hi, T)
+        n = ends[hi]
+        unit = request_floor(bm, np.int64(shapes[hi]), gens)[gen_of[:n]]
+        per_j = np.bincount(j_sorted[:n], weights=count_sorted[:n] * unit, minlength=T)[:hi + 1]
+        acc[:hi + 1, hi] = np.cumsum(per_j[::-1])[::-1]  # S indices r..hi, r = lo + 1
+    return acc
+
+
+def shape_dp(acc: np.ndarray, cands: np.ndarray, max_shapes: int, top: int | None = None,
+             deadline: Deadline = Deadline.never()) -> tuple[float, tuple[int, ...]]:
+    """min over shape sets Y (|Y| <= K, the largest Y = cands[top] covering every request) of the summed
+    interval costs ``acc`` (acc[lo + 1, hi], row 0 for "no shape below"): (value, argmin Y).  Exact: a
+    shortest path with at most K edges."""
+    T = len(cands)
+    top = T - 1 if top is None else top
     valid = np.arange(T + 1)[:, None] <= np.arange(T)[None, :]
-    return np.where(valid, acc, np.inf)
-
-
-def choose_shapes(bms: list[BucketModel], shapes: np.ndarray, max_shapes: int,
-                  deadline: Deadline = Deadline.never()) -> ShapeChoice:
-    """Best shape set of size <= K under the relaxation (shortest path with at most K edges).
-
-    Raises DeadlineExceeded if ``deadline`` passes first.
-    """
-    cost = interval_costs(bms, shapes, deadline)
-    top = int(np.searchsorted(shapes, max(int(bm.hist.S.max()) for bm in bms)))
-    f = [cost[0]]  # f[k-1][hi]: best with k shapes, the highest being shapes[hi], all S <= shapes[hi] served
-    back = [np.full(len(shapes), -1)]
-    for _ in range(2, max_shapes + 1):
+    cost = np.where(valid, acc, np.inf)
+    f = [cost[0]]  # f[k-1][hi]: best with k shapes, the highest being cands[hi]
+    back = [np.full(T, -1)]
+    for _ in range(1, max_shapes):
         deadline.tick("shape relaxation")
         cand = f[-1][:, None] + cost[1:, :]  # [lo, hi]
         back.append(np.argmin(cand, axis=0))
-        f.append(cand[back[-1], np.arange(len(shapes))])
+        f.append(cand[back[-1], np.arange(T)])
     k = int(np.argmin([fk[top] for fk in f]))
     picks, hi = [top], top
     for kk in range(k, 0, -1):
         hi = int(back[kk][hi])
         picks.append(hi)
-    return ShapeChoice(float(f[k][top]), tuple(int(shapes[i]) for i in sorted(picks)))
+    return float(f[k][top]), tuple(int(cands[i]) for i in sorted(picks))
+
+
+def choose_shapes(bms: list[BucketModel], shapes: np.ndarray, max_shapes: int,
+                  deadline: Deadline = Deadline.never()) -> ShapeChoice:
+    """The certified bound (the larger of the per-bucket and the joint relaxation, see module docstring) and
+    the shapes the guide DP picks.  Raises DeadlineExceeded if ``deadline`` passes first."""
+    T = len(shapes)
+    joint = np.zeros((T + 1, T))
+    guide = np.zeros((T + 1, T))
+    own = 0.0
+    r = np.arange(T + 1)[:, None]
+    for bm in bms:
+        floors = floor_table(bm, shapes, deadline)
+        j_of = np.searchsorted(shapes, bm.hist.S)
+        low, top = int(j_of.min()), int(j_of.max())
+        used = shape_compile(shapes, bm.params) + batch_floor(bm)  # what each shape it uses costs a bucket
+        holds_top = (r <= top) & (top <= np.arange(T)[None, :])
+        joint += floors + np.where(holds_top, used[None, :], 0.0)
+        has = np.bincount(j_of, minlength=T) > 0
+        # any_req[r, hi]: the bucket has requests with shape index in [r, hi]
+        any_req = (np.cumsum(np.r_[0, has])[None, 1:] - np.cumsum(np.r_[0, has])[:, None]) > 0
+        guide += floors + np.where(any_req, used[None, :], 0.0)
+        # the bucket alone, over the candidates from its shortest to its longest prompt (none below the first)
+        keep = np.r_[0, np.arange(low + 1, top + 2)]
+        own += shape_dp((floors + used[None, :])[np.ix_(keep, np.arange(low, top + 1))], shapes[low:top + 1],
+                        max_shapes, deadline=deadline)[0]
+    top = int(np.searchsorted(shapes, max(int(bm.hist.S.max()) for bm in bms)))
+    joint_bound = shape_dp(joint, shapes, max_shapes, top, deadline)[0] if len(bms) > 1 else -np.inf
+    _, chosen = shape_dp(guide, shapes, max_shapes, top, deadline)
+    return ShapeChoice(max(own, joint_bound), chosen)

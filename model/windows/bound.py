@@ -45,6 +45,7 @@ import numpy as np
 
 from model.cost.analytic import CostParams, compile_cost, decode_cost, prefill_cost
 from model.cost.device import DeviceProfile, batch_time, linear_parts
+from model.planning.shapes import shape_dp
 from model.runtime import Deadline
 from model.schema import Problem, Windowing
 from model.windows.parallel import chunks, run_items, shared, workers_available
@@ -287,28 +288,6 @@ def interval_table(problem: Problem, pools_b: WindowPools, phi: np.ndarray, cand
         r = np.arange(hi + 1)
         acc[:hi + 1, hi] = np.cumsum(per_j[::-1])[::-1] + charge[hi] * ((r <= top) & (top <= hi))
     return acc
-
-
-def shape_dp(acc: np.ndarray, cands: np.ndarray, max_shapes: int, top: int | None = None
-             ) -> tuple[float, tuple[int, ...]]:
-    """min over shape sets Y (|Y| <= K, the largest Y = cands[top] covering every request) of the summed
-    interval costs ``acc``: (value, argmin Y).  Exact: a shortest path with at most K edges."""
-    T = len(cands)
-    top = T - 1 if top is None else top
-    valid = np.arange(T + 1)[:, None] <= np.arange(T)[None, :]
-    cost = np.where(valid, acc, np.inf)
-    f = [cost[0]]
-    back = [np.full(T, -1)]
-    for _ in range(1, max_shapes):
-        cand = f[-1][:, None] + cost[1:, :]
-        back.append(np.argmin(cand, axis=0))
-        f.append(cand[back[-1], np.arange(T)])
-    k = int(np.argmin([fk[top] for fk in f]))
-    picks, hi = [top], top
-    for kk in range(k, 0, -1):
-        hi = int(back[kk][hi])
-        picks.append(hi)
-    return float(f[k][top]), tuple(int(cands[i]) for i in sorted(picks))
 
 
 def window_bound(problem: Problem, pools: list[WindowPools], deadline: Deadline, use_lp: bool = True
