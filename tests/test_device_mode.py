@@ -241,8 +241,12 @@ def test_scenario_device_profile_by_path_or_inline_table(tmp_path: Path):
     assert done.returncode == 2 and "s3.toml:3" in done.stderr, done.stderr
 
 
+TWO = (bucket([64, 128, 128], [1, 2, 1], name="a"), bucket([64, 128, 200], [300, 300, 40], name="c"))
+
+
 @pytest.mark.parametrize("prob", [device(SIX, k=1), device(SIX, k=2), device(FIVE, k=2),
-                                  device(SIX, k=2, max_batch_size=2)], ids=["six K=1", "six K=2", "five K=2", "B=2"])
+                                  device(SIX, k=2, max_batch_size=2), device(*TWO, k=2), device(*TWO, k=3)],
+                         ids=["six K=1", "six K=2", "five K=2", "B=2", "two buckets K=2", "two buckets K=3"])
 def test_the_lp_price_bound_is_below_the_brute_force_optimum(prob):
     best = brute_force(prob).cost * (1 + 1e-12)
     full = whole_trace_bound(prob, Deadline.after(30))

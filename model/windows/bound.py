@@ -269,41 +269,52 @@ def candidate_shapes(pools: list[WindowPools], max_seq_len: int | None) -> np.nd
     return shapes[shapes <= max_seq_len] if max_seq_len is not None else shapes
 
 
-def interval_table(problem: Problem, pools_b: WindowPools, phi: np.ndarray, cands: np.ndarray) -> np.ndarray:
-    """acc[lo + 1, hi]: one bucket's sum of phi[r, hi] over its requests with entry shape in (cands[lo],
-    cands[hi]], plus its compile lower bound where that interval holds its longest request."""
+def interval_table(problem: Problem, pools_b: WindowPools, phi: np.ndarray, cands: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, int]:
+    """(acc, charge, top): acc[lo + 1, hi] is one bucket's sum of phi[r, hi] over its requests with entry
+    shape in (cands[lo], cands[hi]]; charge[hi] its compile cost of cands[hi]; top the index of the smallest
+    candidate covering its longest request."""
     T = len(cands)
     bucket = problem.buckets[pools_b.bucket]
     S = np.zeros(len(bucket), dtype=np.int64)
     for rows, s in zip(pools_b.rows, pools_b.S, strict=True):
         S[rows] = s
     j_of = np.searchsorted(cands, S)
-    top = int(j_of.max())
     charge = (compile_cost(cands, problem.params) if isinstance(problem.params, CostParams)
               else np.full(T, problem.params.compile_ms))
     acc = np.zeros((T + 1, T))
     for hi in range(T):
         fits = j_of <= hi
         per_j = np.bincount(j_of[fits], weights=phi[fits, hi], minlength=T)[:hi + 1]
-        r = np.arange(hi + 1)
-        acc[:hi + 1, hi] = np.cumsum(per_j[::-1])[::-1] + charge[hi] * ((r <= top) & (top <= hi))
-    return acc
+        acc[:hi + 1, hi] = np.cumsum(per_j[::-1])[::-1]
+    return acc, charge, int(j_of.max())
 
 
 def window_bound(problem: Problem, pools: list[WindowPools], deadline: Deadline, use_lp: bool = True
                  ) -> WindowBound:
     """The certified lower bound of the windowed problem (see module docstring), and per bucket the bound of
-    that bucket alone (each valid for its bucket; their sum is at most the joint bound)."""
+    that bucket alone.
+
+    As in ``model.planning.shapes``: a bucket alone, over the shapes it uses, pays each one's compile, so
+    its own DP charges a compile on every interval; jointly, over the union of those sets, a bucket need
+    not use a shape that covers some of its requests, so only its longest request's interval is charged.
+    The bound is the larger of the joint DP and the sum of the buckets' own; its shapes are the one
+    bucket's own DP's, or with several the joint DP's."""
     cands = candidate_shapes(pools, problem.max_seq_len)
     phis, lp_windows = all_prices(problem, pools, cands, use_lp and problem.mode == "device", deadline)
-    tables, bucket_bounds = [], []
+    joint, bucket_bounds, own_shapes = 0.0, [], ()
+    r = np.arange(len(cands) + 1)[:, None]
     for pools_b, phi in zip(pools, phis, strict=True):
-        acc = interval_table(problem, pools_b, phi, cands)
-        tables.append(acc)
-        own_top = int(np.searchsorted(cands, int(pools_b.top.max())))
-        bucket_bounds.append(shape_dp(acc[:own_top + 2, :own_top + 1], cands[:own_top + 1], problem.max_shapes)[0])
-    value, shapes = shape_dp(sum(tables), cands, problem.max_shapes)
-    return WindowBound(value, tuple(bucket_bounds), shapes, lp_windows, sum(len(p) for p in pools))
+        acc, charge, top = interval_table(problem, pools_b, phi, cands)
+        joint = joint + acc + np.where((r <= top) & (top <= np.arange(len(cands))[None, :]), charge[None, :], 0.0)
+        value, own_shapes = shape_dp((acc + charge[None, :])[:top + 2, :top + 1], cands[:top + 1],
+                                     problem.max_shapes)
+        bucket_bounds.append(value)
+    value, shapes = shape_dp(joint, cands, problem.max_shapes)
+    if len(pools) == 1:
+        shapes = own_shapes
+    return WindowBound(max(value, sum(bucket_bounds)), tuple(bucket_bounds), shapes, lp_windows,
+                       sum(len(p) for p in pools))
 
 
 def whole_trace_bound(problem: Problem, deadline: Deadline) -> float:
