@@ -52,7 +52,7 @@ from model.cost.metrics import (
 )
 from model.distributed.read import Source
 from model.errors import InputError
-from model.evaluation.validate import limit_checks
+from model.evaluation.validate import limit_checks, shape_rules
 from model.load.requests import MAX_LEN
 from model.schema import BucketResult, Limits, Violation
 
@@ -358,28 +358,23 @@ def aligned_layout(client, reqs, plan_src: Source) -> Layout | None:
 
 def shape_problems(name: str, plan_src: Source, bt: pd.DataFrame, parts: list[dict], max_shapes: int,
                    max_seq_len: int | None) -> list[Violation]:
-    """The shape rules of ``model.evaluation.validate.shape_rules`` on the batch table and the partitions' finds."""
-    problems = []
+    """``model.evaluation.validate.shape_rules`` on the batch table and the partitions' finds (the engine
+    refuses a fixed shape set, so none is checked here)."""
     shorts = [pt["short"][1] for pt in parts if pt["short"][0]]
+    short = None
     if shorts:
         pos, rid, seq, need = min(shorts)
-        where = _where(plan_src, pos >> ROW_BITS, pos & ((1 << ROW_BITS) - 1))
-        problems.append(Violation(name, "shape-covers-prompt", f"{where}: seq_align {seq} < aligned prompt {need} "
-                                  f"of request {rid!r}"))
+        short = (f"{_where(plan_src, pos >> ROW_BITS, pos & ((1 << ROW_BITS) - 1))}: seq_align {seq} < aligned "
+                 f"prompt {need} of request {rid!r}")
     shapes = np.unique(np.r_[bt["shape_min"].to_numpy(np.int64), bt["shape_max"].to_numpy(np.int64)])
-    if max_seq_len is not None and shapes[-1] > max_seq_len:
-        problems.append(Violation(name, "max-seq-len", f"{plan_src.given}: seq_align {int(shapes[-1])} exceeds the "
-                                  f"largest allowed shape {max_seq_len}"))
-    mixed = bt[bt["shape_min"] != bt["shape_max"]]
-    if len(mixed):
-        r = mixed.iloc[0]
-        problems.append(Violation(name, "one-shape-per-batch", f"{plan_src.given}: batch {r.batch_id!r} mixes "
-                                  f"seq_align {int(r.shape_min)} and {int(r.shape_max)} "
-                                  f"({len(mixed)} batches mix shapes)"))
-    if len(shapes) > max_shapes:
-        problems.append(Violation(name, "shape-cap", f"{len(shapes)} distinct shapes in the bucket, at most "
-                                  f"{max_shapes} allowed"))
-    return problems
+    mixed_rows = bt[bt["shape_min"] != bt["shape_max"]]
+    mixed = None
+    if len(mixed_rows):
+        r = mixed_rows.iloc[0]
+        mixed = (f"{plan_src.given}: batch {r.batch_id!r} mixes seq_align {int(r.shape_min)} and {int(r.shape_max)} "
+                 f"({len(mixed_rows)} batches mix shapes)")
+    return shape_rules(name, shapes, max_shapes, max_seq_len, None, lambda bad: (str(plan_src.given), int(bad.max())),
+                       short, mixed)
 
 
 def merged_metrics(parts: list[dict], n_b: np.ndarray, batch_shape: np.ndarray, s_max: np.ndarray,

@@ -25,7 +25,7 @@ from model.cost.metrics import (
     segment_max,
     spike_ms,
 )
-from model.evaluation.validate import joint_shape_cap, limit_checks
+from model.evaluation.validate import joint_shape_cap, limit_checks, shape_rules
 from model.expand.spikes import spike_leads
 from model.histogram.cells import Histogram
 from model.schema import BucketResult, CellRuns, Evaluation, Limits, Problem, Violation
@@ -66,25 +66,14 @@ def run_metrics(hist: Histogram, runs: CellRuns, p, mode: str, limits: Limits) -
 
 
 def shape_violations(name: str, hist: Histogram, runs: CellRuns, problem: Problem) -> list[Violation]:
-    """The shape rules of ``model.evaluation.validate`` on runs."""
-    out = []
+    """``model.evaluation.validate.shape_rules`` on runs (places are batch numbers; runs have no file)."""
     shape = runs.shape_of[runs.batch]
     short = shape < hist.S[runs.cell]
-    if short.any():
-        k = int(np.argmax(short))
-        out.append(Violation(name, "shape-covers-prompt", f"batch {int(runs.batch[k])}: seq_align {int(shape[k])} < "
-                                                          f"aligned prompt {int(hist.S[runs.cell[k]])}"))
-    shapes = np.unique(runs.shape_of)
-    if problem.max_seq_len is not None and len(shapes) and shapes[-1] > problem.max_seq_len:
-        out.append(Violation(name, "max-seq-len", f"seq_align {int(shapes[-1])} exceeds the largest allowed shape "
-                                                  f"{problem.max_seq_len}"))
-    if problem.allowed_shapes is not None and not set(shapes.tolist()) <= set(problem.allowed_shapes):
-        bad = sorted(set(shapes.tolist()) - set(problem.allowed_shapes))
-        out.append(Violation(name, "allowed-shapes", f"seq_align {bad[0]} is not one of the allowed shapes"))
-    if len(shapes) > problem.max_shapes:
-        out.append(Violation(name, "shape-cap", f"{len(shapes)} distinct shapes in the bucket, at most "
-                                                f"{problem.max_shapes} allowed"))
-    return out
+    k = int(np.argmax(short))
+    text = (f"batch {int(runs.batch[k])}: seq_align {int(shape[k])} < aligned prompt {int(hist.S[runs.cell[k]])}"
+            if short.any() else None)
+    return shape_rules(name, np.unique(runs.shape_of), problem.max_shapes, problem.max_seq_len,
+                       problem.allowed_shapes, short=text)
 
 
 def evaluate_runs(problem: Problem, hists: list[Histogram], runs: tuple[CellRuns, ...]

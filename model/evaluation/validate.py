@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 
@@ -103,49 +105,62 @@ def _line(plan: Plan, k: int) -> int:
     return int(plan.lines[k]) if plan.lines is not None else k + 1
 
 
-def shape_rules(bucket: Bucket, plan: Plan, rows: np.ndarray, max_shapes: int,
-                max_seq_len: int | None = None) -> list[Violation]:
-    """seq_align covers every member, one shape per batch, at most K shapes in the bucket."""
+def shape_rules(name: str, shapes: np.ndarray, max_shapes: int, max_seq_len: int | None,
+                allowed: tuple[int, ...] | None, locate: Callable[[np.ndarray], tuple[str, int]] | None = None,
+                short: str | None = None, mixed: str | None = None) -> list[Violation]:
+    """The shape rules of one bucket, however its judge read the batches (plan records, a Dask batch table,
+    runs by cells): ``shapes`` are its distinct seq_align values; ``locate`` names the first place declaring
+    one of the given shapes and the shape there ("file:line"; without it: no place, the first shape); ``short``
+    describes the first member whose seq_align is below its aligned prompt and ``mixed`` the first batch
+    declaring two shapes, as the judge found them (None: none).
+
+    Rules: seq_align covers every member, one shape per batch, none above max_seq_len, only allowed shapes
+    (when a fixed set is given), at most K shapes in the bucket."""
+    def at(bad: np.ndarray) -> str:
+        where, shape = locate(bad) if locate is not None else ("", int(bad[0]))
+        return f"{where + ': ' if where else ''}seq_align {shape}"
+
     problems = []
-    need = align(bucket.prompt_len[rows])
-    short = plan.seq_align < need
-    if short.any():
-        k = int(np.argmax(short))
-        problems.append(Violation(bucket.name, "shape-covers-prompt",
-                                  f"{plan.source}:{_line(plan, k)}: seq_align {int(plan.seq_align[k])} < aligned "
-                                  f"prompt {int(need[k])} of request {plan.request_ids[k]!r}"))
-    if max_seq_len is not None and (plan.seq_align > max_seq_len).any():
-        k = int(np.argmax(plan.seq_align > max_seq_len))
-        problems.append(Violation(bucket.name, "max-seq-len",
-                                  f"{plan.source}:{_line(plan, k)}: seq_align {int(plan.seq_align[k])} exceeds "
-                                  f"the largest allowed shape {max_seq_len}"))
-    codes, uniques = batch_index(plan.batch_ids)
-    first = np.unique(codes, return_index=True)[1]
-    mixed = plan.seq_align != plan.seq_align[first][codes]
-    if mixed.any():
-        k = int(np.argmax(mixed))
-        problems.append(Violation(bucket.name, "one-shape-per-batch",
-                                  f"{plan.source}:{_line(plan, k)}: batch {plan.batch_ids[k]!r} mixes seq_align "
-                                  f"{int(plan.seq_align[first][codes[k]])} and {int(plan.seq_align[k])}"))
-    n_shapes = len(np.unique(plan.seq_align))
-    if n_shapes > max_shapes:
-        problems.append(Violation(bucket.name, "shape-cap",
-                                  f"{n_shapes} distinct shapes in the bucket, at most {max_shapes} allowed"))
+    if short is not None:
+        problems.append(Violation(name, "shape-covers-prompt", short))
+    if max_seq_len is not None and len(shapes) and int(shapes.max()) > max_seq_len:
+        over = shapes[shapes > max_seq_len]
+        problems.append(Violation(name, "max-seq-len", f"{at(over)} exceeds the largest allowed shape {max_seq_len}"))
+    if mixed is not None:
+        problems.append(Violation(name, "one-shape-per-batch", mixed))
+    if allowed is not None:
+        outside = shapes[~np.isin(shapes, np.asarray(allowed, dtype=np.int64))]
+        if len(outside):
+            problems.append(Violation(name, "allowed-shapes",
+                                      f"{at(outside)} is not an allowed shape (outside the "
+                                      f"set: {', '.join(map(str, outside.tolist()))}; allowed: "
+                                      f"{', '.join(map(str, allowed))})"))
+    if len(shapes) > max_shapes:
+        problems.append(Violation(name, "shape-cap",
+                                  f"{len(shapes)} distinct shapes in the bucket, at most {max_shapes} allowed"))
     return problems
 
 
-def allowed_rule(bucket: Bucket, plan: Plan, allowed: tuple[int, ...] | None) -> list[Violation]:
-    """With a fixed set of allowed shapes, every seq_align must be one of them."""
-    if allowed is None:
-        return []
-    bad = ~np.isin(plan.seq_align, np.asarray(allowed, dtype=np.int64))
-    if not bad.any():
-        return []
-    k = int(np.argmax(bad))
-    others = sorted({int(s) for s in plan.seq_align[bad]})
-    return [Violation(bucket.name, "allowed-shapes",
-                      f"{plan.source}:{_line(plan, k)}: seq_align {int(plan.seq_align[k])} is not an allowed shape "
-                      f"(outside the set: {', '.join(map(str, others))}; allowed: {', '.join(map(str, allowed))})")]
+def plan_shape_rules(bucket: Bucket, plan: Plan, rows: np.ndarray, problem: Problem) -> list[Violation]:
+    """``shape_rules`` on plan records, each finding named by file and line."""
+    need = align(bucket.prompt_len[rows])
+    short = plan.seq_align < need
+    k = int(np.argmax(short))
+    short_text = (f"{plan.source}:{_line(plan, k)}: seq_align {int(plan.seq_align[k])} < aligned prompt "
+                  f"{int(need[k])} of request {plan.request_ids[k]!r}") if short.any() else None
+    codes, _ = batch_index(plan.batch_ids)
+    first = np.unique(codes, return_index=True)[1]
+    mixed = plan.seq_align != plan.seq_align[first][codes]
+    m = int(np.argmax(mixed))
+    mixed_text = (f"{plan.source}:{_line(plan, m)}: batch {plan.batch_ids[m]!r} mixes seq_align "
+                  f"{int(plan.seq_align[first][codes[m]])} and {int(plan.seq_align[m])}") if mixed.any() else None
+
+    def locate(bad: np.ndarray) -> tuple[str, int]:
+        k = int(np.argmax(np.isin(plan.seq_align, bad)))
+        return f"{plan.source}:{_line(plan, k)}", int(plan.seq_align[k])
+
+    return shape_rules(bucket.name, np.unique(plan.seq_align), problem.max_shapes, problem.max_seq_len,
+                       problem.allowed_shapes, locate, short_text, mixed_text)
 
 
 def kv_rule(bucket: Bucket, plan: Plan, rows: np.ndarray, device: DeviceProfile) -> list[Violation]:
@@ -213,8 +228,7 @@ def evaluate_plans(problem: Problem, plans: tuple[Plan, ...]) -> tuple[list[Buck
         if rows is None:
             results.append(BucketResult(bucket.name, None, (), tuple(problems)))
             continue
-        problems += shape_rules(bucket, plan, rows, problem.max_shapes, problem.max_seq_len)
-        problems += allowed_rule(bucket, plan, problem.allowed_shapes)
+        problems += plan_shape_rules(bucket, plan, rows, problem)
         if problem.mode == "device":
             problems += kv_rule(bucket, plan, rows, problem.params)
         problems += window_rule(problem, bucket, plan, rows)
