@@ -54,6 +54,7 @@ log = logging.getLogger("shapeplan")
 # timed on greedy's plan and that much (times the margin) kept; without greedy, estimated
 JUDGE_MARGIN = 1.5
 JUDGE_S_PER_REQUEST = 2.5e-6  # expand + evaluate per request, measured at 10^7 (20-25 s)
+SOLVER_STOP_S = 0.2  # a solver call may end this long after its limit (a HiGHS child killed, its pipe drained)
 MATCH_S_PER_CELL = 7e-6  # device mode: the flow solution's matching to requests, 0.48 s on 68k cells
 FINAL_PASS_JUDGES = 2  # the final shape pass judges up to this many re-declarations of the returned plan
 LAST_RESORT = ("solo", "cells", "pow2", "exp", "baseline")  # analytic modes: tried when nothing else meets the limits
@@ -223,7 +224,7 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     # the final judging of the MIP's plan must fit too: keep about what judging greedy's took
     spent = time.perf_counter() - t_judge if greedy is not None else JUDGE_S_PER_REQUEST * n_requests
     matching = MATCH_S_PER_CELL * sum(len(h) for h in fine) if flow else 0.0
-    work = Deadline(clock.at - judge_reserve(spent, clock.left()) - matching)
+    work = Deadline(clock.at - judge_reserve(spent, clock.left()) - matching - SOLVER_STOP_S)
     setup = None if flow else shape_setup(problem, fine, options, work)
     first, mip_ok, judged, attempt_problem, attempt = None, None, None, problem, 0
     reserves = (0,) * len(fine)  # the model places every compile spike exactly (arrays.spike_rows)

@@ -34,7 +34,7 @@ log = logging.getLogger("shapeplan")
 PRESOLVE_MAX_COLS = 20_000
 STOP_GRACE_S = 0.5  # a run still going this long after its time limit is left behind (see run_native)
 CHILD_MIN_COLS = PRESOLVE_MAX_COLS  # MIPs above this run in a child process (see solve_in_child) ...
-KILL_GRACE_S = 0.25  # ... killed this long after their time limit
+KILL_GRACE_S = 0.25  # ... their HiGHS limit this much (and their start) short of the call's, killed at the call's
 # Starting a child costs about half a second (interpreter, numpy, highspy) plus sending the model through a
 # pipe (about 50 MB/s measured: 0.75 s for a 415k-column flow model).  With less time than that the call
 # could only overrun its deadline, so it returns the warm start (or nothing) instead.
@@ -225,7 +225,8 @@ def child_start_s(model: MipArrays) -> float:
 
 
 def solve_in_child(model: MipArrays, options: SolveOptions) -> BackendResult:
-    """A big MIP in a child process, killed at its time limit (plus KILL_GRACE_S) or on a signal.
+    """A big MIP in a child process, killed at the call's time limit or on a signal; HiGHS in it gets the
+    limit less its start (``child_start_s``) and KILL_GRACE_S, so it normally stops and reports first.
 
     At the root of a big MIP HiGHS computes an analytic centre in a task it waits for
     and cannot interrupt: on twin-1's 80k-column polish MIP that ran 20-45 s past the
@@ -237,7 +238,9 @@ def solve_in_child(model: MipArrays, options: SolveOptions) -> BackendResult:
     """
     t0 = time.perf_counter()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    plain = SolveOptions(time_limit=options.time_limit, relax=False, mip_gap=options.mip_gap,
+    # the child's own limit leaves room for its start and for stopping it, so the call ends by its limit
+    own = max(0.05, float(options.time_limit) - child_start_s(model) - KILL_GRACE_S)
+    plain = SolveOptions(time_limit=own, relax=False, mip_gap=options.mip_gap,
                          warm_start=options.warm_start, threads=options.threads, seed=options.seed)
     with shielded():
         child = subprocess.Popen([sys.executable, "-c", "from solvers.backends.highs import child_main; child_main()"],
@@ -247,7 +250,7 @@ def solve_in_child(model: MipArrays, options: SolveOptions) -> BackendResult:
     reader = threading.Thread(target=_read_messages, args=(child.stdout, messages), daemon=True)
     reader.start()
     incumbent = options.warm_start
-    until = t0 + float(options.time_limit) + KILL_GRACE_S
+    until = t0 + max(float(options.time_limit), own + KILL_GRACE_S)
     try:
         with shielded():
             try:
