@@ -119,6 +119,23 @@ def device_problem(data: Path, trace: str, profile: Path) -> Problem:
     return Problem((bucket,), (Limits(),), 8, load_profile(profile), "device")
 
 
+def strict_k_table(data: Path, time_limit: float) -> None:
+    """Each Azure trace alone in strict mode at K = 4, 8, 16: the MIP's cost, certified bound and gap (issue
+    10's target: gap <= 1% at K = 16 on both)."""
+    print(f"  {'trace':<6}{'K':>4}{'cost':>13}{'bound':>13}{'gap':>8}  {'wall s':>7}  status")
+    for trace in TRACES:
+        bucket = load_requests(data / "traces" / f"AzureLLMInferenceTrace_{trace}.csv", trace,
+                               Columns.parse("azure"))
+        for k in (4, 8, 16):
+            problem = Problem((bucket,), (Limits(),), k, mode="strict")
+            t0 = time.perf_counter()
+            rep = pipeline.plan(problem, "mip", time_limit=time_limit).report
+            gap = f"{rep.gap:.2%}" if rep.gap is not None else "-"
+            bound = f"{rep.bound:.4e}" if rep.bound is not None else "-"
+            print(f"  {trace:<6}{k:>4}{rep.objective:>13.4e}{bound:>13}{gap:>8}  {time.perf_counter() - t0:>7.1f}  "
+                  f"{rep.status.value}")
+
+
 def device_table(problem: Problem, time_limit: float) -> None:
     """Every planner on one trace in device mode, then the issue's targets for the MIP."""
     print(f"  {'planner':<9}{'device-h':>10}{'pad':>8}{'P95 ms':>11}{'batches':>9}  {'wall s':>7}  shapes")
@@ -260,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = [*workload_problems(args.data), ("azure traces (code + conv)", trace_problem(args.data))]
         for name, problem in runs:
             print_quality(name, problem, quality_rows(problem, args.time_limit))
+        print("\n== strict mode: each Azure trace alone, gap by K ==")
+        strict_k_table(args.data, args.time_limit)
     if not args.skip_device:
         for trace in TRACES:
             print(f"\n== device mode: Azure {trace} trace, {args.device_profile.name}, K = 8, no limits ==")

@@ -103,7 +103,8 @@ def read_plan_partition(path: str, index: int) -> pd.DataFrame:
 
 
 def plan_frame(client, source: Source):
-    """The plan dataset as a Dask dataframe, one partition per file, kept on the workers."""
+    """The plan dataset as a Dask dataframe, one partition per file, read again by each pass (nothing kept on
+    the workers: a plan of 10^8 records does not fit there)."""
     import dask.dataframe as dd
 
     if source.fmt != "parquet":
@@ -111,7 +112,7 @@ def plan_frame(client, source: Source):
     meta = pd.DataFrame({k: pd.Series(dtype=v) for k, v in PLAN_COLUMNS.items()})
     ddf = dd.from_map(read_plan_partition, [str(f) for f in source.files], list(range(len(source.files))),
                       meta=meta, label="read-plan", enforce_metadata=False)
-    return client.persist(ddf)
+    return ddf
 
 
 def _where(source: Source, ppart: int, prow: int) -> str:
@@ -123,7 +124,7 @@ def coverage(client, name: str, plan_src: Source, req_src: Source, plan, reqs) -
     problems = []
     counts = plan["request_id"].value_counts()
     merged = plan[["request_id", "ppart", "prow"]].merge(reqs[["request_id", "part", "line"]], on="request_id",
-                                                         how="outer", indicator=True)
+                                                         how="outer", indicator=True, shuffle_method="p2p")
     dup, sides = client.compute([counts[counts > 1], merged["_merge"].value_counts()])
     dup, sides = dup.result(), sides.result()
     if len(dup):
@@ -218,8 +219,10 @@ def judge_bucket(client, name: str, req_src: Source, reqs, plan_src: Source, lim
         problems = coverage(client, name, plan_src, req_src, plan, reqs)
         if problems:
             return BucketResult(name, None, (), tuple(problems))
-        joined = client.persist(plan.merge(reqs[["request_id", "prompt_len", "gen_len"]], on="request_id",
-                                           how="inner"))
+        # not persisted: each pass shuffles again (Dask's p2p shuffle goes through disk), so no worker holds
+        # the join of 10^8 records
+        joined = plan.merge(reqs[["request_id", "prompt_len", "gen_len"]], on="request_id", how="inner",
+                            shuffle_method="p2p")
         bt = batch_table(client, joined)
 
         def tasks(shared: list) -> list:

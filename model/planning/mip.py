@@ -54,7 +54,7 @@ log = logging.getLogger("shapeplan")
 # timed on greedy's plan and that much (times the margin) kept; without greedy, estimated
 JUDGE_MARGIN = 1.5
 JUDGE_S_PER_REQUEST = 2.5e-6  # expand + evaluate per request, measured at 10^7 (20-25 s)
-SOLVER_STOP_S = 0.2  # a solver call may end this long after its limit (a HiGHS child killed, its pipe drained)
+SOLVER_STOP_S = 0.5  # a solver call may end this long after its limit (a HiGHS run left behind, a child killed)
 MATCH_S_PER_CELL = 7e-6  # device mode: the flow solution's matching to requests, 0.48 s on 68k cells
 FINAL_PASS_JUDGES = 2  # the final shape pass judges up to this many re-declarations of the returned plan
 LAST_RESORT = ("solo", "cells", "pow2", "exp", "baseline")  # analytic modes: tried when nothing else meets the limits
