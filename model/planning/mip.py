@@ -54,7 +54,10 @@ log = logging.getLogger("shapeplan")
 # timed on greedy's plan and that much (times the margin) kept; without greedy, estimated
 JUDGE_MARGIN = 1.5
 JUDGE_S_PER_REQUEST = 2.5e-6  # expand + evaluate per request, measured at 10^7 (20-25 s)
-SOLVER_STOP_S = 0.5  # a solver call may end this long after its limit (a HiGHS run left behind, a child killed)
+# a solver call may end this long after its limit (a HiGHS run left behind, a child killed): kept back, but
+# never more than this share of the whole limit, which a short run needs for its search and bound
+SOLVER_STOP_S = 0.5
+SOLVER_STOP_SHARE = 0.1
 MATCH_S_PER_CELL = 7e-6  # device mode: the flow solution's matching to requests, 0.48 s on 68k cells
 FINAL_PASS_JUDGES = 2  # the final shape pass judges up to this many re-declarations of the returned plan
 LAST_RESORT = ("solo", "cells", "pow2", "exp", "baseline")  # analytic modes: tried when nothing else meets the limits
@@ -224,7 +227,8 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     # the final judging of the MIP's plan must fit too: keep about what judging greedy's took
     spent = time.perf_counter() - t_judge if greedy is not None else JUDGE_S_PER_REQUEST * n_requests
     matching = MATCH_S_PER_CELL * sum(len(h) for h in fine) if flow else 0.0
-    work = Deadline(clock.at - judge_reserve(spent, clock.left()) - matching - SOLVER_STOP_S)
+    work = Deadline(clock.at - judge_reserve(spent, clock.left()) - matching
+                    - min(SOLVER_STOP_S, SOLVER_STOP_SHARE * time_limit))
     setup = None if flow else shape_setup(problem, fine, options, work)
     first, mip_ok, judged, attempt_problem, attempt = None, None, None, problem, 0
     reserves = (0,) * len(fine)  # the model places every compile spike exactly (arrays.spike_rows)

@@ -96,5 +96,5 @@ class PlannerOptions:
     start_share: float = 0.2
     relaxation_share: float = 0.3
     fallback_share: float = 0.3
-    lp_price_share: float = 0.1
+    lp_price_share: float = 0.2
     lp_price_max_cells: int = 20_000_000
