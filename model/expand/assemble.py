@@ -19,7 +19,7 @@ import numpy as np
 from model.cost.analytic import CostParams
 from model.cost.common import Mode, align
 from model.cost.metrics import Coefficients, batch_latencies, spike_ms
-from model.expand.spikes import spike_leads
+from model.expand.spikes import member_order, spike_leads
 from model.schema import Batching, Bucket, Limits, Plan, Problem
 from model.windows.split import waits_of, windows_of
 
@@ -50,7 +50,8 @@ def assemble(bucket: Bucket, batching: Batching, params: Coefficients = CostPara
         latency = latency + np.asarray(wait_ms, dtype=np.float64)
     # per shape, the member that takes the spike (``model.expand.spikes``) leads the batch that ranks 0;
     # every other batch leads with its gentlest member, the one with the least latency
-    lead, takes = spike_leads(codes, shape_of, latency, spike_ms(params), limits)
+    by_batch = member_order(codes, latency)
+    lead, takes = spike_leads(codes, shape_of, latency, spike_ms(params), limits, order=by_batch)
     first_lat = latency[lead]
     batch_max = np.full(nb, -np.inf)
     np.maximum.at(batch_max, codes, latency)
@@ -60,9 +61,7 @@ def assemble(bucket: Bucket, batching: Batching, params: Coefficients = CostPara
     crosses = (first_lat <= limit) & (spiked > limit) if limit is not None else np.zeros(nb, bool)
     # per shape, the batch that takes the spike ranks 0; the rest keep their order
     rank = shape_ranks(shape_of, np.lexsort((np.arange(nb), first_lat, seq_hurt, crosses, ~takes, shape_of)))
-    not_lead = np.ones(len(codes), dtype=bool)
-    not_lead[lead] = False
-    order = np.lexsort((np.arange(len(codes)), latency, not_lead, codes))
+    order = lead_first(by_batch, codes, lead)
     if windows is None:
         ids = ranked_ids(shape_of, rank)
         batch_order = np.lexsort((rank, shape_of))
@@ -73,13 +72,45 @@ def assemble(bucket: Bucket, batching: Batching, params: Coefficients = CostPara
         rank = shape_ranks(shape_of, np.lexsort((np.arange(nb), win, rank != 0, shape_of)))
         ids = ranked_ids(shape_of, rank, win)
         batch_order = np.lexsort((rank, shape_of, win))
-    pos = np.empty(nb, dtype=np.int64)
-    pos[batch_order] = np.arange(nb)
-    member_rank = np.empty(len(codes), dtype=np.int64)
-    member_rank[order] = np.arange(len(codes))
-    rec = np.lexsort((member_rank, pos[codes]))
+    rec = batches_in_order(order, codes, batch_order)
     return Plan(request_ids=bucket.request_ids[rec], batch_ids=ids[codes[rec]],
                 seq_align=shape_of[codes[rec]], source=f"<plan {bucket.name}>", rows=rec)
+
+
+def lead_first(order: np.ndarray, codes: np.ndarray, lead: np.ndarray) -> np.ndarray:
+    """``order`` (records grouped by batch code 0..nb-1, ascending, every batch non-empty) with each batch's
+    ``lead`` record moved to the front of its group, the others keeping their order: O(n), no sort."""
+    n = len(order)
+    starts, seg = _segments(codes[order])
+    rank = np.arange(n) - starts[seg]
+    where = np.empty(n, dtype=np.int64)
+    where[order] = np.arange(n)
+    lead_rank = where[lead] - starts  # group k holds code k
+    is_lead = rank == lead_rank[seg]
+    out = np.empty(n, dtype=np.int64)
+    out[starts[seg] + np.where(is_lead, 0, rank + (rank < lead_rank[seg]))] = order
+    return out
+
+
+def batches_in_order(order: np.ndarray, codes: np.ndarray, batch_order: np.ndarray) -> np.ndarray:
+    """The records of ``order`` (grouped by batch code, ascending) with the groups laid out in ``batch_order``,
+    each group's records in the order they had: O(n), no sort."""
+    n = len(order)
+    starts, seg = _segments(codes[order])
+    size = np.diff(np.r_[starts, n])
+    new_start = np.empty(len(starts), dtype=np.int64)
+    new_start[batch_order] = np.r_[0, np.cumsum(size[batch_order])[:-1]]
+    out = np.empty(n, dtype=np.int64)
+    out[new_start[seg] + np.arange(n) - starts[seg]] = order
+    return out
+
+
+def _segments(sorted_codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start of each group, group of each position) of a sorted code array."""
+    n = len(sorted_codes)
+    starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]]) if n else np.zeros(0, np.int64)
+    seg = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, n]))
+    return starts, seg
 
 
 def shape_ranks(shape_of: np.ndarray, order: np.ndarray) -> np.ndarray:
