@@ -141,6 +141,7 @@ class IntervalRuns:
         lows = np.r_[0, shapes[:-1]]
         cost = 0.0
         for lo, hi in zip(lows.tolist(), shapes.tolist(), strict=True):
+            check_interrupt()  # an interval's exact DP takes up to a second on 10^5 requests
             if time.perf_counter() > deadline:
                 return np.inf
             cost += self.interval(lo, hi)[0]
