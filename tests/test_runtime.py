@@ -340,3 +340,33 @@ def test_a_cut_device_shape_relaxation_gives_no_bound_and_the_top_shape():
     assert cut.bound == -np.inf and cut.shapes == (int(all_shapes(prob, fine)[-1]),)
     whole = shape_relaxation(prob, fine)
     assert np.isfinite(whole.bound)
+
+
+def test_a_grid_pass_is_not_started_with_less_time_than_a_pricing_took(monkeypatch):
+    """Reduced-cost fixing and the exact-histogram bound each make one indivisible pass over the box grid (1 s
+    on 10^5 long-context requests, which overran a 3 s limit): with less time left than column generation's
+    pricing took, neither starts, and the bound is the floor on the exact histogram (still valid).  Shown here
+    for the bound; reduced-cost fixing follows the same rule."""
+    from dataclasses import replace
+
+    from model.planning import colgen
+    from model.planning.options import PlannerOptions
+
+    real, real_bound = stages.generate, colgen.lagrangian_bound
+    armed, called = [], []
+
+    def generate(*a, **k):
+        out = replace(real(*a, **k), pricing_s=1e9)
+        armed.append(True)  # column generation's own pricing is done: any later one is a grid pass
+        return out
+
+    monkeypatch.setattr(stages, "generate", generate)
+    monkeypatch.setattr(colgen, "lagrangian_bound",
+                        lambda *a, **k: (called.append(1) if armed else None) or real_bound(*a, **k))
+    prob = Problem(synthetic(300, 4), (Limits(), Limits()), 4)
+    out = plan_mip(prob, time_limit=10, options=PlannerOptions(max_gen_values=48, pricing_budget=1.0))
+    notes = " ".join(out.report.notes)
+    assert "cut the exact-histogram bound short" in notes, notes
+    assert not called  # no Lagrangian over the exact grid was started
+    assert out.report.bound <= out.report.objective * (1 + 1e-9)
+    check_valid(prob, out.batchings)

@@ -55,6 +55,7 @@ class ColumnGeneration:
     slack: float  # limit violation left in the last LP (scaled units; > 0 with convergence = infeasible)
     rounds: int = 0  # rounds whose pricing completed (the bound is the best of these, or the floor)
     cut: bool = False  # the deadline cut a round's pricing short (that round was dropped)
+    pricing_s: float = 0.0  # the longest a pricing pass took (one the deadline cut: how long it ran)
 
 
 def own_box_duals(bm: BucketModel, grid: Grid) -> Duals:
@@ -101,6 +102,7 @@ def generate(space: Space, res: list[Restriction], lp_solver: Backend, deadline:
     best = floor_bound(space)
     history: list[float] = []
     last = None
+    pricing_s = 0.0
     opts = space.options
     for rnd in range(opts.max_rounds):
         model = space.model(res, relax_limits=True)
@@ -116,15 +118,19 @@ def generate(space: Space, res: list[Restriction], lp_solver: Backend, deadline:
         duals = [duals_from_lp(model, lp.row_duals, b, len(bm.hist)) for b, bm in enumerate(space.bms)]
         kappa = shape_cap_dual(model, lp.row_duals)
         slack = sum(float(lp.x[blk.slice()].sum()) for blk in model.col_blocks if blk.name.startswith("slack_"))
+        t_price = time.perf_counter()
         try:
             bound = lagrangian_bound(space.bms, space.grids, duals, p.max_batch_size, space.shapes, kappa,
                                      p.max_shapes, check=lambda: deadline.tick("column generation pricing"))
         except DeadlineExceeded:
             log.info("column generation round %d: the time limit cut its pricing short; the bound stays at %s",
                      rnd, f"round {rnd - 1}'s" if last is not None else "the own-box floor")
+            spent = max(pricing_s, time.perf_counter() - t_price)
             if last is not None:
-                return replace(last, converged=False, cut=True)
-            return ColumnGeneration(res, res, model, lp, duals, kappa, best, False, slack, rounds=0, cut=True)
+                return replace(last, converged=False, cut=True, pricing_s=spent)
+            return ColumnGeneration(res, res, model, lp, duals, kappa, best, False, slack, rounds=0, cut=True,
+                                    pricing_s=spent)
+        pricing_s = max(pricing_s, time.perf_counter() - t_price)
         best = bound if bound.total > best.total else best
         log.info("column generation round %d: LP %.6e, Lagrangian bound %.6e, %d boxes, %d arcs (%.1f s)",
                  rnd, lp.objective, bound.total, sum(len(r.boxes) for r in res), sum(len(r.arc_cell) for r in res),
@@ -137,7 +143,8 @@ def generate(space: Space, res: list[Restriction], lp_solver: Backend, deadline:
             cand = cand[np.argsort(h[cand], kind="stable")][:opts.columns_per_round]
             added += len(cand)
             new_res.append(grow(bm, grid, r, d, cand, opts.arcs_per_box))
-        last = ColumnGeneration(new_res, res, model, lp, duals, kappa, best, added == 0, slack, rounds=rnd + 1)
+        last = ColumnGeneration(new_res, res, model, lp, duals, kappa, best, added == 0, slack, rounds=rnd + 1,
+                                pricing_s=pricing_s)
         res = new_res
         history.append(lp.objective)
         stalled = len(history) >= 3 and history[-3] - history[-1] < 1e-6 * abs(lp.objective)
@@ -154,7 +161,9 @@ def exact_bound(space: Space, fine: list[Histogram], cg: ColumnGeneration, compi
     A coarsened model over-states costs, so its own bound could exceed the true
     optimum; evaluating the Lagrangian on the exact cells keeps the certificate valid.
     The own-box floor on the exact cells is taken too, and the larger of the two kept.
-    Returns (bound, complete): if the deadline cuts the pricing, the floor alone.
+    Returns (bound, complete): if the deadline cuts the pricing, the floor alone -- and the pricing is not
+    started when less time is left than column generation's took (one pass over the grid is indivisible
+    and ran 1 s past a 3 s limit on 10^5 long-context requests).
     """
     p = space.problem
     fbms, fgrids, fduals = [], [], []
@@ -166,6 +175,8 @@ def exact_bound(space: Space, fine: list[Histogram], cg: ColumnGeneration, compi
         fduals.append(replace(d, pi=d.pi[coarse_of_fine]))
     fine_space = Space(p, fbms, fgrids, space.shapes, space.fixed_shapes, space.options)
     floor = floor_bound(fine_space)
+    if deadline.left() < cg.pricing_s:
+        return floor, False
     try:
         bound = lagrangian_bound(fbms, fgrids, fduals, p.max_batch_size, space.shapes, cg.kappa, p.max_shapes,
                                  check=lambda: deadline.tick("exact-histogram bound"))

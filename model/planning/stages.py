@@ -240,6 +240,8 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
                 mip_deadline.tick("reduced-cost fixing")
 
             try:
+                if mip_deadline.left() < cg.pricing_s:  # one pass over the grid, as a pricing: it would overrun
+                    raise DeadlineExceeded("reduced-cost fixing")
                 grown = [merge(bm, g, prune(bm, g, r, d, gap, per_box, check), inc)
                          for bm, g, r, d, inc in zip(bms, grids, cg.res, cg.duals, best.res, strict=True)]
             except DeadlineExceeded:
