@@ -236,7 +236,8 @@ def device_start(problem: Problem, starts: list[np.ndarray], candidates: np.ndar
     a time among the candidates until the deadline.
 
     Each start's exact costing takes seconds on 10^5 long-context requests, so they are costed in order
-    of promise while the deadline allows: the first given set (the caller's best guess), the DP's (when
+    of promise while the deadline allows: the first given set (the caller's best guess; ``starts`` is
+    never empty), the DP's (when
     its interval costs finish within half the time left), then the other given sets.  A costing runs
     past the deadline only when a start is ``required`` and none is costed yet (else None: the caller
     has another plan); the final batching reuses the costings' runs."""
@@ -252,17 +253,13 @@ def device_start(problem: Problem, starts: list[np.ndarray], candidates: np.ndar
         if c < best_cost:
             best, best_cost = sh, c
 
-    if starts:
-        consider(starts[0])
+    consider(starts[0])
     now = time.perf_counter()
     cost = interval_costs(problem, coarse, now + 0.5 * max(0.0, deadline - now))
     if cost is not None:
         consider(np.asarray(shape_dp(cost, coarse, problem.max_shapes)[1]))
     for sh in starts[1:]:
         consider(sh)
-    if best is None and required:  # every costing so far was cut: the caller's first guess, whatever the time
-        required_sh = starts[0] if starts else coarse[-1:]
-        best, best_cost = distinct_shapes(required_sh), runs.total(distinct_shapes(required_sh))
     if best is None:
         return None
     return runs.batching(improve_shapes(runs, best, candidates, deadline))

@@ -93,6 +93,22 @@ def shape_dp(acc: np.ndarray, cands: np.ndarray, max_shapes: int, top: int | Non
     return float(f[k][top]), tuple(int(cands[i]) for i in sorted(picks))
 
 
+def charged_tables(floors: np.ndarray, charge: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
+    """One bucket's interval tables with ``charge[hi]``, what using shape hi costs it at least (its compile,
+    and a batch overhead where one holds): (own, joint).  Own charges every interval -- valid over the shapes
+    the bucket itself uses, for its own bound ``own_bound``; joint charges only the intervals holding its
+    longest prompt (candidate index ``top``) -- valid for any joint set (see module docstring)."""
+    T = floors.shape[1]
+    holds_top = (np.arange(T + 1)[:, None] <= top) & (top <= np.arange(T)[None, :])
+    return floors + charge[None, :], floors + np.where(holds_top, charge[None, :], 0.0)
+
+
+def own_bound(own: np.ndarray, cands: np.ndarray, top: int, max_shapes: int,
+              deadline: Deadline = Deadline.never()) -> tuple[float, tuple[int, ...]]:
+    """``shape_dp`` of one bucket's own table over the candidates up to its longest prompt's."""
+    return shape_dp(own[:top + 2, :top + 1], cands[:top + 1], max_shapes, deadline=deadline)
+
+
 def choose_shapes(bms: list[BucketModel], shapes: np.ndarray, max_shapes: int,
                   deadline: Deadline = Deadline.never()) -> ShapeChoice:
     """The certified bound (the larger of the per-bucket and the joint relaxation, see module docstring) and
@@ -100,24 +116,20 @@ def choose_shapes(bms: list[BucketModel], shapes: np.ndarray, max_shapes: int,
     T = len(shapes)
     joint = np.zeros((T + 1, T))
     guide = np.zeros((T + 1, T))
-    own = 0.0
-    r = np.arange(T + 1)[:, None]
+    own, top = 0.0, 0
     for bm in bms:
         floors = floor_table(bm, shapes, deadline)
         j_of = np.searchsorted(shapes, bm.hist.S)
-        low, top = int(j_of.min()), int(j_of.max())
+        b_top = int(j_of.max())
         used = shape_compile(shapes, bm.params) + batch_floor(bm)  # what each shape it uses costs a bucket
-        holds_top = (r <= top) & (top <= np.arange(T)[None, :])
-        joint += floors + np.where(holds_top, used[None, :], 0.0)
+        own_table, joint_table = charged_tables(floors, used, b_top)
+        joint += joint_table
+        own += own_bound(own_table, shapes, b_top, max_shapes, deadline)[0]
         has = np.bincount(j_of, minlength=T) > 0
         # any_req[r, hi]: the bucket has requests with shape index in [r, hi]
         any_req = (np.cumsum(np.r_[0, has])[None, 1:] - np.cumsum(np.r_[0, has])[:, None]) > 0
         guide += floors + np.where(any_req, used[None, :], 0.0)
-        # the bucket alone, over the candidates from its shortest to its longest prompt (none below the first)
-        keep = np.r_[0, np.arange(low + 1, top + 2)]
-        own += shape_dp((floors + used[None, :])[np.ix_(keep, np.arange(low, top + 1))], shapes[low:top + 1],
-                        max_shapes, deadline=deadline)[0]
-    top = int(np.searchsorted(shapes, max(int(bm.hist.S.max()) for bm in bms)))
+        top = max(top, b_top)
     joint_bound = shape_dp(joint, shapes, max_shapes, top, deadline)[0] if len(bms) > 1 else -np.inf
     _, chosen = shape_dp(guide, shapes, max_shapes, top, deadline)
     return ShapeChoice(max(own, joint_bound), chosen)

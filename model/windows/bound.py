@@ -45,7 +45,7 @@ import numpy as np
 
 from model.cost.analytic import CostParams, compile_cost, decode_cost, prefill_cost
 from model.cost.device import DeviceProfile, batch_time, linear_parts
-from model.planning.shapes import shape_dp
+from model.planning.shapes import charged_tables, own_bound, shape_dp
 from model.runtime import Deadline
 from model.schema import Problem, Windowing
 from model.windows.parallel import chunks, run_items, shared, workers_available
@@ -303,12 +303,11 @@ def window_bound(problem: Problem, pools: list[WindowPools], deadline: Deadline,
     cands = candidate_shapes(pools, problem.max_seq_len)
     phis, lp_windows = all_prices(problem, pools, cands, use_lp and problem.mode == "device", deadline)
     joint, bucket_bounds, own_shapes = 0.0, [], ()
-    r = np.arange(len(cands) + 1)[:, None]
     for pools_b, phi in zip(pools, phis, strict=True):
         acc, charge, top = interval_table(problem, pools_b, phi, cands)
-        joint = joint + acc + np.where((r <= top) & (top <= np.arange(len(cands))[None, :]), charge[None, :], 0.0)
-        value, own_shapes = shape_dp((acc + charge[None, :])[:top + 2, :top + 1], cands[:top + 1],
-                                     problem.max_shapes)
+        own_table, joint_table = charged_tables(acc, charge, top)
+        joint = joint + joint_table
+        value, own_shapes = own_bound(own_table, cands, top, problem.max_shapes)
         bucket_bounds.append(value)
     value, shapes = shape_dp(joint, cands, problem.max_shapes)
     if len(pools) == 1:
