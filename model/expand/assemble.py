@@ -18,7 +18,7 @@ import numpy as np
 
 from model.cost.analytic import CostParams
 from model.cost.common import Mode, align
-from model.cost.metrics import Coefficients, batch_latencies, spike_ms
+from model.cost.metrics import Coefficients, batch_latencies, segment_max, spike_ms
 from model.expand.spikes import member_order, spike_leads
 from model.schema import Batching, Bucket, Limits, Plan, Problem
 from model.windows.split import waits_of, windows_of
@@ -53,8 +53,7 @@ def assemble(bucket: Bucket, batching: Batching, params: Coefficients = CostPara
     by_batch = member_order(codes, latency)
     lead, takes = spike_leads(codes, shape_of, latency, spike_ms(params), limits, order=by_batch)
     first_lat = latency[lead]
-    batch_max = np.full(nb, -np.inf)
-    np.maximum.at(batch_max, codes, latency)
+    batch_max = segment_max(np.asarray(latency, dtype=np.float64), codes, nb)
     spiked = first_lat + spike_ms(params)
     seq_hurt = np.maximum(0.0, spiked - batch_max)
     limit = limits.max_p95_latency_ms

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from model.cost.common import allowed_above
+from model.cost.metrics import segment_max
 from model.schema import Limits
 
 
@@ -54,8 +55,7 @@ def spike_leads(codes: np.ndarray, shape_of: np.ndarray, latency: np.ndarray, sp
     takes = np.zeros(nb, dtype=bool)
     if nb == 0:
         return lead, takes
-    batch_max = np.full(nb, -np.inf)
-    np.maximum.at(batch_max, codes, latency)
+    batch_max = segment_max(np.asarray(latency, dtype=np.float64), codes, nb)
     limit = limits.max_p95_latency_ms
     cand = [fastest]
     if limit is not None:
