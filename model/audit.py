@@ -23,11 +23,11 @@ import sys
 from pathlib import Path
 
 from model import pipeline
+from model.base.errors import InputError
 from model.cli_common import add_input_args, add_limit_args, build_problem, run_main
-from model.deploy.audit import audit
+from model.deploy.auditing import audit
 from model.deploy.flags import add_holdout_args, add_window_args, parse_fraction, shapes_from_file
 from model.deploy.present import audit_blocks, write_audit_report
-from model.errors import InputError
 from model.report.document import to_text
 from model.serving.formats import READERS
 

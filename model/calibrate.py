@@ -19,12 +19,12 @@ import math
 import tomllib
 from pathlib import Path
 
+from model.base.errors import InputError
 from model.calibration.fit import DEFAULT_COMPILE_MS, Calibration, Split, fit_profile
+from model.calibration.fit_plots import report_pngs
 from model.calibration.measurements import read_measurements
-from model.calibration.plots import report_pngs
 from model.cli_common import run_main
 from model.cost.device import DeviceProfile
-from model.errors import InputError
 from model.load.plans import write_together
 from model.load.profile import profile_from_table
 

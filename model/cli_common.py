@@ -7,16 +7,17 @@ import math
 import sys
 from pathlib import Path
 
+from model.base.errors import InfeasibleError, InputError, NoPlanFound
+from model.base.runtime import Interrupted, leave, shielded, signal_handlers
 from model.cost.analytic import CostParams
 from model.cost.common import GRANULARITY, MODES
 from model.deploy.flags import allowed_from_args
-from model.errors import InfeasibleError, InputError, NoPlanFound
+from model.domain.schema import LIMIT_KEYS, Limits, Problem, Scenario
+from model.domain.windowing import parse_window
+from model.load.params import cost_params_from_toml
 from model.load.profile import load_profile
 from model.load.scenario import MAX_BATCH, MAX_SEQ_LEN, MAX_SHAPES
 from model.pipeline import InputSpec, load_problem
-from model.runtime import Interrupted, leave, shielded, signal_handlers
-from model.schema import LIMIT_KEYS, Limits, Problem, Scenario
-from model.windows.split import parse_window
 
 ABANDONED_WAIT_S = 5.0  # at exit, a solver left behind gets this long to end before the process leaves anyway
 
@@ -84,7 +85,7 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
     check_sizes(args)
     window_s = parse_window(getattr(args, "window", None))
     limits = limits if limits is not None else cli_limits(args)
-    params = CostParams.from_toml(args.cost_params) if args.cost_params else None
+    params = cost_params_from_toml(args.cost_params) if args.cost_params else None
     device = load_profile(args.device_profile) if getattr(args, "device_profile", None) else None
     allowed, warning = allowed_from_args(args)
     if warning:
@@ -132,7 +133,7 @@ def dask_settings(args: argparse.Namespace):
     from model.pipeline import coefficients_of
 
     check_sizes(args)
-    params = CostParams.from_toml(args.cost_params) if args.cost_params else None
+    params = cost_params_from_toml(args.cost_params) if args.cost_params else None
     device = load_profile(args.device_profile) if getattr(args, "device_profile", None) else None
     spec = InputSpec(params=params, device=device, mode=args.cost_model)
     mode, coefficients = coefficients_of(spec)
@@ -159,7 +160,7 @@ def run_main(main, hard_exit: bool = False) -> None:
     SIGTERM -> exit 130 or 143 (nothing written: the solvers are stopped, their child
     processes and temporary files removed).  ``hard_exit`` (the command lines' own
     process): leave without the interpreter's shutdown if a solver thread that ignored
-    its stop is still running (``model.runtime.leave``); in-process callers get SystemExit.
+    its stop is still running (``model.base.runtime.leave``); in-process callers get SystemExit.
     """
     code = 1
     with signal_handlers():

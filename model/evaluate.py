@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from model import pipeline
+from model.base.errors import InputError
 from model.cli_common import (
     add_engine_args,
     add_input_args,
@@ -28,11 +29,10 @@ from model.cli_common import (
     run_main,
 )
 from model.deploy.flags import add_shape_args, add_window_args
-from model.errors import InputError
+from model.domain.schema import Evaluation
 from model.evaluation.validate import evaluate_plans, joint_shape_cap, time_text
 from model.load.plans import read_plan
 from model.report.tables import bucket_table, verdict
-from model.schema import Evaluation
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,15 +28,15 @@ from pathlib import Path
 
 import numpy as np
 
+from model.base.errors import InputError
 from model.cli_common import run_main
 from model.cost.metrics import batch_index
-from model.errors import InputError
+from model.domain.schema import Bucket, Plan
 from model.evaluation.validate import plan_rows
 from model.load.plans import read_plan, write_together
 from model.load.requests import MAX_LEN, load_requests
 from model.load.scenario import load_scenario
 from model.pipeline import check_unique_names
-from model.schema import Bucket, Plan
 from model.serving.formats import DEFAULT_BLOCK_SIZE, WRITERS, ExportSpec, ShapeUse, render
 
 PLAN_PREFIX = "plan_"

@@ -15,17 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from model.base.errors import InfeasibleError, InputError, NoPlanFound
 from model.cost.analytic import CostParams, compile_cost, decode_cost, member_latency, prefill_cost
 from model.cost.common import Mode, align
 from model.cost.device import DeviceProfile
-from model.errors import InfeasibleError, InputError, NoPlanFound
-from model.evaluation.validate import evaluate_plans
-from model.expand.assemble import assemble_all
-from model.load.plans import write_plans
-from model.load.requests import Columns, load_requests
-from model.load.scenario import load_scenario
-from model.planning.mip import plan_mip
-from model.schema import (
+from model.domain.schema import (
     Bucket,
     Evaluation,
     Limits,
@@ -36,9 +30,15 @@ from model.schema import (
     SolveReport,
     Status,
 )
-from model.shapeset import check_fits
-from model.windows.plan import plan_windowed
-from model.windows.split import windowed
+from model.domain.shapeset import check_fits
+from model.domain.windowing import windowed
+from model.evaluation.validate import evaluate_plans
+from model.expand.assemble import assemble_all
+from model.load.plans import write_plans
+from model.load.requests import Columns, load_requests
+from model.load.scenario import load_scenario
+from model.planning.mip import plan_mip
+from model.planning.windowed import plan_windowed
 from solvers.packers import PACKERS
 
 # The embedded default scenario: package data of the top-level ``data`` package, so it is found the same

@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from model import pipeline
+from model.base.errors import InputError
 from model.cli_common import (
     add_engine_args,
     add_input_args,
@@ -41,12 +42,11 @@ from model.cli_common import (
 from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args, parse_fraction
 from model.deploy.holdout import holdout
 from model.deploy.present import holdout_blocks
-from model.errors import InputError
+from model.deploy.window_devices import device_blocks, device_comparison, write_devices_report
 from model.evaluation.validate import time_text
 from model.report.compare import compare_table
 from model.report.document import to_text
 from model.report.tables import bucket_table, device_units, fmt, verdict
-from model.windows.present import device_blocks, device_comparison, write_devices_report
 
 log = logging.getLogger("shapeplan")
 

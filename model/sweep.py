@@ -26,20 +26,15 @@ import numpy as np
 from tqdm import tqdm
 
 from model import pipeline
+from model.base.errors import InputError
 from model.cli_common import add_input_args, add_limit_args, build_problem, check_time_limit, run_main
 from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args, parse_fraction, parse_windows
 from model.deploy.holdout import Holdout, Split, split, sweep_checks
 from model.deploy.present import sweep_holdout_blocks
-from model.errors import InputError
+from model.domain.windowing import windowed
 from model.histogram.cells import build_histogram
 from model.load.scenario import LIMIT_KEYS
-from model.report.document import (
-    k_table,
-    recommendation_paragraphs,
-    to_text,
-    write_report,
-)
-from model.sweeping.engine import SweepResult, run_sweep
+from model.report.document import to_text
 from model.sweeping.grid import (
     SweepSettings,
     base_factor,
@@ -50,9 +45,10 @@ from model.sweeping.grid import (
     useful_ks,
 )
 from model.sweeping.recommend import recommend
+from model.sweeping.runner import SweepResult, run_sweep
+from model.sweeping.sweep_report import k_table, recommendation_paragraphs, write_report
 from model.sweeping.table import planner_totals, write_csv
-from model.windows.split import windowed
-from model.windows.sweep_view import window_blocks, write_window_report
+from model.sweeping.window_view import window_blocks, write_window_report
 
 log = logging.getLogger("shapeplan")
 DEFAULT_FACTORS = "0.8,0.9,1.0,1.1"

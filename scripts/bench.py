@@ -44,6 +44,7 @@ import numpy as np
 
 from model import pipeline
 from model.cost.device import device_hours
+from model.domain.schema import Limits, Problem
 from model.evaluation.validate import evaluate_plans
 from model.histogram.cells import build_histogram
 from model.load.plans import write_plans
@@ -51,9 +52,8 @@ from model.load.profile import load_profile
 from model.load.requests import Columns, load_requests
 from model.load.scenario import load_scenario
 from model.load.synth import CHAT, draw, requests_jsonl
-from model.schema import Limits, Problem
-from model.sweeping.engine import solve_point
 from model.sweeping.grid import SweepPoint
+from model.sweeping.runner import solve_point
 from model.sweeping.table import PlannerTotal, planner_totals
 
 REPO = Path(__file__).resolve().parents[1]

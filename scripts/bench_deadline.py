@@ -44,9 +44,9 @@ def long_context_traffic():
 
 def case_problem(case: str):
     """The Problem of a case, built in memory (no files: loading is not what is measured)."""
+    from model.domain.schema import Bucket, Limits, Problem
     from model.load.scenario import load_scenario
     from model.load.synth import CHAT, SHORT, bucket_arrays
-    from model.schema import Bucket, Limits, Problem
 
     def bucket(name, traffic, n, seed):
         ids, p, g = bucket_arrays(np.random.default_rng(seed), traffic, n)
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", nargs=3, metavar=("CASE", "BACKEND", "LIMIT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        from model.runtime import leave
+        from model.base.runtime import leave
 
         print(json.dumps(measure(args.one[0], args.one[1], float(args.one[2]))), flush=True)
         leave(0, 5.0)  # a solver left behind must not abort the shutdown

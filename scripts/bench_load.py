@@ -26,11 +26,11 @@ import numpy as np
 import pandas as pd
 
 from model.cost.common import align
+from model.domain.schema import Batching, Bucket, Limits, Problem
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble
 from model.load.requests import load_requests
 from model.load.synth import CHAT, bucket_arrays, requests_jsonl
-from model.schema import Batching, Bucket, Limits, Problem
 
 T = TypeVar("T")
 

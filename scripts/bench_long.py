@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from model import pipeline
+from model.domain.schema import Bucket, Limits, Problem
 from model.load.profile import load_profile
-from model.schema import Bucket, Limits, Problem
 
 PROFILE = Path(__file__).resolve().parents[1] / "data" / "profiles" / "opt13b-a100-tp1.toml"
 LONG_KV = 262_144

@@ -23,11 +23,12 @@ from model.cli_common import run_main
 from model.cost.analytic import compile_cost
 from model.cost.common import align
 from model.cost.metrics import Metrics, plan_metrics
+from model.domain.schema import Batching, Bucket, Limits, Planned, Problem, SolveReport, Status
 from model.evaluation.validate import BucketResult, evaluate_plans, limit_checks
-from model.formulation.arrays import MipArrays, Restriction, build_model, restriction
+from model.formulation.arrays import Restriction, build_model, restriction
 from model.formulation.boxes import BucketModel, bucket_model, candidate_grid
 from model.histogram.cells import build_histogram
-from model.schema import Batching, Bucket, Limits, Planned, Problem, SolveReport, Status
+from solvers.backends.milp import MipArrays
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from model.schema import Bucket, Limits, Problem
-from model.sweeping.engine import SweepRow
+from model.domain.schema import Bucket, Limits, Problem
+from model.sweeping.runner import SweepRow
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -20,13 +20,13 @@ import pulp
 import pytest
 from ortools.sat.python import cp_model_helper
 
-from model.errors import InputError
-from model.formulation.arrays import MipArrays
-from model.runtime import clear_interrupt, request_interrupt
+from model.base.errors import InputError
+from model.base.runtime import clear_interrupt, request_interrupt
 from solvers.backends import BACKEND_MODULES, Backend, get_backend
 from solvers.backends import cpsat as cpsat_module
 from solvers.backends import highs as highs_module
 from solvers.backends import pulp_cbc as pulp_module
+from solvers.backends.milp import MipArrays
 from solvers.backends.result import Feature, SolveOptions, Status, mapped
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*PuLP 4.0:DeprecationWarning")

@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from model import evaluate, solve, sweep
+from model.base.errors import InputError
 from model.cli_common import run_main
-from model.errors import InputError
 from model.load.requests import load_requests
 
 GOOD = ('{"request_id": "a", "prompt_len": 10, "gen_len": 5}\n'

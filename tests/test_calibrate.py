@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from model import calibrate
+from model.base.errors import InputError
 from model.calibration.fit import DEFAULT_COMPILE_MS, features, fit_profile
 from model.calibration.measurements import measurements_csv, parse_measurements, read_measurements
 from model.calibration.synthetic import Grid, synthetic_measurements
 from model.cli_common import run_main
-from model.errors import InputError
 from model.load.profile import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -231,8 +231,8 @@ def test_failed_rename_rolls_back_every_file(tmp_path: Path, monkeypatch):
 def test_a_plan_chosen_with_the_fitted_profile_costs_within_one_percent_of_the_true_profiles_plan():
     """Both plans judged by the true profile: calibration error must not move the planner's choice much."""
     from model import pipeline
+    from model.domain.schema import Bucket, Limits, Problem
     from model.load.synth import CHAT, bucket_arrays
-    from model.schema import Bucket, Limits, Problem
 
     truth = TRUTH
     fitted = fit_profile(synthetic_measurements(truth, np.random.default_rng(7), noise=0.03), "auto",

@@ -8,14 +8,14 @@ import pytest
 
 from model.cost.analytic import CostParams
 from model.cost.device import DeviceProfile
-from model.evaluation.cells import evaluate_runs, run_metrics
+from model.domain.schema import Batching, Bucket, CellRuns, Limits
+from model.evaluation.cell_judge import evaluate_runs, run_metrics
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble_all
-from model.expand.runs import batching_of_runs, box_runs, deal
+from model.expand.cell_runs import batching_of_runs, box_runs, deal
 from model.histogram.cells import Histogram, build_histogram, coarsen, from_counts
 from model.planning.cellplan import plan_cells
 from model.planning.mip import plan_mip
-from model.schema import Batching, Bucket, CellRuns, Limits
 from tests.helpers import bucket, problem
 
 DEVICE = DeviceProfile(name="t", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02), decode_large=(4.0, 2e-4, 0.01),

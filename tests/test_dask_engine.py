@@ -34,10 +34,10 @@ from model.cost.metrics import (  # noqa: E402
 from model.distributed.assign import apply_quotas, quotas  # noqa: E402
 from model.distributed.judge import judge_bucket  # noqa: E402
 from model.distributed.read import PartHistogram, cell_key, partitions, request_frame  # noqa: E402
+from model.domain.schema import Limits, Plan  # noqa: E402
 from model.load.plans import read_plan  # noqa: E402
 from model.load.profile import load_profile  # noqa: E402
 from model.load.synth import CHAT, bucket_arrays  # noqa: E402
-from model.schema import Limits, Plan  # noqa: E402
 
 PROFILE = REPO / "data" / "profiles" / "opt13b-a100-tp1.toml"
 METRICS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms", "prefill_cost", "decode_cost", "overhead_cost",

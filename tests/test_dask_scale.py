@@ -21,13 +21,13 @@ distributed = pytest.importorskip("distributed")
 
 import model.distributed.judge as judge  # noqa: E402
 import model.distributed.read as read  # noqa: E402
+from model.base.errors import InputError  # noqa: E402
 from model.cost.analytic import CostParams  # noqa: E402
 from model.cost.metrics import plan_metrics  # noqa: E402
 from model.distributed.read import check_unique_ids, partitions, request_frame  # noqa: E402
-from model.errors import InputError  # noqa: E402
+from model.domain.schema import Limits  # noqa: E402
 from model.load.profile import load_profile  # noqa: E402
 from model.load.synth import CHAT, bucket_arrays  # noqa: E402
-from model.schema import Limits  # noqa: E402
 
 PROFILE = REPO / "data" / "profiles" / "opt13b-a100-tp1.toml"
 CUTS = [150, 151, 380]  # four partitions, one of a single row

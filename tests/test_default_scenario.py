@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from model import pipeline
+from model.base.errors import InputError
 from model.cli_common import build_problem
-from model.errors import InputError
 from model.load.scenario import load_scenario
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ from helpers import REPO, cli
 from model import audit, evaluate, solve, sweep
 from model.cli_common import run_main
 from model.cost.device import device_hours
-from model.deploy.audit import audit as audit_problem
+from model.deploy.auditing import audit as audit_problem
 from model.deploy.present import audit_blocks
 from model.load.plans import read_plan
 from model.load.profile import load_profile

@@ -15,15 +15,15 @@ import pytest
 from helpers import REPO, brute_force, bucket, check_valid, cli, problem
 
 from model import pipeline
+from model.base.errors import InfeasibleError
+from model.base.runtime import Deadline
 from model.cost.device import DeviceProfile, batch_time
-from model.errors import InfeasibleError
+from model.domain.schema import Limits, Problem
 from model.histogram.cells import build_histogram
-from model.planning.flow import shape_relaxation
+from model.planning.device_search import shape_relaxation
+from model.planning.exact_runs import IntervalRuns, device_start, improve_shapes, optimal_runs
 from model.planning.mip import plan_mip
-from model.planning.runs import IntervalRuns, device_start, improve_shapes, optimal_runs
-from model.runtime import Deadline
-from model.schema import Limits, Problem
-from model.windows.bound import whole_trace_bound
+from model.planning.window_bound import whole_trace_bound
 from solvers.packers import PACKERS
 
 TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
@@ -119,8 +119,8 @@ def test_device_start_past_its_deadline_costs_nothing_unless_a_start_is_required
 def test_a_start_s_flows_satisfy_every_conservation_row(levels):
     """The warm start's flows are built by paths, not by an LP: rebuild each bucket's conservation rows from
     the start vector and check the residual is zero, with the bounds held (coarse grids included)."""
-    from model.formulation.flow import build_flow_model
-    from model.planning.flow import flow_levels, warm_vector
+    from model.formulation.device_flow import build_flow_model
+    from model.planning.device_search import flow_levels, warm_vector
     from model.planning.options import PlannerOptions
     from model.planning.stages import bucket_models
 

@@ -23,13 +23,13 @@ from test_mip_known import SIX
 from test_runtime import failing_mip
 
 from model import pipeline
+from model.base.errors import InfeasibleError, NoPlanFound
 from model.cost.analytic import CostParams
 from model.cost.common import align
 from model.cost.metrics import fastest_latency
-from model.errors import InfeasibleError, NoPlanFound
+from model.domain.schema import Limits, Problem, Status
 from model.planning.diagnose import at_best, explain_infeasible
 from model.planning.mip import plan_mip
-from model.schema import Limits, Problem, Status
 
 METRICS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms")
 

@@ -15,14 +15,14 @@ from helpers import TRACES, bucket, check_valid, problem
 from test_device_mode import TOY
 
 from model import pipeline
+from model.base.runtime import Deadline
 from model.cost.analytic import compile_cost, decode_cost, prefill_cost
+from model.domain.schema import Batching, Limits, Problem, Status
 from model.evaluation.validate import evaluate_plans
 from model.planning import mip
 from model.planning.mip import final_shapes, judge, plan_mip
 from model.planning.reshape import redeclared
 from model.planning.stages import SearchOutcome, greedy_plan
-from model.runtime import Deadline
-from model.schema import Batching, Limits, Problem, Status
 
 
 def shapes_of(prob: Problem, batchings) -> list[tuple[int, ...]]:

@@ -10,15 +10,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from model import pipeline
+from model.base.errors import InfeasibleError, InputError
 from model.cost.common import align
-from model.errors import InfeasibleError, InputError
+from model.domain.schema import Batching, Limits
+from model.domain.shapeset import check_fits, checked, parse_shapes, round_up_to, usable
 from model.evaluation.validate import evaluate_plans
 from model.histogram.cells import build_histogram
 from model.load.profile import load_profile
 from model.planning.mip import plan_mip
 from model.planning.stages import shape_setup
-from model.schema import Batching, Limits
-from model.shapeset import check_fits, checked, parse_shapes, round_up_to, usable
 from solvers.packers import PACKERS
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*PuLP 4.0:DeprecationWarning")

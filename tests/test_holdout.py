@@ -10,10 +10,10 @@ import pytest
 from helpers import TRACES, bucket, problem
 
 from model import pipeline
+from model.base.errors import InputError
 from model.deploy.holdout import check_shapes, covered, holdout, split, split_rows, used_shapes
-from model.errors import InputError
+from model.domain.schema import Limits
 from model.load.requests import Columns, load_requests
-from model.schema import Limits
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*PuLP 4.0:DeprecationWarning")
 

@@ -13,7 +13,7 @@ import pytest
 from model import evaluate, solve, sweep
 from model.cli_common import run_main
 from model.cost.analytic import CostParams
-from model.sweeping.engine import gap_of
+from model.sweeping.runner import gap_of
 
 GOOD = ('{"request_id": "a", "prompt_len": 10, "gen_len": 5}\n'
         '{"request_id": "b", "prompt_len": 100, "gen_len": 7}\n'
@@ -82,7 +82,7 @@ TWO_BUCKETS = 'max_shapes = 8\n[[bucket]]\nname = "a"\nrequests = "req.jsonl"\n[
 @pytest.mark.parametrize("where", ["load", "write", "second-rename", "sweep"])
 def test_ctrl_c_outside_the_solver_is_one_line_and_exit_130(inputs: Path, capsys, monkeypatch, where: str):
     from model.load import plans, requests
-    from model.sweeping import engine
+    from model.sweeping import runner as engine
 
     (inputs / "s.toml").write_text(TWO_BUCKETS)
     (inputs / "out").mkdir()

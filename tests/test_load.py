@@ -14,7 +14,7 @@ from helpers import TRACES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from model.errors import InputError
+from model.base.errors import InputError
 from model.load.requests import MAX_LEN, Columns, line_numbers, load_requests
 from model.load.synth import CHAT, SHORT, bucket_arrays, requests_jsonl
 

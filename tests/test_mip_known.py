@@ -14,9 +14,9 @@ import re
 import pytest
 from helpers import Layout, brute_force, bucket, check_valid, layout_metrics, problem
 
-from model.errors import InfeasibleError, NoPlanFound
+from model.base.errors import InfeasibleError, NoPlanFound
+from model.domain.schema import Limits, Problem
 from model.planning.mip import plan_mip
-from model.schema import Limits, Problem
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*PuLP 4.0:DeprecationWarning")  # pulp 3.3's own notices
 

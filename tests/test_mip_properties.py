@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from model import pipeline
-from model.errors import InfeasibleError, NoPlanFound
+from model.base.errors import InfeasibleError, NoPlanFound
+from model.domain.schema import Limits, Problem
 from model.planning.mip import plan_mip
-from model.schema import Limits, Problem
 from solvers.packers import PACKERS
 
 SETTINGS = settings(max_examples=6, deadline=None, derandomize=True, database=None,

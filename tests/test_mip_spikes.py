@@ -27,10 +27,10 @@ from model.cli_common import run_main
 from model.cost.analytic import CostParams, member_latency
 from model.cost.common import align
 from model.cost.metrics import member_latencies, plan_metrics
+from model.domain.schema import Batching, Bucket, Limits, Problem
 from model.expand.assemble import assemble
 from model.expand.spikes import spike_leads
 from model.planning.mip import plan_mip
-from model.schema import Batching, Bucket, Limits, Problem
 
 METRICS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms")
 

@@ -11,13 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from model import pipeline
+from model.base.errors import InfeasibleError
 from model.cost.analytic import member_latency
 from model.cost.common import align
-from model.errors import InfeasibleError
+from model.domain.schema import Limits, Problem
 from model.evaluation.validate import evaluate_plans
 from model.load.scenario import load_scenario
 from model.report.compare import compare_table
-from model.schema import Limits, Problem
 from solvers.packers import PACKERS
 from solvers.packers.exp import ladder
 from solvers.packers.grouping import pow2_ceil

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from model import pipeline
-from model.errors import InputError
+from model.base.errors import InputError
+from model.domain.schema import Plan
 from model.load import plans as plan_io
 from model.load.plans import plan_text, read_plan, write_plans
-from model.schema import Plan
 
 
 def make_plan(n: int, tag: str = "") -> Plan:

@@ -10,18 +10,9 @@ from sweep_helpers import PNG_SIGNATURE, grid_rows, tiny_problem
 
 from model.expand.assemble import batch_extents
 from model.histogram.cells import build_histogram
-from model.report.plots import (
-    BAND_GID,
-    BROKEN_GID,
-    GEN_GID,
-    LIMIT_GID,
-    SHAPE_GID,
-    plot_breakdown,
-    plot_cost_vs_k,
-    plot_heatmap,
-    plot_tradeoff,
-)
+from model.report.plots import GEN_GID, SHAPE_GID, plot_heatmap
 from model.sweeping.grid import SweepPoint
+from model.sweeping.sweep_plots import BAND_GID, BROKEN_GID, LIMIT_GID, plot_breakdown, plot_cost_vs_k, plot_tradeoff
 from model.sweeping.table import planner_totals
 from solvers.packers import PACKERS
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from model.cost.analytic import CostParams
+from model.domain.schema import Bucket, Limits
 from model.formulation import pricing
 from model.formulation.boxes import box_unit_cost, bucket_model, candidate_grid
 from model.histogram.cells import build_histogram
-from model.schema import Bucket, Limits
 
 
 def arcs(found) -> set[tuple[int, int]]:

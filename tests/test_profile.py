@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from model.base.errors import InputError
 from model.cost.device import DeviceProfile
-from model.errors import InputError
 from model.load.profile import device_key_line, load_profile, profile_from_table
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,16 +9,12 @@ import pytest
 from sweep_helpers import PNG_SIGNATURE, grid_rows, row, tiny_problem, write_scenario
 
 from model.histogram.cells import build_histogram
-from model.report.document import (
-    binding_paragraph,
-    input_summary,
-    recommendation_paragraphs,
-    write_report,
-)
+from model.report.document import input_summary
 from model.sweep import main
-from model.sweeping.engine import SweepResult
 from model.sweeping.grid import SweepSettings
 from model.sweeping.recommend import recommend
+from model.sweeping.runner import SweepResult
+from model.sweeping.sweep_report import binding_paragraph, recommendation_paragraphs, write_report
 
 COSTS = {"mip": [110.0, 100.0, 100.0], "greedy": [120.0, 125.0, 125.0], "pow2": [300.0, 200.0, 150.0]}
 

@@ -17,13 +17,8 @@ from helpers import broken_limits, check_valid, evaluated
 from test_solve_cli import OLD_PLAN, synthetic
 
 from model import pipeline, solve, sweep
-from model.cli_common import run_main
-from model.errors import InfeasibleError, NoPlanFound
-from model.formulation import pricing
-from model.histogram.cells import build_histogram
-from model.planning import mip, stages
-from model.planning.mip import plan_mip
-from model.runtime import (
+from model.base.errors import InfeasibleError, NoPlanFound
+from model.base.runtime import (
     Deadline,
     DeadlineExceeded,
     Interrupted,
@@ -31,7 +26,12 @@ from model.runtime import (
     request_interrupt,
     run_native,
 )
-from model.schema import Limits, Problem
+from model.cli_common import run_main
+from model.domain.schema import Limits, Problem
+from model.formulation import pricing
+from model.histogram.cells import build_histogram
+from model.planning import mip, stages
+from model.planning.mip import plan_mip
 from solvers.backends import highs
 from solvers.backends.result import BackendResult, SolveOptions, Status
 
@@ -332,7 +332,7 @@ def test_the_floor_bound_needs_no_pricing(monkeypatch):
 def test_a_cut_device_shape_relaxation_gives_no_bound_and_the_top_shape():
     """Device mode's shape relaxation under a deadline already passed: no bound, and the one shape covering
     every prompt as the start (the run goes on instead of spending seconds past its limit)."""
-    from model.planning.flow import all_shapes, shape_relaxation
+    from model.planning.device_search import all_shapes, shape_relaxation
 
     prob = two_buckets(60)
     fine = [build_histogram(b) for b in prob.buckets]

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from model import export
-from model.errors import InputError
+from model.base.errors import InputError
 from model.load.plans import read_plan
 from model.load.requests import MAX_LEN, load_requests
 from model.serving.formats import (

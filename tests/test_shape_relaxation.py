@@ -11,7 +11,7 @@ import pytest
 from helpers import brute_force, bucket, problem
 
 from model.histogram.cells import build_histogram
-from model.planning.flow import all_shapes
+from model.planning.device_search import all_shapes
 from model.planning.mip import plan_mip
 from model.planning.shapes import choose_shapes, shape_dp
 from model.planning.stages import bucket_models

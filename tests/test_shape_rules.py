@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from helpers import bucket, problem
 
-from model.evaluation.cells import shape_violations
+from model.domain.schema import CellRuns, Plan
+from model.evaluation.cell_judge import shape_violations
 from model.evaluation.validate import evaluate_plans, shape_rules
 from model.histogram.cells import build_histogram
-from model.schema import CellRuns, Plan
 
 SHAPES = np.array([128, 256])
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from sweep_helpers import grid_rows, tiny_problem, write_scenario
 
-from model.errors import InputError
-from model.schema import Limits
+from model.base.errors import InputError
+from model.domain.schema import Limits
 from model.sweep import main, parse_solvers
-from model.sweeping.engine import SweepRow, run_sweep
 from model.sweeping.grid import SweepPoint, check_sweep_limit, parse_factors, parse_ks, point_problem, sweep_points
 from model.sweeping.recommend import recommend
+from model.sweeping.runner import SweepRow, run_sweep
 from model.sweeping.table import read_csv, write_csv
 
 SOLVERS = "mip,baseline,greedy"

@@ -18,21 +18,21 @@ import pytest
 from helpers import REPO, TRACES, bucket, check_valid, problem, set_partitions
 
 from model import evaluate, pipeline, solve, sweep
+from model.base.errors import InputError
+from model.base.runtime import Deadline
 from model.cli_common import run_main
 from model.cost.device import DeviceProfile, batch_time
 from model.cost.metrics import member_latencies, plan_metrics, window_index, window_wait_ms
-from model.errors import InputError
+from model.domain.schema import Batching, Bucket, Limits, Plan, Problem
+from model.domain.windowing import n_windows, parse_window, split, windowed, windows_of
 from model.evaluation.validate import evaluate_plans
 from model.load.plans import read_plan
 from model.load.profile import load_profile
 from model.pipeline import InputSpec, load_problem
-from model.runtime import Deadline
-from model.schema import Batching, Bucket, Limits, Plan, Problem
-from model.windows.bound import lp_duals, window_bound
-from model.windows.devices import device_use
-from model.windows.merge import merge
-from model.windows.runs import window_pools
-from model.windows.split import n_windows, parse_window, split, windowed, windows_of
+from model.planning.window_bound import lp_duals, window_bound
+from model.planning.window_merge import merge
+from model.planning.window_runs import window_pools
+from model.report.devices import device_use
 from solvers.packers import PACKERS
 
 TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
@@ -369,7 +369,7 @@ def test_sweep_over_window_lengths(trace, tmp_path, capsys):
 def test_azure_traces_in_60s_windows():
     """Both Azure traces, device mode with the shared profile, K = 8, windows of 60 s: the whole planner run
     within 60 s, every plan valid, the MIP no worse than dpfill and pow2.  The 1% gap is not reached: the
-    certified bound does not charge a request for riding above its own shape (see model.windows.bound)."""
+    certified bound does not charge a request for riding above its own shape (see model.planning.window_bound)."""
     spec = InputSpec(files=(TRACES / "AzureLLMInferenceTrace_code.csv", TRACES / "AzureLLMInferenceTrace_conv.csv"),
                      columns="azure", device=load_profile(PROFILE), max_shapes=8, window_s=60.0)
     prob, _ = load_problem(spec)

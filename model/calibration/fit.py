@@ -39,9 +39,9 @@ from typing import Literal
 
 import numpy as np
 
+from model.base.errors import InputError
 from model.calibration.measurements import Measurements
 from model.cost.device import DeviceProfile
-from model.errors import InputError
 
 N_COEFFS = 3
 MIN_SIDE_ROWS = 2 * N_COEFFS  # rows each side of a candidate decode split must keep

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from model.errors import InputError
+from model.base.errors import InputError
 
 PHASES = ("prefill", "decode")
 REQUIRED = ("phase", "batch_size", "seq_len", "ms")

@@ -6,16 +6,11 @@ metrics) both call these functions.  Float64 over int64 inputs is exact for ever
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 
 from model.cost.common import HIDDEN, lin, sq
-from model.errors import InputError
-from model.load.toml_lines import key_line, read_toml
 
 
 @dataclass(frozen=True)
@@ -36,40 +31,6 @@ class CostParams:
     Kbatch_overhead_cost: float = 1e7
     Tbatch_overhead_ms: float = 8.0
     hidden: int = HIDDEN
-
-    @classmethod
-    def from_toml(cls, path: str | Path) -> CostParams:
-        """Override coefficients from a TOML file (top level or a ``[cost_model]`` table).
-
-        Unknown keys and non-numeric, negative or non-finite values are errors naming
-        file, line and key, so a typo never silently falls back to the default.
-        """
-        path = Path(path)
-        text, data = read_toml(path)
-        table = "cost_model" if isinstance(data.get("cost_model"), dict) else None
-        return cls.from_mapping(data["cost_model"] if table else data, str(path),
-                                lambda key: key_line(text, key, table) or key_line(text, table or key))
-
-    @classmethod
-    def from_mapping(cls, data: dict, source: str, line_of: Callable[[str], int | None] | None = None,
-                     prefix: str = "") -> CostParams:
-        """Build parameters from a mapping, validating every key and value.
-
-        ``line_of`` finds the line of a key in the source file; ``prefix`` is put before
-        the key in messages (``cost_model.`` for a scenario's inline table).
-        """
-        known = {f.name: f.type for f in fields(cls)}
-        values = {}
-        for key, value in data.items():
-            where = (source, line_of(key) if line_of else None, prefix + key)
-            if key not in known:
-                raise InputError(*where, "unknown cost-model coefficient")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-                raise InputError(*where, f"expected a finite non-negative number, got {value!r}")
-            if key == "hidden" and (value < 1 or value != int(value)):
-                raise InputError(*where, f"expected a positive integer, got {value!r}")
-            values[key] = int(value) if key == "hidden" else float(value)
-        return replace(cls(), **values)
 
 
 def prefill_cost(S, p: CostParams = CostParams()):

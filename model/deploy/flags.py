@@ -8,10 +8,10 @@ import argparse
 import math
 from pathlib import Path
 
-from model.errors import InputError
+from model.base.errors import InputError
+from model.domain.shapeset import parse_shapes
+from model.domain.windowing import parse_window
 from model.serving.formats import READERS, read_shapes
-from model.shapeset import parse_shapes
-from model.windows.split import parse_window
 
 DEFAULT_SHAPES_FORMAT = "list"
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from model import pipeline
+from model.base.errors import InfeasibleError, InputError
 from model.cost.common import align
-from model.errors import InfeasibleError, InputError
-from model.schema import Bucket, Limits, Problem
+from model.domain.schema import Bucket, Limits, Problem
 
 POW2 = "pow2"
 SCALED = ("max_cost", "max_sequential_ms")  # limits that grow with the number of requests

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from model.cost.device import device_hours
-from model.deploy.audit import AuditResult, Side
+from model.deploy.auditing import AuditResult, Side
 from model.deploy.holdout import Holdout
 from model.histogram.cells import build_histogram
 from model.load.plans import write_together

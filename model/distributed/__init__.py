@@ -14,7 +14,7 @@ when the engine runs (``require_dask``).
 
 from __future__ import annotations
 
-from model.errors import InputError
+from model.base.errors import InputError
 
 INSTALL_HINT = "pip install -e '.[dask]'"
 

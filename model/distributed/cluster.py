@@ -8,8 +8,8 @@ import logging
 import os
 from collections.abc import Iterator
 
+from model.base.errors import InputError
 from model.distributed import require_dask
-from model.errors import InputError
 
 CONNECT_TIMEOUT_S = 3.0  # an unreachable scheduler is bad input within this long
 

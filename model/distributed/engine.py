@@ -7,7 +7,7 @@ Two ways to plan (``Settings.plan_from``):
   metric -- is exactly the in-memory engine's on the partitions concatenated in order.  The client
   holds 16 bytes a request and the partitions stay in the workers' memory.
 - from the histogram: the MIP on the group-by's cells alone (``model.planning.cellplan``), its
-  answer runs of cells judged exactly by cells (``model.evaluation.cells``).  The client holds
+  answer runs of cells judged exactly by cells (``model.evaluation.cell_judge``).  The client holds
   cells, arcs and batches, never a request, and the partitions are read again by each pass that
   needs them, never kept: this is how 10^8 requests are planned.  "auto" takes it above
   ``REQUESTS_ON_CLIENT`` requests.
@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from model import pipeline
+from model.base.errors import InputError
 from model.cost.analytic import CostParams
 from model.cost.common import Mode, align
 from model.cost.device import DeviceProfile
@@ -54,12 +55,11 @@ from model.distributed.write import (
     write_manifest,
     write_partition,
 )
-from model.errors import InputError
-from model.evaluation.cells import RunsJudged
+from model.domain.schema import Bucket, CellRuns, Evaluation, Limits, Plan, Problem, SolveReport
+from model.evaluation.cell_judge import RunsJudged
 from model.expand.assemble import ranked_ids, shape_ranks
 from model.histogram.cells import Histogram, from_counts
 from model.planning.cellplan import CellPlanned, plan_cells
-from model.schema import Bucket, CellRuns, Evaluation, Limits, Plan, Problem, SolveReport
 
 
 @dataclass(frozen=True)

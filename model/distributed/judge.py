@@ -40,6 +40,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from model.base.errors import InputError
 from model.cost.common import GRANULARITY, align
 from model.cost.device import DeviceProfile, kv_tokens
 from model.cost.metrics import (
@@ -51,10 +52,9 @@ from model.cost.metrics import (
     spike_ms,
 )
 from model.distributed.read import Source
-from model.errors import InputError
+from model.domain.schema import BucketResult, Limits, Violation
 from model.evaluation.validate import limit_checks, shape_rules
 from model.load.requests import MAX_LEN
-from model.schema import BucketResult, Limits, Violation
 
 PLAN_COLUMNS = {"request_id": "object", "batch_id": "object", "seq_align": "int64", "ppart": "int64",
                 "prow": "int64"}

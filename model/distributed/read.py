@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from model.base.errors import InputError
 from model.cost.common import GRANULARITY, align
-from model.errors import InputError
 from model.load.names import check_name
 from model.load.requests import Columns, detect_format, id_hash, load_requests
 

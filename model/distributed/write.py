@@ -29,9 +29,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from model.base.errors import InputError
+from model.base.runtime import shielded
 from model.distributed.assign import Quotas, apply_quotas, row_of_rank
-from model.errors import InputError
-from model.runtime import shielded
 
 MANIFEST = "manifest.json"
 FORMAT = "shapeplan-plan-dataset"

@@ -10,8 +10,7 @@ import pandas as pd
 from model.cost.common import align
 from model.cost.device import DeviceProfile
 from model.cost.metrics import Metrics, batch_index, batch_kv_tokens, plan_metrics
-from model.load.requests import id_hash
-from model.schema import (
+from model.domain.schema import (
     Bucket,
     BucketResult,
     LimitCheck,
@@ -20,7 +19,8 @@ from model.schema import (
     Problem,
     Violation,
 )
-from model.windows.split import waits_of, windows_of
+from model.domain.windowing import waits_of, windows_of
+from model.load.requests import id_hash
 
 
 def plan_rows(bucket: Bucket, plan: Plan) -> tuple[np.ndarray | None, list[Violation]]:

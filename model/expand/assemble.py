@@ -19,9 +19,9 @@ import numpy as np
 from model.cost.analytic import CostParams
 from model.cost.common import Mode, align
 from model.cost.metrics import Coefficients, batch_latencies, segment_max, spike_ms
+from model.domain.schema import Batching, Bucket, Limits, Plan, Problem
+from model.domain.windowing import waits_of, windows_of
 from model.expand.spikes import member_order, spike_leads
-from model.schema import Batching, Bucket, Limits, Plan, Problem
-from model.windows.split import waits_of, windows_of
 
 
 def batch_extents(bucket: Bucket, batching: Batching, mode: Mode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -27,7 +27,7 @@ import numpy as np
 
 from model.cost.common import allowed_above
 from model.cost.metrics import segment_max
-from model.schema import Limits
+from model.domain.schema import Limits
 
 
 def member_order(codes: np.ndarray, latency: np.ndarray) -> np.ndarray:

@@ -24,8 +24,8 @@ from model.cost.analytic import decode_cost, member_latency, prefill_cost
 from model.cost.common import Mode, allowed_above
 from model.cost.device import batch_time, linear_parts, max_members
 from model.cost.metrics import Coefficients, shape_charge, spike_ms
+from model.domain.schema import Limits
 from model.histogram.cells import Histogram
-from model.schema import Limits
 
 NO_CAP = np.iinfo(np.int64).max // 4  # "no batch-size cap" as an integer that survives arithmetic
 

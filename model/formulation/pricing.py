@@ -49,7 +49,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.formulation.arrays import MipArrays
 from model.formulation.boxes import (
     NO_CAP,
     BucketModel,
@@ -62,6 +61,7 @@ from model.formulation.boxes import (
     shape_compile,
     variant_range,
 )
+from solvers.backends.milp import MipArrays
 
 CHUNK = 4_000_000  # matrix entries (or (cell, shape) pairs) per pricing chunk: bounds memory
 # a running sum of m signed terms is off by at most m * 2**-53 of their magnitude; each box value is lowered

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from model.cost.common import GRANULARITY, align
-from model.schema import Bucket
+from model.domain.schema import Bucket
 
 log = logging.getLogger("shapeplan")
 

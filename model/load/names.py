@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from model.errors import InputError
+from model.base.errors import InputError
 
 MAX_NAME = 100
 _PLAIN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")

@@ -13,11 +13,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from model.base.errors import InputError
+from model.base.runtime import shielded
 from model.cost.common import GRANULARITY, HEADS, HIDDEN
-from model.errors import InputError
+from model.domain.schema import Plan
 from model.load.requests import MAX_LEN, JsonFieldError, check_utf8, json_table, line_numbers, strict_json
-from model.runtime import shielded
-from model.schema import Plan
 
 SHAPE_KEYS = ("seq_align", "heads_align", "hidden_align")
 RECORD_KEYS = ("request_id", "batch_id", "shape")

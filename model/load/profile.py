@@ -14,8 +14,8 @@ import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from model.base.errors import InputError
 from model.cost.device import DeviceProfile
-from model.errors import InputError
 from model.load.toml_lines import toml_error, toml_lines
 
 TABLE = "device"

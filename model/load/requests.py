@@ -26,9 +26,9 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from model.errors import InputError
+from model.base.errors import InputError
+from model.domain.schema import Bucket
 from model.load.names import check_name
-from model.schema import Bucket
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv",
            ".parquet": "parquet", ".pq": "parquet"}

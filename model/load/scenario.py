@@ -16,15 +16,16 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from model.base.errors import InputError
 from model.cost.analytic import CostParams
 from model.cost.common import GRANULARITY, MODES
 from model.cost.metrics import Coefficients
-from model.errors import InputError
+from model.domain.schema import Limits, Scenario
 from model.load.names import check_name
+from model.load.params import cost_params_from_mapping, cost_params_from_toml
 from model.load.profile import load_profile, profile_from_table
 from model.load.requests import MAX_LEN, PRESETS, Columns, load_requests
 from model.load.toml_lines import key_line, read_toml, table_line
-from model.schema import Limits, Scenario
 
 TOP_KEYS = {"max_shapes", "mode", "max_seq_len", "max_batch_size", "cost_model", "device", "bucket", "name",
             "description"}
@@ -165,8 +166,8 @@ def _cost_params(path: Path, text: str, spec) -> CostParams:
     if spec is None:
         return CostParams()
     if isinstance(spec, str):
-        return CostParams.from_toml(path.parent / spec)
+        return cost_params_from_toml(path.parent / spec)
     if isinstance(spec, dict):
-        return CostParams.from_mapping(spec, str(path), lambda key: key_line(text, key, "cost_model")
+        return cost_params_from_mapping(spec, str(path), lambda key: key_line(text, key, "cost_model")
                                        or key_line(text, "cost_model"), prefix="cost_model.")
     raise InputError(str(path), key_line(text, "cost_model"), "cost_model", "must be a table or a path to a TOML file")

@@ -11,7 +11,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from model.errors import InputError
+from model.base.errors import InputError
 
 
 def toml_lines(text: str) -> list[tuple[int, int | str | None, str, str]]:

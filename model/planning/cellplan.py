@@ -3,7 +3,7 @@
 The steps of ``model.planning.mip.plan_mip`` that work on cells -- shape setup, column
 generation, the MIP search with its certified bound, exact judging, repairs -- run here on
 exact histograms built from counts (``model.histogram.cells.from_counts``); the plan comes
-out as runs (``CellRuns``), judged exactly by ``model.evaluation.cells``.  Memory and time
+out as runs (``CellRuns``), judged exactly by ``model.evaluation.cell_judge``.  Memory and time
 grow with cells, arcs and batches, never with requests.
 
 Left out, because they work request by request: the greedy packer's warm start and
@@ -17,14 +17,14 @@ import logging
 import time
 from dataclasses import dataclass
 
-from model.errors import InfeasibleError, InputError, NoPlanFound
-from model.evaluation.cells import RunsJudged, evaluate_runs
+from model.base.errors import InfeasibleError, InputError, NoPlanFound
+from model.base.runtime import Deadline
+from model.domain.schema import CellRuns, Evaluation, Problem, SolveReport, Status, relative_gap
+from model.evaluation.cell_judge import RunsJudged, evaluate_runs
 from model.histogram.cells import Histogram
 from model.planning.mip import plan_status, tightened
 from model.planning.options import PlannerOptions
 from model.planning.stages import search, shape_setup
-from model.runtime import Deadline
-from model.schema import CellRuns, Evaluation, Problem, SolveReport, Status, relative_gap
 from solvers.backends import get_backend
 from solvers.backends.result import Feature
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from model.formulation.arrays import MipArrays, Restriction
+from model.base.runtime import Deadline, DeadlineExceeded, interrupted
+from model.formulation.arrays import Restriction
 from model.formulation.boxes import (
     BucketModel,
     Grid,
@@ -33,8 +34,8 @@ from model.formulation.pricing import (
 )
 from model.histogram.cells import Histogram
 from model.planning.search import Space, grow
-from model.runtime import Deadline, DeadlineExceeded, interrupted
 from solvers.backends import Backend
+from solvers.backends.milp import MipArrays
 from solvers.backends.result import BackendResult, SolveOptions, Status
 
 log = logging.getLogger("shapeplan")

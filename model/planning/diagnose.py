@@ -17,18 +17,18 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from model.base.errors import InfeasibleError
+from model.base.runtime import Deadline, DeadlineExceeded
 from model.cost.analytic import compile_cost, decode_cost, member_latency, prefill_cost, prefill_latency
 from model.cost.common import align, allowed_above, p95_rank
 from model.cost.metrics import fastest_latency, spike_ms
-from model.errors import InfeasibleError
+from model.domain.schema import Bucket, Limits, Problem
+from model.domain.shapeset import round_up_to, usable
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble
 from model.formulation.boxes import bucket_model, request_floor
 from model.histogram.cells import Histogram, build_histogram
 from model.planning.stages import greedy_plan, search, shape_setup
-from model.runtime import Deadline, DeadlineExceeded
-from model.schema import Bucket, Limits, Problem
-from model.shapeset import round_up_to, usable
 from solvers.backends import get_backend
 
 PROBE_MIN_S = 0.5  # a probe needs at least this much of the time limit left

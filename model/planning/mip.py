@@ -19,7 +19,7 @@ Flow (data one way):
      shapes that cost least for them, if the exact evaluation finds that cheaper and
      still within every limit.
 
-One deadline (``model.runtime.Deadline``) runs through every step, the final judging
+One deadline (``model.base.runtime.Deadline``) runs through every step, the final judging
 included, so a run ends within its time limit.  No plan ends as InfeasibleError only
 with a proof (a limit below what any plan reaches, or the whole model infeasible);
 otherwise as NoPlanFound (a time limit, a solver failure).
@@ -33,18 +33,28 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from model.errors import InfeasibleError, InputError, NoPlanFound
+from model.base.errors import InfeasibleError, InputError, NoPlanFound
+from model.base.runtime import Deadline
+from model.domain.schema import (
+    OPTIMAL_GAP,
+    Batching,
+    Evaluation,
+    Plan,
+    Planned,
+    Problem,
+    SolveReport,
+    Status,
+    relative_gap,
+)
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble_all
 from model.histogram.cells import build_histogram
+from model.planning.device_search import all_shapes, flow_search, shape_levels, shape_relaxation
 from model.planning.diagnose import alone_message, explain_infeasible, single_limit, unmeetable
-from model.planning.flow import all_shapes, flow_search, shape_levels, shape_relaxation
+from model.planning.exact_runs import device_start
 from model.planning.options import PlannerOptions
 from model.planning.reshape import redeclared
-from model.planning.runs import device_start
 from model.planning.stages import SearchOutcome, greedy_plan, search, shape_setup
-from model.runtime import Deadline
-from model.schema import OPTIMAL_GAP, Batching, Evaluation, Plan, Planned, Problem, SolveReport, Status, relative_gap
 from solvers.backends import get_backend
 from solvers.backends.result import Feature
 from solvers.packers import PACKERS

@@ -63,7 +63,7 @@ class PlannerOptions:
         (10 s on 10^5 long-context requests); cut short, it gives no bound and the one
         shape covering every prompt as the start.
       lp_price_share: share of the time left that device mode's LP-price bound
-        (``model.windows.bound.whole_trace_bound``) may use; cut short, it prices the
+        (``model.planning.window_bound.whole_trace_bound``) may use; cut short, it prices the
         remaining shapes by per-request floors and stays valid.
       lp_price_max_cells: that bound prices every request at every candidate shape;
         above this many (requests x candidates) it is skipped (10^5 long-context

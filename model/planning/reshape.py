@@ -27,8 +27,8 @@ from model.cost.analytic import compile_cost, decode_cost, prefill_cost
 from model.cost.common import align
 from model.cost.device import DeviceProfile, batch_time, kv_fits
 from model.cost.metrics import shape_charge
-from model.schema import Batching, Bucket, Problem
-from model.shapeset import round_up_to, usable
+from model.domain.schema import Batching, Bucket, Problem
+from model.domain.shapeset import round_up_to, usable
 
 
 def reference_shape_set(need: list[int], params, max_shapes: int, allowed: np.ndarray | None = None) -> list[int]:

@@ -13,14 +13,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.base.runtime import Deadline, interrupted
 from model.cost.metrics import spike_ms
-from model.formulation.arrays import MipArrays, Restriction, build_model, restriction, spike_arcs
+from model.domain.schema import Batching, Problem
+from model.formulation.arrays import Restriction, build_model, restriction, spike_arcs
 from model.formulation.boxes import BucketModel, Grid, arc_violates, variant_of_size, variant_range
 from model.formulation.pricing import Duals, box_arcs, box_values
 from model.planning.options import PlannerOptions
-from model.runtime import Deadline, interrupted
-from model.schema import Batching, Problem
 from solvers.backends import Backend
+from solvers.backends.milp import MipArrays
 from solvers.backends.result import BackendResult, Feature, SolveOptions, Status
 
 log = logging.getLogger("shapeplan")

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.base.runtime import Deadline
 from model.formulation.boxes import BucketModel, batch_floor, request_floor, shape_compile
-from model.runtime import Deadline
 
 
 @dataclass(frozen=True)

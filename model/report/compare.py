@@ -8,8 +8,8 @@ packer that cannot plan says why instead of a row.
 
 from __future__ import annotations
 
+from model.domain.schema import BucketResult, Evaluation, Violation
 from model.report.tables import fmt
-from model.schema import BucketResult, Evaluation, Violation
 
 HEADER = f"  {'planner':<18}{'cost':>12}{'ratio':>8}{'pad':>8}{'p95 ms':>12}{'seq ms':>12}  limits met"
 

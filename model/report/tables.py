@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from model.cost.device import DeviceProfile, device_hours
 from model.cost.metrics import Coefficients
-from model.schema import BucketResult, Violation, Windowing
+from model.domain.schema import BucketResult, Violation, Windowing
 
 METRIC_ROWS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms")
 

@@ -71,8 +71,8 @@ from pathlib import Path
 
 import numpy as np
 
+from model.base.errors import InputError
 from model.cost.common import GRANULARITY
-from model.errors import InputError
 from model.load.requests import MAX_LEN
 
 MAX_BUCKETS = 100_000  # values a ladder, range or Cartesian product may expand to

@@ -6,9 +6,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from model.errors import InputError
+from model.base.errors import InputError
+from model.domain.schema import LIMIT_KEYS, Limits, Problem
 from model.load.scenario import MAX_SHAPES
-from model.schema import LIMIT_KEYS, Limits, Problem
 
 
 @dataclass(frozen=True, order=True)

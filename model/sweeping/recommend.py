@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from model.sweeping.engine import MIP, SweepRow
 from model.sweeping.grid import SweepPoint, base_factor
+from model.sweeping.runner import MIP, SweepRow
 from model.sweeping.table import PlannerTotal, planner_totals
 
 

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from model.sweeping.engine import SweepRow
 from model.sweeping.grid import SweepPoint
+from model.sweeping.runner import SweepRow
 
 
 def csv_value(value) -> str:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from model.errors import InputError
+from model.base.errors import InputError
 from solvers.backends.result import BackendResult, Feature, SolveOptions
 
 if TYPE_CHECKING:
-    from model.formulation.arrays import MipArrays
+    from solvers.backends.milp import MipArrays
 
 BACKEND_MODULES = {"highs": "solvers.backends.highs", "cpsat": "solvers.backends.cpsat",
                    "pulp": "solvers.backends.pulp_cbc"}

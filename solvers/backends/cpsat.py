@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 from ortools.sat.python import cp_model, cp_model_helper
 
-from model.formulation.arrays import MipArrays
-from model.runtime import BuildClock, DeadlineExceeded, run_native
+from model.base.runtime import BuildClock, DeadlineExceeded, run_native
+from solvers.backends.milp import MipArrays
 from solvers.backends.result import BackendResult, Feature, SolveOptions, Status, mapped
 
 STOP_GRACE_S = 0.5  # a run still going this long after its time limit is left behind (see run_native)

@@ -24,8 +24,8 @@ from dataclasses import replace
 import highspy
 import numpy as np
 
-from model.formulation.arrays import MipArrays
-from model.runtime import interrupt_signal, run_native, shielded, still_running
+from model.base.runtime import interrupt_signal, run_native, shielded, still_running
+from solvers.backends.milp import MipArrays
 from solvers.backends.result import BackendResult, Feature, SolveOptions, Status, mapped
 
 log = logging.getLogger("shapeplan")
@@ -338,7 +338,7 @@ def _subscribe_interrupt(h, until: float, stop: threading.Event) -> None:
     HiGHS's time_limit option is not honoured everywhere: proving a large MIP
     infeasible ran for minutes past it here.  The interrupt callbacks fire inside
     simplex, IPM and branch-and-bound, so the budget holds; ``stop`` is set by the
-    main thread on a signal (see ``model.runtime.run_native``).
+    main thread on a signal (see ``model.base.runtime.run_native``).
     """
     def check(event) -> None:
         if stop.is_set() or time.perf_counter() > until:

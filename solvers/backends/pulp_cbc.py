@@ -29,8 +29,8 @@ import time
 import numpy as np
 import pulp
 
-from model.formulation.arrays import MipArrays
-from model.runtime import BuildClock, DeadlineExceeded, interrupt_signal, shielded, still_running
+from model.base.runtime import BuildClock, DeadlineExceeded, interrupt_signal, shielded, still_running
+from solvers.backends.milp import MipArrays
 from solvers.backends.result import BackendResult, Feature, SolveOptions, Status, mapped
 
 STOP_GRACE_S = 0.25  # this long past its time limit CBC gets SIGINT (it then writes what it has) ...

@@ -14,9 +14,41 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.schema import Status
-
 __all__ = ["BackendResult", "Feature", "SolveOptions", "Status", "mapped"]
+
+
+class Status(enum.StrEnum):
+    """How a solve ended; ``value`` is the text tables and the sweep CSV show."""
+
+    OPTIMAL = "optimal"  # proven optimal (within the MIP gap)
+    FEASIBLE = "feasible"  # a solution, stopped for another reason than the clock
+    TIME_LIMIT_FEASIBLE = "time_limit"  # the time limit, with a solution
+    TIME_LIMIT_NO_SOLUTION = "time_limit_no_solution"  # the time limit, no solution: nothing proven
+    INFEASIBLE = "infeasible"  # proven: no solution exists
+    INTERRUPTED = "interrupted"  # a signal stopped it
+    ERROR = "error"  # the solver failed: nothing proven
+    HEURISTIC = "heuristic"  # a packer's plan (reports only; no backend returns it)
+
+    @property
+    def text(self) -> str:
+        """Words for a message ("time limit, no solution")."""
+        return _TEXT[self]
+
+    @property
+    def proven_infeasible(self) -> bool:
+        return self is Status.INFEASIBLE
+
+
+_TEXT = {
+    Status.OPTIMAL: "optimal",
+    Status.FEASIBLE: "feasible",
+    Status.TIME_LIMIT_FEASIBLE: "time limit, with a solution",
+    Status.TIME_LIMIT_NO_SOLUTION: "time limit, no solution",
+    Status.INFEASIBLE: "infeasible",
+    Status.INTERRUPTED: "interrupted",
+    Status.ERROR: "solver error",
+    Status.HEURISTIC: "heuristic",
+}
 
 
 class Feature(enum.Enum):

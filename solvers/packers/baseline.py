@@ -12,7 +12,7 @@ latency.  It is here to show what ignoring gen_len costs.
 from __future__ import annotations
 
 from model.cost.common import align
-from model.schema import Batching, Problem
+from model.domain.schema import Batching, Problem
 from solvers.packers.grouping import packed
 from solvers.packers.shapecap import cap_shapes
 

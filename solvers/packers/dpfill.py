@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from model.cost.common import align
-from model.schema import Batching, Problem
-from model.shapeset import round_up_to, usable
+from model.domain.schema import Batching, Problem
+from model.domain.shapeset import round_up_to, usable
 from solvers.packers.grouping import filled_batching
 from solvers.packers.shapecap import check_fits
 

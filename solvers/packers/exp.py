@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from model.cost.common import align
-from model.schema import Batching, Problem
+from model.domain.schema import Batching, Problem
 from solvers.packers.grouping import gen_bucket, packed
 from solvers.packers.shapecap import cap_shapes, round_up
 

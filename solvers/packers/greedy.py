@@ -45,14 +45,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.base.errors import InfeasibleError
+from model.base.runtime import Deadline
 from model.cost.analytic import CostParams, decode_cost, member_latency
 from model.cost.common import allowed_above
-from model.errors import InfeasibleError
+from model.domain.schema import Batching, Bucket, Limits, Problem
+from model.domain.windowing import windows_of
 from model.expand.assemble import batch_extents
-from model.runtime import Deadline
-from model.schema import Batching, Bucket, Limits, Problem
-from model.windows.split import windows_of
-from solvers.packers.cells import pack as pack_cells
+from solvers.packers.per_cell import pack as pack_cells
 
 
 def box_latency(s_box, g_box, p: CostParams):

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from model.base.errors import InfeasibleError
 from model.cost.common import GRANULARITY, align
 from model.cost.device import DeviceProfile
-from model.errors import InfeasibleError
-from model.schema import Batching, Bucket, Problem
-from model.windows.split import windows_of
+from model.domain.schema import Batching, Bucket, Problem
+from model.domain.windowing import windows_of
 
 
 def pow2_ceil(x: np.ndarray, floor: int) -> np.ndarray:

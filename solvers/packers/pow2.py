@@ -13,7 +13,7 @@ representatives by rounding up (``shapecap``), and the cut uses the capped shape
 from __future__ import annotations
 
 from model.cost.common import align
-from model.schema import Batching, Problem
+from model.domain.schema import Batching, Problem
 from solvers.packers.grouping import gen_bucket, packed, pow2_ceil
 from solvers.packers.shapecap import cap_shapes
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from model.schema import Batching, Problem
-from solvers.packers import baseline, cells, dpfill, exp, greedy, pow2, solo
+from model.domain.schema import Batching, Problem
+from solvers.packers import baseline, dpfill, exp, greedy, pow2, solo
+from solvers.packers import per_cell as cells
 
 PACKERS: dict[str, Callable[[Problem], tuple[Batching, ...]]] = {
     "baseline": baseline.pack,

@@ -10,7 +10,7 @@ wishes into declared shapes:
    the cap (a prompt that does makes the problem infeasible);
 2. with a fixed set of allowed shapes (``Problem.allowed_shapes``), a wanted shape is
    rounded UP to the smallest allowed shape covering it (one above the largest allowed
-   is first clamped to it, which still covers the prompt: ``model.shapeset.check_fits``
+   is first clamped to it, which still covers the prompt: ``model.domain.shapeset.check_fits``
    refuses a set too small for the longest prompt);
 3. if the union of wanted shapes over *all* buckets has more than K values, K
    representatives are kept -- evenly spaced by rank over the sorted distinct values,
@@ -28,10 +28,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from model.base.errors import InfeasibleError
 from model.cost.common import align
-from model.errors import InfeasibleError
-from model.schema import Problem
-from model.shapeset import round_up_to, usable
+from model.domain.schema import Problem
+from model.domain.shapeset import round_up_to, usable
 
 
 def representatives(needed: np.ndarray, k: int) -> np.ndarray:

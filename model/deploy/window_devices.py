@@ -16,14 +16,14 @@ import numpy as np
 import pandas as pd
 
 from model import pipeline
+from model.base.errors import InfeasibleError
 from model.cost.device import device_hours
-from model.errors import InfeasibleError
+from model.domain.schema import Batching, Problem
 from model.load.plans import write_together
+from model.report.devices import DeviceUse, device_use
 from model.report.document import Block, Heading, Image, Paragraph, Table, to_html, to_markdown
 from model.report.plots import new_figure, png_bytes
 from model.report.tables import fmt
-from model.schema import Batching, Problem
-from model.windows.devices import DeviceUse, device_use
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -25,10 +25,10 @@ from model.cost.metrics import (
     segment_max,
     spike_ms,
 )
+from model.domain.schema import BucketResult, CellRuns, Evaluation, Limits, Problem, Violation
 from model.evaluation.validate import joint_shape_cap, limit_checks, shape_rules
 from model.expand.spikes import spike_leads
 from model.histogram.cells import Histogram
-from model.schema import BucketResult, CellRuns, Evaluation, Limits, Problem, Violation
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from model.base.errors import InputError
 from model.cost.common import GRANULARITY, align
-from model.errors import InputError
-from model.schema import Problem
+from model.domain.schema import Problem
 
 MAX_SHAPE = 1 << 20  # the longest request length accepted (model.load.requests.MAX_LEN): a larger shape is a typo
 

@@ -43,13 +43,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from model.base.runtime import Deadline
 from model.cost.analytic import CostParams, compile_cost, decode_cost, prefill_cost
 from model.cost.device import DeviceProfile, batch_time, linear_parts
+from model.domain.schema import Problem, Windowing
+from model.planning.parallel import chunks, run_items, shared, workers_available
 from model.planning.shapes import charged_tables, own_bound, shape_dp
-from model.runtime import Deadline
-from model.schema import Problem, Windowing
-from model.windows.parallel import chunks, run_items, shared, workers_available
-from model.windows.runs import WindowPools, window_pools
+from model.planning.window_runs import WindowPools, window_pools
 from solvers.packers.grouping import batch_capacity
 
 # gen levels per LP (gens rounded down to request-weighted quantiles beyond that) and projection rounds:

@@ -20,11 +20,11 @@ import time
 
 import numpy as np
 
+from model.base.runtime import check_interrupt
 from model.cost.common import align
 from model.cost.device import DeviceProfile, batch_time, linear_parts
+from model.domain.schema import Batching, Problem
 from model.planning.shapes import shape_dp
-from model.runtime import check_interrupt
-from model.schema import Batching, Problem
 from solvers.packers.grouping import batch_capacity
 
 log = logging.getLogger("shapeplan")

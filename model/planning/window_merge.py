@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from model.schema import Batching, Problem
-from model.windows.split import WindowPart
+from model.domain.schema import Batching, Problem
+from model.domain.windowing import WindowPart
 
 
 def merge(problem: Problem, parts: Sequence[WindowPart], batchings: Sequence[Sequence[Batching]]

@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from model.cost.common import Mode
+from model.domain.schema import Batching, CellRuns
 from model.histogram.cells import Histogram
-from model.schema import Batching, CellRuns
 
 
 def merge_cuts(starts_a: np.ndarray, starts_b: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from model import pipeline
+from model.base.errors import InfeasibleError
 from model.deploy.holdout import Holdout, holdout
-from model.errors import InfeasibleError
-from model.schema import Problem
-from model.shapeset import check_fits, checked
+from model.domain.schema import Problem
+from model.domain.shapeset import check_fits, checked
 
 DEVICE = "device"  # the cost mode whose cost is device milliseconds (model.cost.device)
 

@@ -1,4 +1,4 @@
-"""The planner in strict and device mode: the flow model (``model.formulation.flow``) solved, matched, batched.
+"""The planner in strict and device mode: the flow model (``model.formulation.device_flow``) solved, matched, batched.
 
 1. Levels: the shapes are the distinct aligned prompts of all buckets, the gen levels
    each bucket's distinct gens -- coarsened to request-weighted quantiles when there
@@ -19,16 +19,16 @@ import logging
 
 import numpy as np
 
+from model.base.runtime import Deadline, DeadlineExceeded, interrupted
+from model.domain.schema import Batching, Problem, Status
+from model.domain.shapeset import round_up_to, usable
 from model.formulation.boxes import BucketModel, variant_of_size
-from model.formulation.flow import FlowBlocks, Levels, bucket_levels, build_flow_model, entry_levels
+from model.formulation.device_flow import FlowBlocks, Levels, bucket_levels, build_flow_model, entry_levels
 from model.histogram.cells import Histogram
 from model.planning.options import PlannerOptions
 from model.planning.shapes import ShapeChoice, choose_shapes
 from model.planning.stages import SearchOutcome, bucket_models
-from model.runtime import Deadline, DeadlineExceeded, interrupted
-from model.schema import Batching, Problem, Status
-from model.shapeset import round_up_to, usable
-from model.windows.bound import whole_trace_bound
+from model.planning.window_bound import whole_trace_bound
 from solvers.backends import Backend
 from solvers.backends.result import BackendResult, Feature, SolveOptions
 from solvers.packers.grouping import balanced_batching

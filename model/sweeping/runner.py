@@ -26,11 +26,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from model import pipeline
-from model.errors import InfeasibleError, NoPlanFound
+from model.base.errors import InfeasibleError, NoPlanFound
+from model.domain.schema import Batching, BucketResult, Planned, Problem, SolveReport, Violation
 from model.report.compare import failures
-from model.schema import Batching, BucketResult, Planned, Problem, SolveReport, Violation
+from model.report.devices import DeviceUse, device_use
 from model.sweeping.grid import SweepPoint, point_problem, tighter_neighbours
-from model.windows.devices import DeviceUse, device_use
 
 MIP = pipeline.MIP
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from model.base.errors import InputError
 from model.cost.metrics import window_index, window_wait_ms
-from model.errors import InputError
-from model.schema import Bucket, Limits, Problem, Windowing
+from model.domain.schema import Bucket, Limits, Problem, Windowing
 
 MAX_WINDOW_S = 10 * 365 * 86400.0  # ten years: a longer window is a typo, not a batching window
 

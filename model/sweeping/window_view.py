@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from model.load.plans import write_together
-from model.report.document import Block, Heading, Image, Paragraph, Table, k_table, to_html, to_markdown
+from model.report.document import Block, Heading, Image, Paragraph, Table, to_html, to_markdown
 from model.report.plots import new_figure, png_bytes
 from model.report.tables import fmt
-from model.sweeping.engine import SweepRow
 from model.sweeping.grid import base_factor
 from model.sweeping.recommend import recommend
+from model.sweeping.runner import SweepRow
+from model.sweeping.sweep_report import k_table
 from model.sweeping.table import planner_totals, write_csv
 
 if TYPE_CHECKING:

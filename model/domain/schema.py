@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import numpy as np
 from model.cost.analytic import CostParams
 from model.cost.common import Mode
 from model.cost.metrics import Coefficients, Metrics, check_mode
+from solvers.backends.result import Status
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,7 +145,7 @@ class CellRuns:
     """A planner's answer for one bucket by cells, before any request is named: run r puts ``count[r]``
     requests of histogram cell ``cell[r]`` into batch ``batch[r]``; ``shape_of[b]`` is batch b's declared
     seq_align.  Runs are sorted by (cell, batch): a cell's requests, taken in file order, fill its runs in
-    that order (``model.expand.runs.batching_of_runs``).  Its size grows with cells and batches, never with
+    that order (``model.expand.cell_runs.batching_of_runs``).  Its size grows with cells and batches, never with
     requests, so it is what a plan of 10^8 requests is made of before the partitions are written.
     """
 
@@ -205,40 +205,6 @@ OPTIMAL_GAP = 1e-9
 def relative_gap(cost: float, bound: float) -> float:
     """``SolveReport.gap``: (cost - bound) / cost, 0 for a plan that costs nothing."""
     return (cost - bound) / cost if cost > 0 else 0.0
-
-
-class Status(enum.StrEnum):
-    """How a solve ended; ``value`` is the text tables and the sweep CSV show."""
-
-    OPTIMAL = "optimal"  # proven optimal (within the MIP gap)
-    FEASIBLE = "feasible"  # a solution, stopped for another reason than the clock
-    TIME_LIMIT_FEASIBLE = "time_limit"  # the time limit, with a solution
-    TIME_LIMIT_NO_SOLUTION = "time_limit_no_solution"  # the time limit, no solution: nothing proven
-    INFEASIBLE = "infeasible"  # proven: no solution exists
-    INTERRUPTED = "interrupted"  # a signal stopped it
-    ERROR = "error"  # the solver failed: nothing proven
-    HEURISTIC = "heuristic"  # a packer's plan (reports only; no backend returns it)
-
-    @property
-    def text(self) -> str:
-        """Words for a message ("time limit, no solution")."""
-        return _TEXT[self]
-
-    @property
-    def proven_infeasible(self) -> bool:
-        return self is Status.INFEASIBLE
-
-
-_TEXT = {
-    Status.OPTIMAL: "optimal",
-    Status.FEASIBLE: "feasible",
-    Status.TIME_LIMIT_FEASIBLE: "time limit, with a solution",
-    Status.TIME_LIMIT_NO_SOLUTION: "time limit, no solution",
-    Status.INFEASIBLE: "infeasible",
-    Status.INTERRUPTED: "interrupted",
-    Status.ERROR: "solver error",
-    Status.HEURISTIC: "heuristic",
-}
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 At one declared shape s a batch's time depends only on its size n and its longest gen,
 so with a window's requests sorted by gen some optimal batching cuts the sorted list
-into consecutive runs (``model.planning.runs``).  ``batched_runs`` solves that DP for
+into consecutive runs (``model.planning.exact_runs``).  ``batched_runs`` solves that DP for
 many windows together -- one numpy step per position, vectorised over the windows and
 the batch sizes -- so a whole trace's windows cost about as much as its largest one.
 
@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.base.runtime import Deadline
 from model.cost.common import align
 from model.cost.device import DeviceProfile, linear_parts
-from model.runtime import Deadline
-from model.schema import Batching, Bucket, Problem
-from model.shapeset import round_up_to, usable
-from model.windows.split import windows_of
+from model.domain.schema import Batching, Bucket, Problem
+from model.domain.shapeset import round_up_to, usable
+from model.domain.windowing import windows_of
 from solvers.packers.grouping import batch_capacity
 
 INF = np.inf

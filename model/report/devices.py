@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from model.cost.device import DeviceProfile, batch_breakdown
-from model.schema import Batching, Problem
-from model.windows.split import n_windows, windows_of
+from model.domain.schema import Batching, Problem
+from model.domain.windowing import n_windows, windows_of
 
 
 def devices_for(device_ms: np.ndarray, window_ms: float) -> np.ndarray:

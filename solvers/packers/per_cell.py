@@ -11,7 +11,7 @@ It is also the starting point of ``greedy``.
 from __future__ import annotations
 
 from model.cost.common import align
-from model.schema import Batching, Problem
+from model.domain.schema import Batching, Problem
 from solvers.packers.grouping import packed
 from solvers.packers.shapecap import cap_shapes
 

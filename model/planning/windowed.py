@@ -3,7 +3,7 @@
 With arrival windows the shapes stay global (at most K across every window and bucket)
 while batches never span two windows.  So:
 
-1. Bound (``model.windows.bound``): a certified lower bound for the windowed problem,
+1. Bound (``model.planning.window_bound``): a certified lower bound for the windowed problem,
    and the shapes of its relaxation as a first guess.
 2. Shapes.  Device mode: the bound's shapes, dpfill's (an exact padding DP over the whole
    trace) and the previous shapes are scored by the exact cost of the plan step 3 makes
@@ -11,7 +11,7 @@ while batches never span two windows.  So:
    costs are cached, so a move re-batches only the intervals it changes).  The analytic
    modes take the bound's shapes: there the relaxation is nearly exact.
 3. Windows.  With the shapes fixed the windows are independent.  Device mode plans all of
-   them at once by an exact DP over runs (``model.windows.runs``); the analytic modes run
+   them at once by an exact DP over runs (``model.planning.window_runs``); the analytic modes run
    the MIP planner on every window (allowed shapes = the chosen set, compile cost left to
    the whole), on several processes when the windows are many and large.
 4. Merge and judge: the windows' batchings become one plan per bucket, judged exactly
@@ -33,17 +33,17 @@ from dataclasses import replace
 
 import numpy as np
 
+from model.base.errors import InfeasibleError, NoPlanFound
+from model.base.runtime import Deadline
 from model.cost.analytic import CostParams
 from model.cost.device import DeviceProfile
-from model.errors import InfeasibleError, NoPlanFound
+from model.domain.schema import OPTIMAL_GAP, Batching, Planned, Problem, SolveReport, Status, relative_gap
+from model.domain.windowing import WindowPart, n_windows, split
 from model.planning.mip import Judged, judge, plan_mip
-from model.runtime import Deadline
-from model.schema import OPTIMAL_GAP, Batching, Planned, Problem, SolveReport, Status, relative_gap
-from model.windows.bound import WindowBound, candidate_shapes, window_bound
-from model.windows.merge import merge
-from model.windows.parallel import run_items, shared
-from model.windows.runs import IntervalCosts, shape_set_cost, window_plan, window_pools
-from model.windows.split import WindowPart, n_windows, split
+from model.planning.parallel import run_items, shared
+from model.planning.window_bound import WindowBound, candidate_shapes, window_bound
+from model.planning.window_merge import merge
+from model.planning.window_runs import IntervalCosts, shape_set_cost, window_plan, window_pools
 from solvers.backends import get_backend
 from solvers.packers import PACKERS
 from solvers.packers.dpfill import pad_shapes

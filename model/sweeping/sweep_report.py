@@ -1,0 +1,242 @@
+"""The sweep report: report.md and a self-contained report.html built from the sweep's rows.
+
+The first screen is the recommendation and why: which K, what it costs, what it saves
+over the best fixed rule, and which limits hold each bucket's cost up.  The blocks and
+their renderings are ``model.report.document``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from model.domain.schema import LimitCheck, Limits, Problem
+from model.histogram.cells import Histogram
+from model.report.document import (
+    Block,
+    Heading,
+    Image,
+    Paragraph,
+    Table,
+    input_summary,
+    summary_table,
+    to_html,
+    to_markdown,
+)
+from model.report.plots import plot_heatmap
+from model.report.tables import fmt
+from model.sweeping.grid import SweepPoint, SweepSettings, base_factor
+from model.sweeping.recommend import Recommendation, recommend
+from model.sweeping.runner import MIP, SweepResult, SweepRow
+from model.sweeping.sweep_plots import plot_breakdown, plot_cost_vs_k, plot_tradeoff
+from model.sweeping.table import PlannerTotal, planner_totals
+
+
+def settings_table(settings: SweepSettings) -> Table:
+    """How the numbers were made."""
+    ks = settings.ks
+    rows = [("input", settings.source), ("cost model", settings.mode),
+            ("shape caps K", f"{ks[0]}..{ks[-1]}" if list(ks) == list(range(ks[0], ks[-1] + 1)) else
+             ", ".join(map(str, ks))),
+            ("swept limit", f"{settings.sweep_limit} x {', '.join(f'{f:g}' for f in settings.factors)}"
+             if settings.sweep_limit else "none (limits as given)"),
+            ("planners", ", ".join(settings.solvers)),
+            ("MIP backend, time limit per point", f"{settings.backend}, {settings.time_limit:g} s"),
+            ("K tolerance (recommend the smallest K within it)", f"{settings.tolerance:.1%}"),
+            ("a limit binds when its margin is below", f"{settings.bind_threshold:.0%} of the limit")]
+    return Table(("setting", "value"), tuple(rows))
+
+
+def recommendation_paragraphs(rec: Recommendation) -> list[Paragraph]:
+    """The first screen: what to compile, what it costs, what it saves, how sure the bound makes us."""
+    if rec.point is None:
+        return [Paragraph("no planner met every limit at any K of the sweep; loosen a limit or widen the K range.",
+                          "No recommendation: ")]
+    limits = f" at {rec.point.limit} x{rec.point.factor:g}" if rec.point.limit else ""
+    text = (f"compile K = {rec.point.k} shapes ({', '.join(map(str, rec.shapes))}) with the {rec.planner} "
+            f"plan{limits}. Expected total cost {fmt(rec.cost)}")
+    if rec.bound is not None:
+        text += f" (certified lower bound {fmt(rec.bound)}, gap {rec.gap:.2%})"
+    text += ". Every limit is met."
+    out = [Paragraph(text, "Recommendation: ")]
+    if rec.rule is not None:
+        saving = (f"{rec.savings:.1%} cheaper than the best fixed rule, {rec.rule.planner} at its best K = "
+                  f"{rec.rule.point.k} (cost {fmt(rec.rule.cost)})")
+        if rec.same_k_rule is not None and rec.same_k_rule is not rec.rule:
+            saving += (f", and {rec.same_k_savings:.1%} cheaper than the best fixed rule at K = {rec.point.k} "
+                       f"({rec.same_k_rule.planner}, cost {fmt(rec.same_k_rule.cost)})")
+        out.append(Paragraph(saving + ".", "Savings: "))
+    else:
+        out.append(Paragraph("no fixed rule (packer) meets every limit at any K of the sweep.", "Savings: "))
+    if rec.cost <= rec.cheapest_cost * (1 + 1e-9):
+        why_k = (f"K = {rec.point.k} is the cheapest shape cap of the sweep; the larger caps swept (up to K = "
+                 f"{rec.largest_k}) do not lower the cost." if rec.point.k < rec.largest_k else
+                 f"K = {rec.point.k} is the largest cap swept and the cheapest: more shapes may lower the cost "
+                 "further (widen --k).")
+    else:
+        why_k = (f"K = {rec.point.k} is the smallest shape cap within {rec.tolerance:.1%} of the cheapest "
+                 f"(K = {rec.cheapest_k}, cost {fmt(rec.cheapest_cost)}, {1 - rec.cheapest_cost / rec.cost:.3%} "
+                 "lower); more shapes buy less than that.")
+    out.append(Paragraph(why_k, "Why this K: "))
+    return out
+
+
+def row_checks(row: SweepRow) -> list[LimitCheck]:
+    """A row's metrics beside the limits set at its point."""
+    limits = Limits(row.max_cost, row.max_pad_ratio, row.max_p95_latency_ms, row.max_sequential_ms)
+    return [LimitCheck(metric, float(getattr(row, metric)), bound) for metric, bound in limits.items()]
+
+
+def relative_margin(check: LimitCheck) -> float:
+    """Margin as a share of the limit (a zero limit met exactly has no room: 0)."""
+    return check.margin / check.limit if check.limit > 0 else (0.0 if check.ok else -np.inf)
+
+
+def binding_paragraph(row: SweepRow, threshold: float) -> Paragraph:
+    """One bucket: which limits bind (little room left), which are broken, and how much slack the others have."""
+    lead = f"{row.bucket}: "
+    if row.cost is None:
+        return Paragraph(f"no plan ({row.status}). {row.note}", lead)
+    plan = f"{row.n_batches} batches on shape{'s' if len(row.shapes.split()) > 1 else ''} {row.shapes}"
+    checks = row_checks(row)
+    if not checks:
+        return Paragraph(f"{plan}; no limits are set, so the plan minimises cost alone.", lead)
+    broken = [c for c in checks if not c.ok]
+    binding = [c for c in checks if c.ok and relative_margin(c) < threshold]
+    slack = [c for c in checks if c.ok and relative_margin(c) >= threshold]
+    parts = [plan]
+    if broken:
+        parts.append("BREAKS " + ", ".join(f"{c.metric} ({fmt(c.value, c.metric)} > {fmt(c.limit, c.metric)})"
+                                           for c in broken))
+    if binding:
+        parts.append(f"binding (under {threshold:.0%} to spare): "
+                     + ", ".join(f"{c.metric} ({fmt(c.value, c.metric)} of {fmt(c.limit, c.metric)}, "
+                                 f"{relative_margin(c):.2%} to spare)" for c in binding)
+                     + " -- the limits to relax first for a cheaper plan")
+    else:
+        parts.append(f"no limit binds (every margin is at least {threshold:.0%} of its limit)")
+    if slack:
+        parts.append("slack: " + ", ".join(f"{c.metric} {relative_margin(c):.1%} below its limit" for c in slack))
+    return Paragraph("; ".join(parts) + ".", lead)
+
+
+def k_table(totals: Sequence[PlannerTotal], factor: float) -> Table:
+    """Per K at one factor: the MIP's cost, bound and gap, then every packer's cost ratio to the MIP.
+
+    A ratio is starred when that plan breaks a limit, and "-" means no plan.
+    """
+    here = [t for t in totals if t.point.factor == factor]
+    planners = list(dict.fromkeys(t.planner for t in here))
+    packers = [p for p in planners if p != MIP]
+    by = {(t.point.k, t.planner): t for t in here}
+    rows = []
+    for k in sorted({t.point.k for t in here}):
+        mip = by.get((k, MIP))
+        cells = [str(k)]
+        if MIP in planners:
+            met = ("yes" if mip.limits_met else "NO") if mip and mip.cost is not None else mip.status if mip else "-"
+            cells += [fmt(mip.cost) if mip else "-", fmt(mip.bound) if mip else "-",
+                      f"{mip.gap:.2%}" if mip and mip.gap is not None else "-", met]
+        for p in packers:
+            t = by.get((k, p))
+            if t is None or t.cost is None:
+                cells.append(t.status if t else "-")
+            elif t.ratio_to_mip is not None:
+                cells.append(f"{t.ratio_to_mip:.3f}" + ("" if t.limits_met else "*"))
+            else:
+                cells.append(fmt(t.cost) + ("" if t.limits_met else "*"))
+        rows.append(tuple(cells))
+    head = ("K", "MIP cost", "MIP bound", "gap", "limits met") if MIP in planners else ("K",)
+    return Table((*head, *packers), tuple(rows))
+
+
+def bucket_table_at(rows: Sequence[SweepRow], point: SweepPoint) -> Table:
+    """Every planner and bucket at one point: cost, ratio to the MIP, pad, P95, sequential time, limits."""
+    out = []
+    for r in rows:
+        if r.point != point:
+            continue
+        met = "yes" if r.limits_met else f"NO ({r.broken.replace(';', ', ')})" if r.cost is not None else r.status
+        out.append((r.bucket, r.planner, fmt(r.cost), f"{r.ratio_to_mip:.3f}" if r.ratio_to_mip else "-",
+                    fmt(r.pad_ratio, "pad_ratio"), fmt(r.p95_latency_ms), fmt(r.sequential_ms),
+                    str(r.n_batches) if r.n_batches is not None else "-", r.shapes or "-", met))
+    return Table(("bucket", "planner", "cost", "ratio to MIP", "pad ratio", "P95 ms", "sequential ms", "batches",
+                  "shapes", "limits met"), tuple(out))
+
+
+def limit_table(rows: Sequence[SweepRow], k: int, planner: str) -> Table:
+    """Along the limit sweep at one K: each bucket's limit value, the plan's sequential time and cost."""
+    out = [(f"{r.factor:g}", r.bucket, fmt(r.limit_value), fmt(r.sequential_ms), fmt(r.cost),
+            "yes" if r.limits_met else r.status if r.cost is None else "NO")
+           for r in rows if r.k == k and r.planner == planner and r.sweep_limit]
+    name = next((r.sweep_limit for r in rows if r.sweep_limit), "limit")
+    return Table(("factor", "bucket", name, "sequential ms", "cost", "limits met"), tuple(out))
+
+
+def report_point(rec: Recommendation, totals: Sequence[PlannerTotal]) -> SweepPoint:
+    """The point the detail tables and pictures show: the recommended one, else the smallest K at the base limits."""
+    factor = base_factor(t.point for t in totals)
+    return rec.point or min((t.point for t in totals if t.point.factor == factor), key=lambda p: p.k)
+
+
+def figures(folder: Path, problem: Problem, hists: Sequence[Histogram], result: SweepResult,
+            rec: Recommendation) -> list[Image]:
+    """Draw every picture the report shows into folder, at the recommended point (or the base one)."""
+    totals = planner_totals(result.rows)
+    point = report_point(rec, totals)
+    images = [Image(folder / "cost_vs_k.png", "Total cost against the shape cap K; shaded: between the MIP's "
+                    "certified lower bound and its cost; red crosses: plans that break a limit.")]
+    plot_cost_vs_k(totals, images[-1].path)
+    images.append(Image(folder / "breakdown.png", f"Where the cost goes, per planner, at {point.label()}."))
+    plot_breakdown(totals, point, images[-1].path)
+    images.append(Image(folder / "heatmap.png", "Requests over (aligned prompt, gen_len), log counts; dashed: the "
+                        f"compiled shapes, crosses: each batch's (S_max, G_max), MIP plan at {point.label()}."))
+    plot_heatmap(problem, hists, result.mip_batchings.get(point), images[-1].path)
+    if any(r.sweep_limit for r in result.rows):
+        images.append(Image(folder / "tradeoff.png", f"Sequential time against cost as {point.limit or 'the limit'} "
+                            f"is scaled, K = {point.k}."))
+        plot_tradeoff(result.rows, point.k, images[-1].path)
+    return images
+
+
+def report_blocks(problem: Problem, hists: Sequence[Histogram], result: SweepResult, settings: SweepSettings,
+                  images: Sequence[Image]) -> list[Block]:
+    """The whole report in reading order: recommendation and why first, then the evidence."""
+    rec = recommend(result.rows, settings.tolerance)
+    totals = planner_totals(result.rows)
+    factor = base_factor(t.point for t in totals)
+    blocks: list[Block] = [Heading(f"Shape plan sweep: {settings.source}", 1), *recommendation_paragraphs(rec)]
+    if rec.point is not None:
+        blocks.append(Heading("Which limits bind, per bucket"))
+        blocks += [binding_paragraph(r, settings.bind_threshold) for r in result.rows
+                   if r.point == rec.point and r.planner == rec.planner]
+    blocks += [*images[:1], Heading("Input"), summary_table(input_summary(problem, hists)),
+               Heading("Settings"), settings_table(settings),
+               Heading(f"Cost by shape cap{f' ({settings.sweep_limit} x{factor:g})' if settings.sweep_limit else ''}"),
+               Paragraph("packer columns are cost / MIP cost over all buckets; * = the plan breaks a limit."),
+               k_table(totals, factor)]
+    point = report_point(rec, totals)
+    blocks += [Heading(f"Every planner per bucket at {point.label()}"), bucket_table_at(result.rows, point)]
+    if settings.sweep_limit:
+        blocks += [Heading(f"Limit sweep at K = {point.k} ({rec.planner or MIP})"),
+                   limit_table(result.rows, point.k, rec.planner or MIP)]
+    blocks += [Heading("Pictures"), *images[1:]]
+    return blocks
+
+
+def write_report(folder: Path, problem: Problem, hists: Sequence[Histogram], result: SweepResult,
+                 settings: SweepSettings, extra: Sequence[Block] = ()) -> tuple[Path, Path]:
+    """Draw the pictures and write report.md and report.html into folder (``extra`` blocks follow the
+    recommendation, e.g. the hold-out check)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    images = figures(folder, problem, hists, result, recommend(result.rows, settings.tolerance))
+    blocks = report_blocks(problem, hists, result, settings, images)
+    if extra:
+        at = next((i for i, b in enumerate(blocks) if isinstance(b, Image)), len(blocks))
+        blocks = [*blocks[:at], *extra, *blocks[at:]]
+    md, page = folder / "report.md", folder / "report.html"
+    md.write_text(to_markdown(blocks, folder), encoding="utf-8")
+    page.write_text(to_html(blocks, f"Shape plan sweep: {settings.source}"), encoding="utf-8")
+    return md, page
