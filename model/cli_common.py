@@ -9,8 +9,8 @@ from pathlib import Path
 
 from model.base.errors import InfeasibleError, InputError, NoPlanFound
 from model.base.runtime import Interrupted, leave, shielded, signal_handlers
-from model.cost.analytic import CostParams
 from model.cost.common import GRANULARITY, MODES
+from model.cost.model import cost_from_flags, flag_coefficients
 from model.deploy.flags import allowed_from_args
 from model.domain.schema import LIMIT_KEYS, Limits, Problem, Scenario
 from model.domain.windowing import parse_window
@@ -130,18 +130,15 @@ def check_engine_flags(args: argparse.Namespace, unsupported: tuple[str, ...]) -
 def dask_settings(args: argparse.Namespace):
     """The engine settings the flags describe, checked as ``build_problem`` checks them for request files."""
     from model.distributed.engine import Settings
-    from model.pipeline import coefficients_of
 
     check_sizes(args)
     params = cost_params_from_toml(args.cost_params) if args.cost_params else None
     device = load_profile(args.device_profile) if getattr(args, "device_profile", None) else None
-    spec = InputSpec(params=params, device=device, mode=args.cost_model)
-    mode, coefficients = coefficients_of(spec)
-    if mode == "device" and coefficients is None:
-        raise InputError("--cost-model", None, None, "--cost-model device needs --device-profile FILE.toml")
-    return Settings(limits=cli_limits(args), max_shapes=args.limit_shapes or 8, params=coefficients or CostParams(),
-                    mode=mode or "reference", max_batch_size=getattr(args, "max_batch_size", None),
-                    max_seq_len=args.max_seq_len, params_source=str(args.cost_params) if args.cost_params else None,
+    cost = cost_from_flags(*flag_coefficients(args.cost_model, params, device))
+    return Settings(limits=cli_limits(args), max_shapes=args.limit_shapes or 8, cost=cost,
+                    max_batch_size=getattr(args, "max_batch_size", None), max_seq_len=args.max_seq_len,
+                    params_source=str(args.cost_params) if args.cost_params else None,
+
                     columns=args.columns, fmt=args.format)
 
 

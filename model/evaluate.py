@@ -65,13 +65,13 @@ def main(argv: list[str] | None = None) -> int:
         results, global_problems = evaluate_plans(problem, plans)
     for result, f in zip(results, plan_files, strict=True):
         pipeline.check_finite_metrics(Evaluation((result,), ()), str(f))
-    print(f"cost model: {problem.mode}; shape cap K = {problem.max_shapes} per bucket and across all buckets")
+    print(f"cost model: {problem.cost.name}; shape cap K = {problem.max_shapes} per bucket and across all buckets")
     if problem.windowing is not None:
         w = problem.windowing
         print(f"arrival windows of {w.seconds:g} s from the first arrival, {time_text(w.origin_s)}: a batch must not "
               "mix requests of two windows")
     for result, f in zip(results, plan_files, strict=True):
-        print(bucket_table(result, {"plan": str(f)}, problem.params, problem.windowing))
+        print(bucket_table(result, {"plan": str(f)}, problem.cost, problem.windowing))
     print(verdict(results, global_problems))
     return 0 if all(r.ok for r in results) and not global_problems else 1
 
@@ -100,15 +100,15 @@ def main_dask(args: argparse.Namespace) -> int:
             check_unique_ids(client, reqs, req_src)
             with np.errstate(over="ignore", invalid="ignore"):
                 result = judge_bucket(client, req_src.name, req_src, reqs, plan_src, settings.limits,
-                                      settings.max_shapes, settings.max_seq_len, settings.params, settings.mode)
+                                      settings.max_shapes, settings.max_seq_len, settings.cost)
             pipeline.check_finite_metrics(Evaluation((result,), ()), plan_src.given)
             results.append(result)
     global_problems = joint_shape_cap({s for r in results if r.metrics for s in r.metrics.shapes},
                                       settings.max_shapes)
-    print(f"cost model: {settings.mode}; shape cap K = {settings.max_shapes} per bucket and across all buckets; "
+    print(f"cost model: {settings.cost.name}; shape cap K = {settings.max_shapes} per bucket and across all buckets; "
           "engine dask (partition-wise, exact metrics)")
     for result, (_, plan_src) in zip(results, pairs, strict=True):
-        print(bucket_table(result, {"plan": plan_src.given}, settings.params, None))
+        print(bucket_table(result, {"plan": plan_src.given}, settings.cost, None))
     print(verdict(results, global_problems))
     return 0 if all(r.ok for r in results) and not global_problems else 1
 

@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from model.base.errors import InfeasibleError, InputError, NoPlanFound
-from model.cost.analytic import CostParams, compile_cost, decode_cost, member_latency, prefill_cost
+from model.cost.analytic import CostParams
 from model.cost.common import Mode, align
 from model.cost.device import DeviceProfile
+from model.cost.model import cost_from_flags, flag_coefficients
 from model.domain.schema import (
     Bucket,
     Evaluation,
@@ -80,18 +81,13 @@ def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple
     one by one, so a flag tightens a scenario without silently being ignored.
     """
     scenario = None
-    mode, params = coefficients_of(spec)
+    mode, params = flag_coefficients(spec.mode, spec.params, spec.device)
     if spec.scenario is not None or (not spec.files and default_scenario is not None):
         if spec.time_column is not None:
             raise InputError("--time-column", None, None, "applies to request files, not a scenario (a scenario "
                              "bucket with columns = \"azure\" reads TIMESTAMP by itself)")
         scenario = load_scenario(spec.scenario or default_scenario)
-        if mode is not None and params is None and (mode == "device") != (scenario.mode == "device"):
-            raise InputError("--cost-model", None, None,
-                             "--cost-model device needs --device-profile FILE.toml" if mode == "device" else
-                             f"the scenario prices plans in device mode; --cost-model {mode} needs --cost-params "
-                             "or no scenario device profile")
-        problem = scenario.problem(max_shapes=spec.max_shapes, params=params, mode=mode,
+        problem = scenario.problem(max_shapes=spec.max_shapes, cost=cost_from_flags(mode, params, scenario.cost),
                                    max_batch_size=spec.max_batch_size, max_seq_len=spec.max_seq_len,
                                    allowed_shapes=spec.allowed_shapes,
                                    limits=tuple(lim.overridden_by(spec.limits) for lim in scenario.limits))
@@ -101,11 +97,9 @@ def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple
         columns = Columns.parse(spec.columns) if spec.columns else None
         buckets = tuple(load_requests(f, None, columns, spec.fmt, time_column=spec.time_column) for f in spec.files)
         check_unique_names(buckets)
-        if mode == "device" and params is None:
-            raise InputError("--cost-model", None, None, "--cost-model device needs --device-profile FILE.toml")
+        cost = cost_from_flags(mode, params)
         problem = Problem(buckets=buckets, limits=tuple(spec.limits for _ in buckets),
-                          max_shapes=spec.max_shapes or 8, params=params or CostParams(),
-                          mode=mode or "reference", max_batch_size=spec.max_batch_size,
+                          max_shapes=spec.max_shapes or 8, cost=cost, max_batch_size=spec.max_batch_size,
                           max_seq_len=spec.max_seq_len, allowed_shapes=spec.allowed_shapes)
     check_seq_len(problem)
     check_fits(problem)
@@ -135,14 +129,15 @@ def check_cost_range(problem: Problem, source: str) -> None:
 def check_cost_extent(problem: Problem, n: int, s_top: int, g_hi: int, source: str) -> None:
     """``check_cost_range`` given the requests' extent: how many, the largest aligned prompt and gen (what a
     histogram tells without the requests)."""
-    if not isinstance(problem.params, CostParams):  # device profiles are checked finite by their own loader
+    cm = problem.cost
+    if cm.device_time:  # device profiles are checked finite by their own loader
         return
     s_hi = max(1 << (s_top - 1).bit_length(), problem.max_seq_len or 0)
-    p, shapes = problem.params, min(problem.max_shapes, n)
+    shapes = min(problem.max_shapes, n)
     with np.errstate(over="ignore", invalid="ignore"):
-        cost = n * (prefill_cost(s_hi, p) + decode_cost(s_hi, g_hi, p) + p.Kbatch_overhead_cost) \
-            + shapes * compile_cost(s_hi, p)
-        time_ms = n * member_latency(s_hi, s_hi, g_hi, p) + shapes * p.Tshape_compile_ms
+        cost = n * cm.batch_total(1, s_hi, g_hi) + shapes * cm.shape_charge(s_hi)
+        time_ms = n * cm.member_latency(s_hi, s_hi, g_hi) + shapes * cm.spike_ms
+
     for what, value in (("cost", cost), ("latency", time_ms)):
         if not np.isfinite(value):
             raise InputError(source, None, None, f"{OVERFLOW}: a plan of these requests could have {what} {value}")
@@ -157,24 +152,6 @@ def check_finite_metrics(evaluation: Evaluation, source: str) -> None:
             value = getattr(r.metrics, name)
             if not np.isfinite(value):
                 raise InputError(source, None, None, f"{OVERFLOW}: bucket {r.name} has {name} {value}")
-
-
-def coefficients_of(spec: InputSpec) -> tuple[Mode | None, CostParams | DeviceProfile | None]:
-    """The mode and coefficients the flags ask for (None: keep the scenario's or the default).
-
-    A device profile selects device mode; beside ``--cost-model reference|strict`` or
-    ``--cost-params`` it is a contradiction, and so are cost params in device mode.
-    """
-    if spec.device is not None:
-        if spec.mode not in (None, "device"):
-            raise InputError("--device-profile", None, None,
-                             f"a device profile prices plans in device mode, not --cost-model {spec.mode}")
-        if spec.params is not None:
-            raise InputError("--cost-params", None, None, "cost params do not apply in device mode")
-        return "device", spec.device
-    if spec.mode == "device" and spec.params is not None:
-        raise InputError("--cost-params", None, None, "cost params do not apply in device mode")
-    return spec.mode, spec.params
 
 
 def check_unique_names(buckets: tuple[Bucket, ...]) -> None:

@@ -89,12 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     fraction = parse_fraction(args.holdout)
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO, cli_limits(args))
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
-    devices = problem.windowing is not None and problem.mode == "device"
+    devices = problem.windowing is not None and problem.cost.shared_batch_time
     if args.report is not None and not devices:
         raise InputError("--report", None, None, "draws devices needed per window: it needs --window and device mode "
                                                  "(--device-profile)")
     print(f"input: {source}; {len(problem.buckets)} buckets, "
-          f"{sum(len(b) for b in problem.buckets)} requests; K = {problem.max_shapes}; cost model {problem.mode}"
+          f"{sum(len(b) for b in problem.buckets)} requests; K = {problem.max_shapes}; cost model {problem.cost.name}"
           + (f"; allowed shapes {' '.join(map(str, problem.allowed_shapes))}" if problem.allowed_shapes else "")
           + (f"; arrival windows of {problem.windowing.seconds:g} s from the first arrival, "
              f"{time_text(problem.windowing.origin_s)}" if problem.windowing else ""))
@@ -114,11 +114,11 @@ def main(argv: list[str] | None = None) -> int:
             cost = result.metrics.cost if result.metrics else None
             gap = None if cost is None else (cost - lb) / cost if cost else 0.0  # all-zero coefficients: cost 0
             extra["lower bound"] = f"{fmt(lb)} (gap {gap:.3%})" if gap is not None else fmt(lb)
-        print(bucket_table(result, extra, problem.params, problem.windowing))
+        print(bucket_table(result, extra, problem.cost, problem.windowing))
     total = sum(r.metrics.cost for r in results if r.metrics)
     chosen = sorted({s for r in results if r.metrics for s in r.metrics.shapes})
     print(f"chosen shapes ({len(chosen)}): {', '.join(map(str, chosen))}")
-    units = device_units(total, problem.params)
+    units = device_units(total, problem.cost)
     if units:
         print(f"total device time: {fmt(total)} ms = {units}")
     if rep.bound is not None and rep.objective is not None:
@@ -176,7 +176,7 @@ def main_dask(args: argparse.Namespace) -> int:
         hist_cells = sum(h.n_cells for h in loaded.hists)
         print(f"input: {', '.join(s.given for s in sources)}; {len(problem.buckets)} buckets, "
               f"{sum(len(s.files) for s in sources)} partitions, {sum(loaded.n_requests)} requests, "
-              f"{hist_cells} cells; K = {problem.max_shapes}; cost model {problem.mode}; engine dask "
+              f"{hist_cells} cells; K = {problem.max_shapes}; cost model {problem.cost.name}; engine dask "
               f"({len(client.scheduler_info().get('workers', {}))} workers), planned from "
               f"{'the histogram' if loaded.cells is not None else 'requests'}")
         run = solve(loaded, args.solver, args.backend, args.time_limit)
@@ -190,7 +190,7 @@ def main_dask(args: argparse.Namespace) -> int:
                 lb = rep.bucket_bounds[i]
                 gap = None if cost is None else (cost - lb) / cost if cost else 0.0
                 extra["lower bound"] = f"{fmt(lb)} (gap {gap:.3%})" if gap is not None else fmt(lb)
-            print(bucket_table(result, extra, problem.params, None))
+            print(bucket_table(result, extra, problem.cost, None))
         results = run.evaluation.results
         total = sum(r.metrics.cost for r in results if r.metrics)
         chosen = sorted({s for r in results if r.metrics for s in r.metrics.shapes})

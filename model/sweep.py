@@ -138,10 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     if capped:
         print(capped, file=sys.stderr)
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
-    settings = SweepSettings(source, problem.mode, ks, args.sweep_limit or "", factors, solvers, args.backend,
+    settings = SweepSettings(source, problem.cost.name, ks, args.sweep_limit or "", factors, solvers, args.backend,
                              args.time_limit, args.tolerance)
     print(f"input: {source}; {len(problem.buckets)} buckets, {sum(len(b) for b in problem.buckets)} requests, "
-          f"{sum(len(h) for h in hists)} cells; cost model {problem.mode}")
+          f"{sum(len(h) for h in hists)} cells; cost model {problem.cost.name}")
     points = sweep_points(ks, settings.sweep_limit, factors)
     windows = parse_windows(args.windows)
     out = args.out or ((args.report / "sweep.csv") if args.report else Path("sweep.csv"))

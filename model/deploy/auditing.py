@@ -84,7 +84,7 @@ class AuditResult:
     @property
     def device(self) -> bool:
         """Costs are device milliseconds, so device-hours are worth showing."""
-        return self.problem.mode == DEVICE
+        return self.problem.cost.device_time
 
     @property
     def ok(self) -> bool:

@@ -118,7 +118,7 @@ def audit_blocks(result: AuditResult, source: str, config_source: str) -> list[B
     blocks: list[Block] = [
         Heading(f"Shape audit: {source}", 1),
         Paragraph(saving_sentence(result), lead="Saving: "),
-        Paragraph(f"{n} requests in {len(result.problem.buckets)} bucket(s), cost model {result.problem.mode}, "
+        Paragraph(f"{n} requests in {len(result.problem.buckets)} bucket(s), cost model {result.problem.cost.name}, "
                   f"planner {result.solver}, at most K = {result.k} shapes on both sides; today's shapes from "
                   f"{config_source} ({len(result.config)}: {shapes_text(result.config)}), both judged on {where}."),
         Table(tuple(head), (side_cells(today, result.device), side_cells(opt, result.device), tuple(saving_row)))]

@@ -29,10 +29,9 @@ import pyarrow.parquet as pq
 
 from model import pipeline
 from model.base.errors import InputError
-from model.cost.analytic import CostParams
-from model.cost.common import Mode, align
-from model.cost.device import DeviceProfile
+from model.cost.common import align
 from model.cost.metrics import batch_index, spike_members
+from model.cost.model import CostModel, ReferenceCost
 from model.distributed.assign import holder, quotas, run_quotas
 from model.distributed.read import (
     PartHistogram,
@@ -68,8 +67,7 @@ class Settings:
 
     limits: Limits = Limits()
     max_shapes: int = 8
-    params: CostParams | DeviceProfile = dataclasses.field(default_factory=CostParams)
-    mode: Mode = "reference"
+    cost: CostModel = ReferenceCost()
     max_batch_size: int | None = None
     max_seq_len: int | None = None
     params_source: str | None = None  # the file the coefficients came from (named if its costs overflow)
@@ -116,7 +114,7 @@ def load(client, sources: list[Source], settings: Settings) -> Loaded:
     total = sum(int(h.sizes.sum()) for h in hists)
     # auto: device mode always from requests (its exact runs need them), the analytic modes above the threshold
     by_cells = settings.plan_from == "histogram" or (settings.plan_from == "auto" and total > REQUESTS_ON_CLIENT
-                                                      and settings.mode != "device")
+                                                      and not settings.cost.shared_batch_time)
     if by_cells:
         return _load_cells(client, sources, frames, hists, settings)
     frames = [client.persist(f) for f in frames]  # small enough to keep: every later pass reads memory
@@ -135,8 +133,8 @@ def load(client, sources: list[Source], settings: Settings) -> Loaded:
         n = len(prompt)
         buckets.append(Bucket(source.name, source.given, np.arange(n, dtype=np.int64), prompt, gen,
                               np.arange(1, n + 1, dtype=np.int64)))
-    problem = Problem(tuple(buckets), tuple(settings.limits for _ in buckets), settings.max_shapes, settings.params,
-                      settings.mode, settings.max_batch_size, settings.max_seq_len)
+    problem = Problem(tuple(buckets), tuple(settings.limits for _ in buckets), settings.max_shapes, settings.cost,
+                      settings.max_batch_size, settings.max_seq_len)
     if settings.params_source is not None:
         pipeline.check_cost_range(problem, settings.params_source)
     return Loaded(tuple(sources), tuple(frames), tuple(hists), problem)
@@ -147,7 +145,7 @@ def _load_cells(client, sources: list[Source], frames: list, hists: list[PartHis
     """The histogram path of ``load``: ids checked unique and prompts against max_seq_len partition by
     partition, each bucket's exact cells summed over its partitions, and a problem whose buckets carry only
     their names (no request reaches the client)."""
-    if settings.mode == "device":
+    if settings.cost.shared_batch_time:
         raise InputError("--plan-from", None, None, "device mode plans from requests (its exact runs batch "
                          "requests by gen); give --plan-from requests, or reference or strict mode")
     cells = []
@@ -161,8 +159,8 @@ def _load_cells(client, sources: list[Source], frames: list, hists: list[PartHis
                                  np.add.reduceat(hist.prompt_sum, first)))
     empty = np.zeros(0, dtype=np.int64)
     buckets = tuple(Bucket(s.name, s.given, np.zeros(0, dtype=object), empty, empty, empty) for s in sources)
-    problem = Problem(buckets, tuple(settings.limits for _ in buckets), settings.max_shapes, settings.params,
-                      settings.mode, settings.max_batch_size, settings.max_seq_len)
+    problem = Problem(buckets, tuple(settings.limits for _ in buckets), settings.max_shapes, settings.cost,
+                      settings.max_batch_size, settings.max_seq_len)
     if settings.params_source is not None:
         pipeline.check_cost_extent(problem, sum(h.n_requests for h in cells), max(int(h.S.max()) for h in cells),
                                    max(int(h.G.max()) for h in cells), settings.params_source)

@@ -42,15 +42,12 @@ import pyarrow.parquet as pq
 
 from model.base.errors import InputError
 from model.cost.common import GRANULARITY, align
-from model.cost.device import DeviceProfile, kv_tokens
+from model.cost.device import kv_tokens
 from model.cost.metrics import (
     Metrics,
-    counted_metrics,
-    latencies_given,
-    member_prefill_cost,
     spike_batches,
-    spike_ms,
 )
+from model.cost.model import CostModel
 from model.distributed.read import Source
 from model.domain.schema import BucketResult, Limits, Violation
 from model.evaluation.validate import limit_checks, shape_rules
@@ -176,7 +173,7 @@ def merge_batches(partials: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def member_pass(frame: pd.DataFrame, index: pd.Index, n_b: np.ndarray, batch_shape: np.ndarray, s_max: np.ndarray,
-                g_max: np.ndarray, spiked: np.ndarray, p, mode: str) -> dict:
+                g_max: np.ndarray, spiked: np.ndarray, cost: CostModel) -> dict:
     """Runs on a worker, for one partition of the join: exact latency counts, each batch's largest latency, sums,
     and the first record whose shape does not cover its prompt."""
     code = index.get_indexer(frame["batch_id"].to_numpy(dtype=object))
@@ -185,10 +182,10 @@ def member_pass(frame: pd.DataFrame, index: pd.Index, n_b: np.ndarray, batch_sha
     seq = frame["seq_align"].to_numpy(np.int64)
     pos = (frame["ppart"].to_numpy(np.int64) << ROW_BITS) | frame["prow"].to_numpy(np.int64)
     aligned = align(prompt)
-    S = aligned if mode == "reference" else batch_shape[code]
-    latency = latencies_given(S, code, n_b, s_max, g_max, p, mode)
+    S = cost.arc_member_length(aligned, batch_shape[code])
+    latency = cost.latencies_given(S, code, n_b, s_max, g_max)
     hit = np.isin(pos, spiked)
-    latency[hit] += spike_ms(p)
+    latency[hit] += cost.spike_ms
     values, counts = np.unique(latency, return_counts=True)
     worst = pd.Series(latency).groupby(code).max()
     short = np.flatnonzero(seq < aligned)
@@ -198,13 +195,13 @@ def member_pass(frame: pd.DataFrame, index: pd.Index, n_b: np.ndarray, batch_sha
         first_short = (int(pos[k]), str(frame["request_id"].iloc[k]), int(seq[k]), int(aligned[k]))
     return {"values": values, "counts": counts, "worst_code": worst.index.to_numpy(np.int64),
             "worst": worst.to_numpy(np.float64),
-            "S_counts": None if mode == "device" else np.unique(S, return_counts=True),
+            "S_counts": None if cost.shared_batch_time else np.unique(S, return_counts=True),
             "S": int(S.sum()), "prompt": int(prompt.sum()), "gen": int(gen.sum()), "n": len(frame),
             "short": (len(short), first_short)}
 
 
 def judge_bucket(client, name: str, req_src: Source, reqs, plan_src: Source, limits: Limits, max_shapes: int,
-                 max_seq_len: int | None, p, mode: str) -> BucketResult:
+                 max_seq_len: int | None, cost: CostModel) -> BucketResult:
     """One bucket's plan dataset validated and judged: the in-memory evaluator's result, computed partition-wise.
 
     ``reqs`` is the request frame (``read.request_frame``, persisted or not), its ids unique across the
@@ -226,38 +223,38 @@ def judge_bucket(client, name: str, req_src: Source, reqs, plan_src: Source, lim
         bt = batch_table(client, joined)
 
         def tasks(shared: list) -> list:
-            return [dask.delayed(member_pass)(part, *shared, p, mode) for part in joined.to_delayed()]
+            return [dask.delayed(member_pass)(part, *shared, cost) for part in joined.to_delayed()]
         local: list[pd.DataFrame] = []
     else:
         bt = layout.batches
 
         def tasks(shared: list) -> list:
             return [dask.delayed(aligned_member_pass)(part, str(plan_src.files[k + 1]), k + 1, layout.lead_rows[k],
-                                                      *shared, p, mode)
+                                                      *shared, cost)
                     for k, part in enumerate(reqs.to_delayed())]
         local = [layout.leads]
     ids = bt["batch_id"].to_numpy(dtype=object)
     n_b = bt["n"].to_numpy(np.int64)
     batch_shape = bt["shape_min"].to_numpy(np.int64)  # a batch of two shapes is broken below; its first is kept
     g_max = bt["g_max"].to_numpy(np.int64)
-    s_max = bt["s_ref"].to_numpy(np.int64) if mode == "reference" else batch_shape
+    s_max = batch_shape if cost.pads_to_shape else bt["s_ref"].to_numpy(np.int64)
     spiked = bt["first"].to_numpy(np.int64)[spike_batches(ids, batch_shape)]
     index = pd.Index(ids)
     given = (index, n_b, batch_shape, s_max, g_max, spiked)
     shared = [client.scatter(x, broadcast=True, hash=False) for x in given]
     parts = client.gather(client.compute(tasks(shared)))
-    parts += [member_pass(frame, *given, p, mode) for frame in local]
+    parts += [member_pass(frame, *given, cost) for frame in local]
     problems = shape_problems(name, plan_src, bt, parts, max_shapes, max_seq_len)
-    if mode == "device" and isinstance(p, DeviceProfile) and p.kv_capacity_tokens is not None:
+    if cost.kv_capacity is not None:
         tokens = kv_tokens(n_b, batch_shape, g_max)
-        over = np.flatnonzero(tokens > p.kv_capacity_tokens)
+        over = np.flatnonzero(tokens > cost.kv_capacity)
         if len(over):
             k = int(over[np.argmax(tokens[over])])
             problems.append(Violation(name, "kv-capacity", f"{plan_src.given}: batch {ids[k]!r} holds "
                                       f"{int(tokens[k])} KV tokens (members x (seq_align + G_max)), over the "
-                                      f"device's capacity {p.kv_capacity_tokens} ({len(over)} batch"
+                                      f"device's capacity {cost.kv_capacity} ({len(over)} batch"
                                       f"{'es' if len(over) > 1 else ''} over)"))
-    metrics = merged_metrics(parts, n_b, batch_shape, s_max, g_max, p, mode)
+    metrics = merged_metrics(parts, n_b, batch_shape, s_max, g_max, cost)
     return BucketResult(name, metrics, limit_checks(metrics, limits), tuple(problems))
 
 
@@ -381,9 +378,9 @@ def shape_problems(name: str, plan_src: Source, bt: pd.DataFrame, parts: list[di
 
 
 def merged_metrics(parts: list[dict], n_b: np.ndarray, batch_shape: np.ndarray, s_max: np.ndarray,
-                   g_max: np.ndarray, p, mode: str) -> Metrics:
+                   g_max: np.ndarray, cost: CostModel) -> Metrics:
     """The bucket's metrics from the partitions' exact counts and sums (see the module docstring)."""
-    prefill = None if mode == "device" else prefill_of_counts([pt["S_counts"] for pt in parts], p)
+    prefill = None if cost.shared_batch_time else prefill_of_counts([pt["S_counts"] for pt in parts], cost)
     worst = np.full(len(n_b), -np.inf)
     for pt in parts:
         np.maximum.at(worst, pt["worst_code"], pt["worst"])
@@ -391,13 +388,13 @@ def merged_metrics(parts: list[dict], n_b: np.ndarray, batch_shape: np.ndarray, 
     counts = np.concatenate([pt["counts"] for pt in parts])
     pad = int(sum(pt["S"] - pt["prompt"] for pt in parts) + int((n_b * g_max).sum()) - sum(pt["gen"] for pt in parts))
     real = int(sum(pt["prompt"] + pt["gen"] for pt in parts))
-    return counted_metrics(values, counts, worst, n_b, batch_shape, s_max, g_max, prefill, pad, real, p, mode)
+    return cost.counted_metrics(values, counts, worst, n_b, batch_shape, s_max, g_max, prefill, pad, real)
 
 
-def prefill_of_counts(counts: list[tuple[np.ndarray, np.ndarray]], p) -> float:
+def prefill_of_counts(counts: list[tuple[np.ndarray, np.ndarray]], cost: CostModel) -> float:
     """The analytic prefill total from the partitions' value counts of the processed prompts S: merged first,
     so the sum is the same however the members were split."""
     values, inverse = np.unique(np.concatenate([v for v, _ in counts]), return_inverse=True)
     n = np.zeros(len(values), dtype=np.int64)
     np.add.at(n, inverse, np.concatenate([c for _, c in counts]).astype(np.int64))
-    return member_prefill_cost(values, p, n)
+    return cost.prefill_total(values, n)

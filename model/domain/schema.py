@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from model.cost.analytic import CostParams
-from model.cost.common import Mode
-from model.cost.metrics import Coefficients, Metrics, check_mode
+from model.cost.metrics import Metrics
+from model.cost.model import CostModel, ReferenceCost
 from solvers.backends.result import Status
 
 
@@ -110,8 +109,7 @@ class Problem:
     buckets: tuple[Bucket, ...]
     limits: tuple[Limits, ...]
     max_shapes: int = 8
-    params: Coefficients = field(default_factory=CostParams)  # a DeviceProfile in device mode
-    mode: Mode = "reference"
+    cost: CostModel = ReferenceCost()  # the one cost model every stage asks (model.cost.model)
     max_batch_size: int | None = None
     max_seq_len: int | None = None
     # the only shapes a plan may declare (sorted positive multiples of 64), None = free choice;
@@ -119,9 +117,6 @@ class Problem:
     allowed_shapes: tuple[int, ...] | None = None
     # arrival windows (None: one offline batch pool); every bucket then has arrival_s
     windowing: Windowing | None = None
-
-    def __post_init__(self) -> None:
-        check_mode(self.params, self.mode)
 
     def with_shapes(self, k: int) -> Problem:
         """The same problem under another shape cap (sweeps reuse loaded buckets)."""
@@ -183,15 +178,14 @@ class Scenario:
     names: tuple[str, ...]
     buckets: tuple[Bucket, ...]
     limits: tuple[Limits, ...]
-    params: Coefficients = field(default_factory=CostParams)  # a DeviceProfile in device mode
-    mode: Mode = "reference"
+    cost: CostModel = ReferenceCost()
     max_seq_len: int | None = None
     max_batch_size: int | None = None
 
     def problem(self, **overrides) -> Problem:
         """The planning problem this scenario describes, with CLI overrides applied (None = keep)."""
         kw = dict(buckets=self.buckets, limits=self.limits, max_shapes=self.max_shapes,
-                  params=self.params, mode=self.mode, max_batch_size=self.max_batch_size,
+                  cost=self.cost, max_batch_size=self.max_batch_size,
                   max_seq_len=self.max_seq_len)
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return Problem(**kw)

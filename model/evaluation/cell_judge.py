@@ -19,12 +19,9 @@ import numpy as np
 
 from model.cost.metrics import (
     Metrics,
-    counted_metrics,
-    latencies_given,
-    member_prefill_cost,
     segment_max,
-    spike_ms,
 )
+from model.cost.model import CostModel
 from model.domain.schema import BucketResult, CellRuns, Evaluation, Limits, Problem, Violation
 from model.evaluation.validate import joint_shape_cap, limit_checks, shape_rules
 from model.expand.spikes import spike_leads
@@ -41,27 +38,27 @@ class RunsJudged:
     takes: np.ndarray
 
 
-def run_metrics(hist: Histogram, runs: CellRuns, p, mode: str, limits: Limits) -> tuple[Metrics, np.ndarray,
+def run_metrics(hist: Histogram, runs: CellRuns, cost: CostModel, limits: Limits) -> tuple[Metrics, np.ndarray,
                                                                                           np.ndarray]:
     """(metrics, lead run per batch, takes per batch) of a bucket's runs over its exact histogram."""
     nb = runs.n_batches
     count = runs.count
-    S = hist.S[runs.cell] if mode == "reference" else runs.shape_of[runs.batch]
+    S = cost.arc_member_length(hist.S[runs.cell], runs.shape_of[runs.batch])
     n_b = np.bincount(runs.batch, weights=count, minlength=nb).astype(np.int64)
-    s_max = segment_max(S, runs.batch, nb) if mode == "reference" else runs.shape_of
+    s_max = cost.batch_contexts(S, runs.batch, runs.shape_of)
     g_max = segment_max(hist.G[runs.cell], runs.batch, nb)
-    latency = latencies_given(S, runs.batch, n_b, s_max, g_max, p, mode)
-    spike = spike_ms(p)
+    latency = cost.latencies_given(S, runs.batch, n_b, s_max, g_max)
+    spike = cost.spike_ms
     lead, takes = spike_leads(runs.batch, runs.shape_of, latency, spike, limits, weight=count)
     hit = lead[takes]  # one member of each of these runs takes its shape's spike
     values = np.r_[latency, latency[hit] + spike]
     counts = np.r_[count, np.ones(len(hit), dtype=np.int64)]
     counts[hit] -= 1
     worst = segment_max(values, np.r_[runs.batch, runs.batch[hit]], nb)
-    prefill = None if mode == "device" else member_prefill_cost(S, p, count)
+    prefill = cost.prefill_total(S, count)
     pad = int((S * count).sum() - hist.prompt_sum.sum() + (g_max[runs.batch] * count).sum() - hist.gen_sum.sum())
     real = int(hist.prompt_sum.sum() + hist.gen_sum.sum())
-    metrics = counted_metrics(values, counts, worst, n_b, runs.shape_of, s_max, g_max, prefill, pad, real, p, mode)
+    metrics = cost.counted_metrics(values, counts, worst, n_b, runs.shape_of, s_max, g_max, prefill, pad, real)
     return metrics, lead, takes
 
 
@@ -80,12 +77,12 @@ def evaluate_runs(problem: Problem, hists: list[Histogram], runs: tuple[CellRuns
                   ) -> tuple[Evaluation, tuple[RunsJudged, ...]]:
     """Every bucket's runs judged (``run_metrics``, the shape rules, the limits) and the joint shape cap.  The
     analytic modes only: the planner by cells refuses device mode, and its KV rule is not judged here."""
-    if problem.mode == "device":
+    if problem.cost.shared_batch_time:
         raise ValueError("runs are judged in the reference and strict modes; device mode plans from requests")
     judged = []
     all_shapes: set[int] = set()
     for bucket, limits, hist, r in zip(problem.buckets, problem.limits, hists, runs, strict=True):
-        metrics, lead, takes = run_metrics(hist, r, problem.params, problem.mode, limits)
+        metrics, lead, takes = run_metrics(hist, r, problem.cost, limits)
         all_shapes.update(metrics.shapes)
         result = BucketResult(bucket.name, metrics, limit_checks(metrics, limits),
                               tuple(shape_violations(bucket.name, hist, r, problem)))

@@ -8,8 +8,7 @@ import numpy as np
 import pandas as pd
 
 from model.cost.common import align
-from model.cost.device import DeviceProfile
-from model.cost.metrics import Metrics, batch_index, batch_kv_tokens, plan_metrics
+from model.cost.metrics import Metrics, batch_index, batch_kv_tokens
 from model.domain.schema import (
     Bucket,
     BucketResult,
@@ -163,18 +162,19 @@ def plan_shape_rules(bucket: Bucket, plan: Plan, rows: np.ndarray, problem: Prob
                        problem.allowed_shapes, locate, short_text, mixed_text)
 
 
-def kv_rule(bucket: Bucket, plan: Plan, rows: np.ndarray, device: DeviceProfile) -> list[Violation]:
-    """Device mode: a batch is valid only if n * (s + G_max) <= kv_capacity_tokens (all its KV fits)."""
-    if device.kv_capacity_tokens is None:
+def kv_rule(bucket: Bucket, plan: Plan, rows: np.ndarray, capacity: int | None) -> list[Violation]:
+    """Where the cost model has a KV capacity: a batch is valid only if n * (s + G_max) <= capacity (all its
+    KV fits)."""
+    if capacity is None:
         return []
     tokens, ids = batch_kv_tokens(plan.batch_ids, bucket.gen_len[rows], plan.seq_align)
-    over = np.flatnonzero(tokens > device.kv_capacity_tokens)
+    over = np.flatnonzero(tokens > capacity)
     if not len(over):
         return []
     k = int(over[np.argmax(tokens[over])])
     return [Violation(bucket.name, "kv-capacity",
                       f"{plan.source}: batch {ids[k]!r} holds {int(tokens[k])} KV tokens (members x (seq_align + "
-                      f"G_max)), over the device's capacity {device.kv_capacity_tokens} "
+                      f"G_max)), over the device's capacity {capacity} "
                       f"({len(over)} batch{'es' if len(over) > 1 else ''} over)")]
 
 
@@ -229,12 +229,11 @@ def evaluate_plans(problem: Problem, plans: tuple[Plan, ...]) -> tuple[list[Buck
             results.append(BucketResult(bucket.name, None, (), tuple(problems)))
             continue
         problems += plan_shape_rules(bucket, plan, rows, problem)
-        if problem.mode == "device":
-            problems += kv_rule(bucket, plan, rows, problem.params)
+        problems += kv_rule(bucket, plan, rows, problem.cost.kv_capacity)
         problems += window_rule(problem, bucket, plan, rows)
         waits = waits_of(problem, bucket)
-        metrics = plan_metrics(bucket.prompt_len[rows], bucket.gen_len[rows], plan.batch_ids, plan.seq_align,
-                               problem.params, problem.mode, None if waits is None else waits[rows])
+        metrics = problem.cost.plan_metrics(bucket.prompt_len[rows], bucket.gen_len[rows], plan.batch_ids,
+                                            plan.seq_align, None if waits is None else waits[rows])
         all_shapes.update(metrics.shapes)
         results.append(BucketResult(bucket.name, metrics, limit_checks(metrics, limits), tuple(problems)))
     return results, joint_shape_cap(all_shapes, problem.max_shapes)

@@ -16,26 +16,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.cost.analytic import CostParams
-from model.cost.common import Mode, align
-from model.cost.metrics import Coefficients, batch_latencies, segment_max, spike_ms
+from model.cost.metrics import segment_max
+from model.cost.model import CostModel, ReferenceCost
 from model.domain.schema import Batching, Bucket, Limits, Plan, Problem
 from model.domain.windowing import waits_of, windows_of
 from model.expand.spikes import member_order, spike_leads
 
 
-def batch_extents(bucket: Bucket, batching: Batching, mode: Mode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-record effective prompt length and per-batch (S_max, G_max) under the cost mode."""
-    nb = len(batching.shape_of)
-    S = batching.shape_of[batching.batch_of] if mode != "reference" else align(bucket.prompt_len)
-    s_max = np.zeros(nb, dtype=np.int64)
-    g_max = np.zeros(nb, dtype=np.int64)
-    np.maximum.at(s_max, batching.batch_of, S)
-    np.maximum.at(g_max, batching.batch_of, bucket.gen_len)
-    return S, s_max, g_max
-
-
-def assemble(bucket: Bucket, batching: Batching, params: Coefficients = CostParams(), mode: Mode = "reference",
+def assemble(bucket: Bucket, batching: Batching, cost: CostModel = ReferenceCost(),
              limits: Limits = Limits(), wait_ms: np.ndarray | None = None, windows: np.ndarray | None = None) -> Plan:
     """A plan with spike-aware batch ids (``s<seq_align>-<k>``, zero-padded) and member order.
 
@@ -45,16 +33,16 @@ def assemble(bucket: Bucket, batching: Batching, params: Coefficients = CostPara
     codes = np.asarray(batching.batch_of, dtype=np.int64)
     shape_of = np.asarray(batching.shape_of, dtype=np.int64)
     nb = len(shape_of)
-    latency = batch_latencies(bucket.prompt_len, bucket.gen_len, codes, shape_of, params, mode)[0]
+    latency = cost.batch_latencies(bucket.prompt_len, bucket.gen_len, codes, shape_of)[0]
     if wait_ms is not None:
         latency = latency + np.asarray(wait_ms, dtype=np.float64)
     # per shape, the member that takes the spike (``model.expand.spikes``) leads the batch that ranks 0;
     # every other batch leads with its gentlest member, the one with the least latency
     by_batch = member_order(codes, latency)
-    lead, takes = spike_leads(codes, shape_of, latency, spike_ms(params), limits, order=by_batch)
+    lead, takes = spike_leads(codes, shape_of, latency, cost.spike_ms, limits, order=by_batch)
     first_lat = latency[lead]
     batch_max = segment_max(np.asarray(latency, dtype=np.float64), codes, nb)
-    spiked = first_lat + spike_ms(params)
+    spiked = first_lat + cost.spike_ms
     seq_hurt = np.maximum(0.0, spiked - batch_max)
     limit = limits.max_p95_latency_ms
     crosses = (first_lat <= limit) & (spiked > limit) if limit is not None else np.zeros(nb, bool)
@@ -137,6 +125,6 @@ def ranked_ids(shape_of: np.ndarray, rank: np.ndarray, windows: np.ndarray | Non
 
 def assemble_all(problem: Problem, batchings: tuple[Batching, ...]) -> tuple[Plan, ...]:
     """Every bucket's batching as a plan (with the problem's arrival windows, if any)."""
-    return tuple(assemble(b, bt, problem.params, problem.mode, lim, waits_of(problem, b),
+    return tuple(assemble(b, bt, problem.cost, lim, waits_of(problem, b),
                           windows_of(problem, b) if problem.windowing is not None else None)
                  for b, bt, lim in zip(problem.buckets, batchings, problem.limits, strict=True))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.cost.common import Mode
+from model.cost.model import CostModel
 from model.domain.schema import Batching, CellRuns
 from model.histogram.cells import Histogram
 
@@ -59,7 +59,7 @@ def deal(fine: Histogram, coarse: Histogram, arc_cell: np.ndarray, arc_box: np.n
 
 
 def box_runs(fine: Histogram, seg_cell: np.ndarray, seg_box: np.ndarray, seg_count: np.ndarray,
-             box_shape: np.ndarray, mode: Mode, max_batch_size: int | None, box_batches: np.ndarray | None = None
+             box_shape: np.ndarray, cost: CostModel, max_batch_size: int | None, box_batches: np.ndarray | None = None
              ) -> CellRuns:
     """Each box's members cut into batches (see the module docstring): the runs of a bucket.
 
@@ -71,7 +71,7 @@ def box_runs(fine: Histogram, seg_cell: np.ndarray, seg_box: np.ndarray, seg_cou
     seg_count = np.asarray(seg_count, dtype=np.int64)
     if (np.asarray(box_shape) < fine.S[seg_cell]).any():
         raise ValueError(f"bucket {fine.name}: a box's declared shape does not cover a prompt it holds")
-    within = (fine.S[seg_cell], fine.G[seg_cell]) if mode == "device" else (fine.G[seg_cell], fine.S[seg_cell])
+    within = (fine.S[seg_cell], fine.G[seg_cell]) if cost.shared_batch_time else (fine.G[seg_cell], fine.S[seg_cell])
     order = np.lexsort((*within, seg_box))
     seg_cell, seg_box, seg_count = seg_cell[order], seg_box[order], seg_count[order]
     box_shape = np.asarray(box_shape, dtype=np.int64)[order]
@@ -80,7 +80,7 @@ def box_runs(fine: Histogram, seg_cell: np.ndarray, seg_box: np.ndarray, seg_cou
     first = np.flatnonzero(np.r_[True, seg_box[1:] != seg_box[:-1]]) if len(seg_box) else np.zeros(0, np.int64)
     box_start = seg_start[first]
     size = np.diff(np.r_[box_start, total])
-    if mode == "device":
+    if cost.shared_batch_time:
         m = np.maximum(np.asarray(box_batches, dtype=np.int64)[order][first], 1)
         m = np.minimum(m, size)
     elif max_batch_size:
@@ -89,7 +89,7 @@ def box_runs(fine: Histogram, seg_cell: np.ndarray, seg_box: np.ndarray, seg_cou
         m = np.ones(len(size), dtype=np.int64)
     k = np.arange(int(m.sum())) - np.repeat(np.r_[0, np.cumsum(m)[:-1]], m)  # chunk number within its box
     owner = np.repeat(np.arange(len(m)), m)
-    if mode == "device":
+    if cost.shared_batch_time:
         local = (k * size[owner] + m[owner] - 1) // m[owner]  # where (pos * m) // size steps up
     else:
         local = k * (max_batch_size or 0)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from model.cost.metrics import spike_ms
+from model.cost.model import ANALYTIC_SLACK_PENALTY, ReferenceCost
 from model.formulation.boxes import (
     NO_CAP,
     BucketModel,
@@ -36,21 +36,14 @@ from model.formulation.boxes import (
     box_fixed,
     box_unit_cost,
     box_unit_seq,
-    shape_compile,
     spike_terms,
     variant_range,
 )
 from solvers.backends.milp import Block, MipArrays
 
-# Cost per unit of violation of each limit while columns are generated: far above what
-# any decision saves per unit.  Analytic modes: a pad token costs ~1e7 of decode at
-# most, a ms of latency ~1e3 of cost, a request over the P95 limit at most one batch
-# ~1e10.  Device mode (costs in device ms): a pad token costs well under 1 ms, a ms of
-# sequential time is a ms of cost, a member over the P95 limit at most one batch.
-ROW_MAX = 1e3  # limit rows are scaled down to this largest coefficient
-SLACK_PENALTY = {"cost": 10.0, "pad": 1e9, "seq": 1e6, "p95": 1e12}
-DEVICE_SLACK_PENALTY = {"cost": 10.0, "pad": 1e3, "seq": 10.0, "p95": 1e7}
-OBJECTIVE_SCALE = {"reference": 1e7, "strict": 1e7, "device": 1.0}  # objective divided by this (numerics)
+# Each limit's slack is priced by the cost model (``CostModel.slack_penalty``, in its own unit) while columns
+# are generated; the rows are scaled down to this largest coefficient.
+ROW_MAX = 1e3
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,7 +172,7 @@ def _size_rows(bld: _Builder, name: str, b: int, res: Restriction, x: Block, m: 
 
 
 def _limit_row(bld: _Builder, name: str, b: int, cols: np.ndarray, vals: np.ndarray, rhs: float,
-               relax: bool, penalty: dict[str, float] = SLACK_PENALTY) -> None:
+               relax: bool, penalty: dict[str, float] = ANALYTIC_SLACK_PENALTY) -> None:
     """One "<=" limit row, scaled so its largest coefficient is at most ROW_MAX, with a priced
     slack column while generating columns.
 
@@ -197,7 +190,7 @@ def _limit_row(bld: _Builder, name: str, b: int, cols: np.ndarray, vals: np.ndar
 
 def penalties(bm: BucketModel) -> dict[str, float]:
     """Slack prices of the limit rows in the bucket's cost unit."""
-    return DEVICE_SLACK_PENALTY if bm.mode == "device" else SLACK_PENALTY
+    return bm.cost.slack_penalty
 
 
 def cost_limit_row(bld, b, bm, res, x, m, z, unit, shapes, relax) -> None:
@@ -211,7 +204,7 @@ def cost_limit_row(bld, b, bm, res, x, m, z, unit, shapes, relax) -> None:
     vals = [fixed, unit]
     if z is not None:
         cols.append(np.arange(z.start, z.stop))
-        vals.append(shape_compile(shapes, bm.params))
+        vals.append(bm.cost.shape_charge(shapes))
     _limit_row(bld, "cost", b, np.concatenate(cols), np.concatenate(vals), bm.limits.max_cost - bm.const_cost, relax,
                penalties(bm))
 
@@ -238,7 +231,7 @@ def seq_limit_row(bld, b, bm, res, x, m, z, fixed_shapes: int, relax, spikes: Te
     if bm.limits.max_sequential_ms is None:
         return
     _, lat = box_fixed(bm, res.t, res.g, res.variant)
-    spike = spike_ms(bm.params)
+    spike = bm.cost.spike_ms
     useq = box_unit_seq(bm, res.t, res.g, res.variant)[res.arc_box]
     cols, vals = [m.start + np.arange(len(res.boxes))], [lat]
     if useq.any():
@@ -295,7 +288,7 @@ def spike_arcs(bm: BucketModel, res: Restriction, per_arc: bool) -> SpikeColumns
     sequential limit and ``per_arc``."""
     harmless, growth = spike_terms(bm, res.arc_cell, res.t[res.arc_box], res.g[res.arc_box])
     arcs = np.zeros(0, np.int64)
-    if per_arc and bm.limits.max_sequential_ms is not None and bm.mode == "reference":
+    if per_arc and bm.limits.max_sequential_ms is not None and not bm.cost.pads_to_shape:
         arcs = np.flatnonzero(bm.hist.S[res.arc_cell] < res.t[res.arc_box])  # prefilled below t: growth < spike
     return SpikeColumns(arcs, harmless, growth)
 
@@ -320,12 +313,12 @@ def spike_rows(bld, b, bm, res, x, z, shapes, per_arc: bool) -> tuple[Terms | No
     spikes cannot matter (no P95 or sequential limit, device mode).
     """
     lim = bm.limits
-    if bm.mode == "device" or (lim.max_p95_latency_ms is None and lim.max_sequential_ms is None):
+    if bm.cost.shared_batch_time or (lim.max_p95_latency_ms is None and lim.max_sequential_ms is None):
         return None, None
     if shapes is not None and lim.max_p95_latency_ms is None:
         return None, None  # strict: the sequential row counts one spike per shape (z) exactly
     sc = spike_arcs(bm, res, per_arc)
-    spike = spike_ms(bm.params)
+    spike = bm.cost.spike_ms
     n_opt = 1 if shapes is None else len(shapes)
     t_pos = None if shapes is None else np.searchsorted(shapes, res.t[res.arc_box])
     w = bld.add_cols("spike_w", np.zeros(n_opt), 0.0, 1.0, True, b)
@@ -429,7 +422,7 @@ def build_model(bms: list[BucketModel], restrictions: list[Restriction],
         x = bld.add_cols("x", unit, 0.0, bm.hist.count[res.arc_cell].astype(np.float64), True, b)
         z = None
         if shapes is not None:
-            z = bld.add_cols("z", shape_compile(shapes, bm.params), 0.0, 1.0, True, b)
+            z = bld.add_cols("z", bm.cost.shape_charge(shapes), 0.0, 1.0, True, b)
             zs.append(z)
         per_bucket.append((bm, res, m, x, z, unit, m_ub, lo, hi))
         const += bm.const_cost
@@ -447,5 +440,5 @@ def build_model(bms: list[BucketModel], restrictions: list[Restriction],
             shape_link_rows(bld, b, res, m, z, np.searchsorted(shapes, res.t), m_ub)
     if shapes is not None:
         shape_cap_rows(bld, zs, y, max_shapes)
-    mode = bms[0].mode if bms else "reference"
-    return bld.arrays(scale=OBJECTIVE_SCALE[mode], offset=const)
+    return bld.arrays(scale=bms[0].cost.objective_scale if bms else ReferenceCost.objective_scale, offset=const)
+

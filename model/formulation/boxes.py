@@ -20,14 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from model.cost.analytic import decode_cost, member_latency, prefill_cost
-from model.cost.common import Mode, allowed_above
-from model.cost.device import batch_time, linear_parts, max_members
-from model.cost.metrics import Coefficients, shape_charge, spike_ms
+from model.cost.common import allowed_above
+from model.cost.model import NO_CAP, CostModel
 from model.domain.schema import Limits
 from model.histogram.cells import Histogram
-
-NO_CAP = np.iinfo(np.int64).max // 4  # "no batch-size cap" as an integer that survives arithmetic
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,8 +44,7 @@ class BucketModel:
 
     hist: Histogram
     limits: Limits
-    mode: Mode
-    params: Coefficients
+    cost: CostModel
     const_cost: float
     pad_budget: float | None
     p95_allowed: int | None
@@ -66,19 +61,20 @@ class BucketModel:
         return len(self.large)
 
 
-def variant_kinds(params: Coefficients, mode: Mode, limits: Limits) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def variant_kinds(cost: CostModel, limits: Limits) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(large, slow, safe) per variant: the decode regimes a profile has, each split by the P95 limit if one
-    is set into sizes whose members stay under it with a compile spike (safe), without one, or not (slow)."""
-    if mode != "device":
+    is set into sizes whose members stay under it with a compile spike (safe), without one, or not (slow).
+    One plain variant where a batch's time does not depend on its size."""
+    if not cost.shared_batch_time:
         return np.zeros(1, bool), np.zeros(1, bool), np.zeros(1, bool)
-    regimes = [False, True] if params.decode_large is not None else [False]
+    regimes = cost.decode_regimes()
     speeds = ["safe", "fast", "slow"] if limits.max_p95_latency_ms is not None else ["fast"]
     pairs = [(r, s) for r in regimes for s in speeds]
     return (np.array([r for r, _ in pairs]), np.array([s == "slow" for _, s in pairs]),
             np.array([s == "safe" for _, s in pairs]))
 
 
-def bucket_model(hist: Histogram, gen_min: np.ndarray, limits: Limits, params: Coefficients, mode: Mode,
+def bucket_model(hist: Histogram, gen_min: np.ndarray, limits: Limits, cost: CostModel,
                  p95_reserve: int = 0, max_batch: int | None = None) -> BucketModel:
     """Constants of one bucket: fixed cost, remaining pad budget, P95 allowance, box variants.
 
@@ -88,36 +84,19 @@ def bucket_model(hist: Histogram, gen_min: np.ndarray, limits: Limits, params: C
     real = int(hist.prompt_sum.sum() + hist.gen_sum.sum())
     # alignment pad sum(S_c - prompt) is the same in every plan; strict/device mode add t - S_c per arc
     fixed_pad = float((hist.count * hist.S).sum() - hist.prompt_sum.sum())
-    const = float((hist.count * prefill_cost(hist.S, params)).sum()) if mode == "reference" else 0.0
+    const = cost.constant_cost(hist.S, hist.count)
     # pad is measured per request against gen_min; the real pad is that minus the slack below
     slack = float((hist.count * gen_min).sum() - hist.gen_sum.sum())  # <= 0 when coarsened
     pad_budget = None
     if limits.max_pad_ratio is not None:
         pad_budget = limits.max_pad_ratio * real - fixed_pad - slack
     p95 = allowed_above(hist.n_requests) - p95_reserve if limits.max_p95_latency_ms is not None else None
-    large, slow, safe = variant_kinds(params, mode, limits)
-    return BucketModel(hist, limits, mode, params, const, pad_budget, p95, real, gen_min, p95_reserve, max_batch,
+    large, slow, safe = variant_kinds(cost, limits)
+    return BucketModel(hist, limits, cost, const, pad_budget, p95, real, gen_min, p95_reserve, max_batch,
                        large, slow, safe)
 
 
 # ---------------------------------------------------------------- size classes (device mode)
-
-
-def _regime_range(bm: BucketModel, t: np.ndarray, g: np.ndarray, large: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Batch sizes [lo, hi] a box may hold in a decode regime: the regime's own range, the batch-size
-    cap and (device mode) the KV capacity n * (t + g) <= capacity."""
-    t = np.asarray(t, dtype=np.int64)
-    hi = np.full(t.shape, NO_CAP if bm.max_batch is None else bm.max_batch, dtype=np.int64)
-    lo = np.ones(t.shape, dtype=np.int64)
-    if bm.mode == "device":
-        kv = max_members(t, g, bm.params)
-        if kv is not None:
-            hi = np.minimum(hi, kv)
-        switch = bm.params.decode_large_from
-        if switch is not None:
-            hi = np.where(large, hi, np.minimum(hi, switch - 1))
-            lo = np.where(large, switch, lo)
-    return lo, hi
 
 
 def fast_members(bm: BucketModel, t: np.ndarray, g: np.ndarray, large: np.ndarray, limit: float) -> np.ndarray:
@@ -127,7 +106,7 @@ def fast_members(bm: BucketModel, t: np.ndarray, g: np.ndarray, large: np.ndarra
     is checked against ``batch_time`` itself (the evaluator's arithmetic) and moved by
     one where float rounding put it on the wrong side.
     """
-    fixed, per = linear_parts(t, g, large, bm.params)
+    fixed, per = bm.cost.linear_parts(t, g, large)
     with np.errstate(divide="ignore", invalid="ignore"):
         est = np.where(per > 0, np.floor((limit - fixed) / np.where(per > 0, per, 1.0)),
                        np.where(fixed <= limit, NO_CAP, -1.0))
@@ -142,21 +121,20 @@ def fast_members(bm: BucketModel, t: np.ndarray, g: np.ndarray, large: np.ndarra
 
 def _time(bm: BucketModel, n: np.ndarray, t: np.ndarray, g: np.ndarray, large: np.ndarray) -> np.ndarray:
     """Batch time at n in a fixed regime (the regime's coefficients even where n lies outside it)."""
-    fixed, per = linear_parts(t, g, large, bm.params)
-    exact = batch_time(n, t, g, bm.params)
-    in_regime = (n >= bm.params.decode_large_from) == large if bm.params.decode_large_from is not None else True
-    return np.where(in_regime, exact, fixed + n * per)
+    fixed, per = bm.cost.linear_parts(t, g, large)
+    exact = bm.cost.batch_total(n, t, g)
+    return np.where(bm.cost.is_large(n) == large, exact, fixed + n * per)
 
 
 def variant_range(bm: BucketModel, t, g, v) -> tuple[np.ndarray, np.ndarray]:
     """Batch sizes [lo, hi] of box (t, g) in variant v; lo > hi means the variant cannot be used."""
     t, g, v = (np.asarray(a, dtype=np.int64) for a in np.broadcast_arrays(t, g, v))
     large = bm.large[v]
-    lo, hi = _regime_range(bm, t, g, large)
+    lo, hi = bm.cost.regime_range(t, g, large, bm.max_batch)
     limit = bm.limits.max_p95_latency_ms
-    if bm.mode == "device" and limit is not None:
+    if bm.cost.shared_batch_time and limit is not None:
         n_fast = fast_members(bm, t, g, large, limit)
-        n_safe = np.minimum(fast_members(bm, t, g, large, limit - bm.params.compile_ms), n_fast)
+        n_safe = np.minimum(fast_members(bm, t, g, large, limit - bm.cost.spike_ms), n_fast)
         slow, safe = bm.slow[v], bm.safe[v]
         hi = np.where(slow, hi, np.minimum(hi, np.where(safe, n_safe, n_fast)))
         lo = np.where(slow, np.maximum(lo, n_fast + 1), np.where(safe, lo, np.maximum(lo, n_safe + 1)))
@@ -185,45 +163,34 @@ def box_fixed(bm: BucketModel, t: np.ndarray, g: np.ndarray, v: np.ndarray | int
     which is both (a batch's time is its cost and its sequential-time contribution).
     """
     t = np.asarray(t)
-    if bm.mode == "device":
-        fixed, _ = linear_parts(t, g, bm.large[np.broadcast_to(v, t.shape)], bm.params)
-        return fixed, fixed
-    return np.full(len(t), bm.params.Kbatch_overhead_cost), member_latency(t, t, g, bm.params)
+    return bm.cost.box_fixed(t, g, bm.large[np.broadcast_to(v, t.shape)])
 
 
 def box_unit_cost(bm: BucketModel, t: np.ndarray, g: np.ndarray, v: np.ndarray | int = 0) -> np.ndarray:
     """Cost per member of box (t, g, v): decode (plus prefill in strict mode); device mode T's per-member part."""
-    if bm.mode == "device":
-        t = np.asarray(t)
-        return linear_parts(t, g, bm.large[np.broadcast_to(v, np.broadcast_shapes(t.shape, np.shape(g)))],
-                            bm.params)[1]
-    cost = decode_cost(t, g, bm.params)
-    if bm.mode == "strict":
-        cost = cost + prefill_cost(t, bm.params)
-    return cost
+    t = np.asarray(t)
+    return bm.cost.box_unit_cost(t, g, bm.large[np.broadcast_to(v, np.broadcast_shapes(t.shape, np.shape(g)))])
 
 
 def box_unit_seq(bm: BucketModel, t: np.ndarray, g: np.ndarray, v: np.ndarray | int = 0) -> np.ndarray:
     """Sequential time per member of box (t, g, v): 0 in the analytic modes (a batch counts its largest
     member once), T's per-member part in device mode (a batch counts its whole time)."""
-    if bm.mode == "device":
-        return box_unit_cost(bm, t, g, v)
-    return np.zeros(np.broadcast_shapes(np.shape(t), np.shape(g)))
+    t = np.asarray(t)
+    return bm.cost.box_unit_seq(t, g, bm.large[np.broadcast_to(v, np.broadcast_shapes(t.shape, np.shape(g)))])
 
 
 def arc_pad(bm: BucketModel, cell: np.ndarray, t: np.ndarray, g: np.ndarray) -> np.ndarray:
     """Pad tokens per member of a cell in box (t, g): gen pad, plus prompt pad up to t unless in reference mode."""
     pad = g - bm.gen_min[cell]
-    if bm.mode != "reference":
-        pad = pad + (t - bm.hist.S[cell])
+    if bm.cost.pads_to_shape:
+        pad = pad + bm.cost.prompt_pad(bm.hist.S[cell], t)
     return pad.astype(np.float64)
 
 
 def arc_latency(bm: BucketModel, cell: np.ndarray, t: np.ndarray, g: np.ndarray) -> np.ndarray:
     """Latency (ms, spike excluded) of a member of a cell in box (t, g) -- analytic modes only
     (in device mode it depends on the batch size: see ``variant_range``)."""
-    s_member = t if bm.mode == "strict" else bm.hist.S[cell]
-    return member_latency(s_member, t, g, bm.params)
+    return bm.cost.member_latency(bm.cost.arc_member_length(bm.hist.S[cell], t), t, g)
 
 
 def arc_violates(bm: BucketModel, cell: np.ndarray, t: np.ndarray, g: np.ndarray,
@@ -233,7 +200,7 @@ def arc_violates(bm: BucketModel, cell: np.ndarray, t: np.ndarray, g: np.ndarray
     shape = np.broadcast_shapes(np.shape(cell), np.shape(t), np.shape(g), np.shape(v))
     if limit is None:
         return np.zeros(shape)
-    if bm.mode == "device":
+    if bm.cost.shared_batch_time:
         return np.broadcast_to(bm.slow[np.broadcast_to(v, shape)], shape).astype(np.float64)
     return (arc_latency(bm, cell, t, g) > limit).astype(np.float64)
 
@@ -248,44 +215,18 @@ def spike_terms(bm: BucketModel, cell: np.ndarray, t: np.ndarray, g: np.ndarray)
     where every member of a batch has the same latency, less in reference mode for a
     member prefilled below t.
     """
-    spike = spike_ms(bm.params)
+    spike = bm.cost.spike_ms
     lat = arc_latency(bm, cell, t, g)
-    growth = np.maximum(0.0, lat + spike - member_latency(t, t, g, bm.params))
+    growth = np.maximum(0.0, lat + spike - bm.cost.member_latency(t, t, g))
     limit = bm.limits.max_p95_latency_ms
     harmless = np.ones(np.shape(lat), bool) if limit is None else (lat + spike <= limit) | (lat > limit)
     return harmless, growth
 
 
-def shape_compile(shapes: np.ndarray, params: Coefficients) -> np.ndarray:
-    """Compile charge of each candidate shape (charged per bucket that uses it)."""
-    return shape_charge(shapes, params)
-
-
-def batch_floor(bm: BucketModel) -> float:
-    """The least a bucket pays for using a shape at all, beyond its members' floors: one batch overhead
-    (analytic modes); 0 in device mode, where ``request_floor`` already spreads the batch's F."""
-    return 0.0 if bm.mode == "device" else float(bm.params.Kbatch_overhead_cost)
-
-
 def request_floor(bm: BucketModel, t, G: np.ndarray) -> np.ndarray:
-    """A lower bound on what one request of gen G costs when it runs at shape t, whatever its batch.
-
-    Analytic modes: its own per-member cost in box (t, G).  Device mode: the cheapest
-    decode regime's per-member part plus the batch's fixed part shared by as many
-    members as the box can hold -- a batch decodes at least G steps, F and u grow with
-    the batch's gen and the KV cap shrinks with it, so no batch does better.
-    """
-    if bm.mode != "device":
-        return box_unit_cost(bm, t, G)
-    t = np.broadcast_to(np.asarray(t, dtype=np.int64), np.shape(G))
-    best = np.full(np.shape(G), np.inf)
-    for large in ([False, True] if bm.params.decode_large is not None else [False]):
-        mask = np.full(np.shape(G), large)
-        lo, hi = _regime_range(bm, t, G, mask)
-        fixed, per = linear_parts(t, G, mask, bm.params)
-        share = per + fixed / np.maximum(np.minimum(hi, 1 << 40), 1)
-        best = np.where(lo <= hi, np.minimum(best, share), best)
-    return best
+    """A lower bound on what one request of gen G costs when it runs at shape t, whatever its batch
+    (``CostModel.request_floor``, under this bucket's batch-size cap)."""
+    return bm.cost.request_floor(t, G, bm.max_batch)
 
 
 @dataclass(frozen=True, eq=False)
@@ -333,8 +274,9 @@ def candidate_grid(bm: BucketModel, shapes: np.ndarray | None) -> Grid:
     """Boxes that can be optimal: t from the bucket's S values (strict/device: candidate shapes),
     g from its G values, every size-class variant."""
     hist = bm.hist
-    if bm.mode != "reference":
+    if bm.cost.pads_to_shape:
         ts = shapes[shapes >= hist.S.min()]
+
     else:
         ts = np.unique(hist.S)
     return Grid(np.asarray(ts, dtype=np.int64), np.unique(hist.G).astype(np.int64), bm.n_variants)

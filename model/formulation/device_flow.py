@@ -37,12 +37,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.cost.metrics import spike_ms
+from model.cost.model import StrictCost
 from model.formulation.arrays import (
-    DEVICE_SLACK_PENALTY,
     NO_CAP,
-    OBJECTIVE_SCALE,
-    SLACK_PENALTY,
     Block,
     MipArrays,
     _Builder,
@@ -54,7 +51,6 @@ from model.formulation.boxes import (
     box_fixed,
     box_unit_cost,
     box_unit_seq,
-    shape_compile,
     variant_range,
 )
 
@@ -148,14 +144,14 @@ def build_flow_model(bms: list[BucketModel], levels: list[Levels], max_shapes: i
         ng = len(lv.gs)
         a = bld.add_cols("a", np.zeros((nt - 1) * ng), 0.0, total, False, b)
         d = bld.add_cols("d", np.zeros(nt * (ng - 1)), 0.0, total, False, b)
-        z = bld.add_cols("z", shape_compile(ts, bm.params), 0.0, 1.0, True, b)
+        z = bld.add_cols("z", bm.cost.shape_charge(ts), 0.0, 1.0, True, b)
         zs.append(z)
         const += bm.const_cost
         blocks.append(FlowBlocks(i, j, v, w, m, z, a, d))
         _flow_rows(bld, b, lv, reach, i, j, w, a, d)
         _size_rows(bld, b, w, m, lo, hi, total)
         _shape_rows(bld, b, i, m, z, m_ub)
-        pen = DEVICE_SLACK_PENALTY if bm.mode == "device" else SLACK_PENALTY
+        pen = bm.cost.slack_penalty
         _limits(bld, b, bm, t, g, v, i, fixed, lat, unit, w, m, z, ts, relax_limits, pen, spikes)
     y = bld.add_cols("y", np.zeros(nt), 0.0, 1.0, True)
     for b, z in enumerate(zs):
@@ -163,8 +159,8 @@ def build_flow_model(bms: list[BucketModel], levels: list[Levels], max_shapes: i
         c = np.concatenate([z.start + np.arange(nt), y.start + np.arange(nt)])
         bld.add_rows("shape_global", r, c, np.r_[np.ones(nt), -np.ones(nt)], np.full(nt, -np.inf), np.zeros(nt), b)
     bld.add_rows("shape_cap", np.zeros(nt, dtype=np.int64), y.start + np.arange(nt), np.ones(nt), -np.inf, max_shapes)
-    mode = bms[0].mode if bms else "strict"
-    return bld.arrays(scale=OBJECTIVE_SCALE[mode], offset=const), blocks
+    return bld.arrays(scale=bms[0].cost.objective_scale if bms else StrictCost.objective_scale, offset=const), blocks
+
 
 
 def _flow_rows(bld: _Builder, b: int, lv: Levels, reach: np.ndarray, i: np.ndarray, j: np.ndarray,
@@ -225,14 +221,14 @@ def _limits(bld: _Builder, b: int, bm: BucketModel, t, g, v, box_i, fixed, lat, 
     nt = z.stop - z.start
     if lim.max_cost is not None:
         cols = np.concatenate([m.start + kw, w.start + kw, z.start + np.arange(nt)])
-        vals = np.concatenate([fixed, unit, shape_compile(ts, bm.params)])
+        vals = np.concatenate([fixed, unit, bm.cost.shape_charge(ts)])
         _limit_row(bld, "cost", b, cols, vals, lim.max_cost - bm.const_cost, relax, pen)
     if lim.max_pad_ratio is not None:
         _limit_row(bld, "pad", b, w.start + kw, (t + g).astype(np.float64),
                    (1 + lim.max_pad_ratio) * bm.real_tokens, relax, pen)
     if lim.max_sequential_ms is not None:
         useq = box_unit_seq(bm, t, g, v)
-        spike = spike_ms(bm.params) if spikes else 0.0
+        spike = bm.cost.spike_ms if spikes else 0.0
         cols = np.concatenate([m.start + kw, w.start + kw, z.start + np.arange(nt)])
         vals = np.concatenate([lat, useq, np.full(nt, spike)])
         _limit_row(bld, "seq", b, cols, vals, lim.max_sequential_ms, relax, pen)
@@ -240,7 +236,7 @@ def _limits(bld: _Builder, b: int, bm: BucketModel, t, g, v, box_i, fixed, lat, 
         viol = arc_violates(bm, np.zeros(len(kw), np.int64), t, g, v)
         keep = np.flatnonzero(viol > 0)
         cols, vals = [w.start + keep], [viol[keep]]
-        if bm.mode == "device":
+        if bm.cost.shared_batch_time:
             e = spike_rows(bld, b, bm, v, box_i, m, z)
             cols.append(np.arange(e.start, e.stop))
             vals.append(np.ones(e.stop - e.start))

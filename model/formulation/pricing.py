@@ -58,7 +58,6 @@ from model.formulation.boxes import (
     box_fixed,
     box_unit_cost,
     box_unit_seq,
-    shape_compile,
     variant_range,
 )
 from solvers.backends.milp import MipArrays
@@ -215,7 +214,7 @@ def _box_parts(bm: BucketModel, grid: Grid) -> _BoxParts:
     """The grid's box parts, computed once per (bucket model, grid) -- both are compared by identity."""
     T, G = np.broadcast_arrays(grid.ts[:, None], grid.gs[None, :])
     fixed, lat = box_fixed(bm, T.ravel(), G.ravel())
-    viol = (arc_violates(bm, np.zeros(T.shape, np.int64), T, G) if bm.mode != "reference"
+    viol = (arc_violates(bm, np.zeros(T.shape, np.int64), T, G) if bm.cost.pads_to_shape
             else np.zeros((0, 0)))
     lo, hi = variant_range(bm, T, G, 0)
     return _BoxParts(box_unit_cost(bm, T, G), fixed.reshape(T.shape), lat.reshape(T.shape), viol, lo, hi)
@@ -230,12 +229,12 @@ def _monotone(a: np.ndarray) -> bool:
 def _field(bm: BucketModel, grid: Grid, duals: Duals, max_batch: int | None) -> _Field | None:
     """The box and cell parts of e_ck, or None where the sweep does not apply (device mode, or a
     box part that is not monotone)."""
-    if bm.mode == "device" or grid.nv != 1 or len(grid) == 0:
+    if bm.cost.shared_batch_time or grid.nv != 1 or len(grid) == 0:
         return None
     parts = _box_parts(bm, grid)
     T, G = np.broadcast_arrays(grid.ts[:, None], grid.gs[None, :])
     A = (1 + duals.gam) * parts.unit
-    strict = bm.mode != "reference"
+    strict = bm.cost.pads_to_shape
     if duals.rho:
         A = A + duals.rho * (G + T if strict else G).astype(np.float64)
     if duals.lam and strict:  # the member latency is the box's: a box part
@@ -541,7 +540,7 @@ def lagrangian_bound(bms: list[BucketModel], grids: list[Grid], duals: list[Dual
         by_t = np.zeros(len(shapes))
         pos = np.searchsorted(shapes, grid.ts)
         np.add.at(by_t, pos, h.reshape(len(grid.ts), grid.n_cols).sum(axis=1))
-        open_value += np.minimum(0.0, (1 + d.gam) * shape_compile(shapes, bm.params) + by_t)
+        open_value += np.minimum(0.0, (1 + d.gam) * bm.cost.shape_charge(shapes) + by_t)
     dualised = -kappa * max_shapes + float(np.minimum(0.0, kappa + open_value).sum())
     top = float(np.sort(np.minimum(0.0, open_value))[:max(0, max_shapes)].sum())
     return Bound(sum(consts) + max(dualised, top), None, prices)

@@ -20,6 +20,7 @@ from model.base.errors import InputError
 from model.cost.analytic import CostParams
 from model.cost.common import GRANULARITY, MODES
 from model.cost.metrics import Coefficients
+from model.cost.model import cost_model, needs_profile
 from model.domain.schema import Limits, Scenario
 from model.load.names import check_name
 from model.load.params import cost_params_from_mapping, cost_params_from_toml
@@ -93,7 +94,7 @@ def load_scenario(path: str | Path, load: bool = True) -> Scenario:
             columns = _columns(src, lambda key, i=i: key_line(text, key, i) or line, raw)
             buckets.append(load_requests(path.parent / raw["requests"], raw["name"], columns, raw.get("format")))
     return Scenario(path=path, max_shapes=max_shapes, names=tuple(names), buckets=tuple(buckets),
-                    limits=tuple(limits), params=params, mode=mode, max_seq_len=max_seq_len,
+                    limits=tuple(limits), cost=cost_model(mode, params), max_seq_len=max_seq_len,
                     max_batch_size=max_batch)
 
 
@@ -142,12 +143,12 @@ def _coefficients(path: Path, text: str, data: dict, mode: str) -> tuple[Coeffic
     src = str(path)
     spec = data.get("device")
     if spec is None:
-        if mode == "device":
+        if needs_profile(mode):
             raise InputError(src, key_line(text, "mode"), "mode",
                              'mode = "device" needs a device profile: device = "FILE.toml" or a [device] table')
         return _cost_params(path, text, data.get("cost_model")), mode
     where = key_line(text, "device")
-    if "mode" in data and mode != "device":
+    if "mode" in data and not needs_profile(mode):
         raise InputError(src, where, "device", f'a device profile prices plans in device mode, but mode = "{mode}"')
     if "cost_model" in data:
         raise InputError(src, key_line(text, "cost_model"), "cost_model",

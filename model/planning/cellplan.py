@@ -49,7 +49,7 @@ def plan_cells(problem: Problem, fine: list[Histogram], backend: str = "highs", 
     need hold no request).  Raises InfeasibleError only with a proof, NoPlanFound otherwise."""
     t0 = time.perf_counter()
     clock = Deadline.after(time_limit)
-    if problem.mode == "device":
+    if problem.cost.shared_batch_time:
         raise InputError("--cost-model", None, None, "device mode batches requests by their exact gens (runs per "
                          "shape), so it needs every request's lengths; planning from histograms takes the "
                          "reference and strict modes")

@@ -65,7 +65,7 @@ def own_box_duals(bm: BucketModel, grid: Grid) -> Duals:
     At these prices no box has a negative value, so the Lagrangian is "every request
     in its own smallest box, no overheads": weak but always valid.
     """
-    t_own = bm.hist.S if bm.mode == "reference" else grid.ts[np.searchsorted(grid.ts, bm.hist.S)]
+    t_own = bm.hist.S if not bm.cost.pads_to_shape else grid.ts[np.searchsorted(grid.ts, bm.hist.S)]
     return Duals(box_unit_cost(bm, t_own, bm.hist.G))
 
 
@@ -169,7 +169,7 @@ def exact_bound(space: Space, fine: list[Histogram], cg: ColumnGeneration, compi
     p = space.problem
     fbms, fgrids, fduals = [], [], []
     for b, (hf, bm_c, d, f) in enumerate(zip(fine, space.bms, cg.duals, compile_fixed, strict=True)):
-        bm = bucket_model(hf, hf.gen_min, p.limits[b], p.params, p.mode)
+        bm = bucket_model(hf, hf.gen_min, p.limits[b], p.cost)
         fbms.append(replace(bm, const_cost=bm.const_cost + f))
         fgrids.append(candidate_grid(fbms[-1], space.shapes))
         coarse_of_fine = bm_c.hist.of_fine if bm_c.hist.of_fine is not None else np.arange(len(hf))

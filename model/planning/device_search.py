@@ -301,13 +301,13 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
     # the LP-price bound before the flow MIP, which spends the rest of the deadline
     lp_price = -np.inf
     cells = sum(len(b) for b in problem.buckets) * len(all_shapes(problem, fine))
-    if want_bound and problem.mode == "device" and problem.windowing is None \
+    if want_bound and problem.cost.shared_batch_time and problem.windowing is None \
             and cells <= options.lp_price_max_cells and cells * LP_PRICE_S_PER_CELL <= 0.25 * deadline.left():
         lp_price = whole_trace_bound(problem, deadline.share(options.lp_price_share))
     until = deadline
     model, blocks, result = solve_levels(problem, fine, bms, plan_levels, solver, until, warm,
                                          spikes=True, options=options)
-    notes = [f"{problem.mode} mode: flow model over {len(plan_levels[0].ts)} shape levels and "
+    notes = [f"{problem.cost.name} mode: flow model over {len(plan_levels[0].ts)} shape levels and "
              f"{', '.join(str(len(lv.gs)) for lv in plan_levels)} gen levels"]
     bound = -np.inf
     if want_bound:
@@ -315,9 +315,9 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
         notes.append("the bound is the largest of the shape relaxation (every request at its own gen in a full "
                      "batch under the best K shapes), the LP-price bound (set-partitioning duals per shape, the "
                      "best K shapes by DP) and the flow model's own bound where that one is certified")
-        if exact and result.bound is not None and not any(reserves or ()) and problem.mode == "device":
+        if exact and result.bound is not None and not any(reserves or ()) and problem.cost.shared_batch_time:
             bound = max(bound, result.bound)
-    whole = exact and not any(reserves or ()) and problem.mode == "device"
+    whole = exact and not any(reserves or ()) and problem.cost.shared_batch_time
     if not result.has_solution:
         return SearchOutcome(None, None, bound, None, result.status, result.backend, result.version, tuple(notes),
                              whole, result.native)

@@ -19,9 +19,7 @@ import numpy as np
 
 from model.base.errors import InfeasibleError
 from model.base.runtime import Deadline, DeadlineExceeded
-from model.cost.analytic import compile_cost, decode_cost, member_latency, prefill_cost, prefill_latency
 from model.cost.common import align, allowed_above, p95_rank
-from model.cost.metrics import fastest_latency, spike_ms
 from model.domain.schema import Bucket, Limits, Problem
 from model.domain.shapeset import round_up_to, usable
 from model.evaluation.validate import evaluate_plans
@@ -102,12 +100,12 @@ def at_best(bucket: Bucket, problem: Problem, deadline: Deadline = Deadline.neve
     both, a compile spike as much as a compile).  If ``deadline`` passes, the shape-set
     terms fall back to every request at its own shape (still valid).
     """
-    p = problem.params
+    cm = problem.cost
     n = len(bucket)
     S = align(bucket.prompt_len)
-    y = S if problem.mode == "reference" else smallest_shape(problem, S)
-    own = fastest_latency(y, bucket.gen_len, p, problem.mode)
-    spike = spike_ms(p)
+    y = S if not cm.pads_to_shape else smallest_shape(problem, S)
+    own = cm.fastest_latency(y, bucket.gen_len)
+    spike = cm.spike_ms
     k = p95_rank(n)
     p95 = float(np.partition(own, k)[k])
     if allowed_above(n) == 0:  # the P95 is the maximum: the spike counts
@@ -118,11 +116,10 @@ def at_best(bucket: Bucket, problem: Problem, deadline: Deadline = Deadline.neve
     top_down = np.sort(own)[::-1]
     seq = float(top_down[::per_batch].sum())  # the j-th largest batch maximum is at least the (jB)-th latency
     batches = -(-n // per_batch)
-    if problem.mode == "reference":
+    if not cm.pads_to_shape:
         need = int(smallest_shape(problem, S.max()))
-        cost = float((prefill_cost(S, p) + decode_cost(S, bucket.gen_len, p)).sum()
-                     + p.Kbatch_overhead_cost * batches + compile_cost(need, p))
-        gap = float(prefill_latency(S.max(), p) - prefill_latency(S.min(), p))
+        cost = float(cm.member_cost(S, bucket.gen_len).sum() + cm.batch_floor * batches + cm.shape_charge(need))
+        gap = float(cm.prefill_latency(S.max()) - cm.prefill_latency(S.min()))
         grows = spike if per_batch == 1 else max(0.0, spike - gap)
         return {"cost": cost, "pad_ratio": pad, "p95_latency_ms": p95,
                 "sequential_ms": max(seq + grows, float(own.min()) + spike)}
@@ -132,27 +129,26 @@ def at_best(bucket: Bucket, problem: Problem, deadline: Deadline = Deadline.neve
     shapes = candidate_shapes(problem, S)
     top = int(np.searchsorted(shapes, hist.S.max()))
     K = problem.max_shapes
-    if problem.mode == "device":
-        bm = bucket_model(hist, hist.G, Limits(), p, "device", max_batch=problem.max_batch_size)
+    if cm.shared_batch_time:
+        bm = bucket_model(hist, hist.G, Limits(), cm, max_batch=problem.max_batch_size)
         cost = float((hist.count * request_floor(bm, smallest_shape(problem, hist.S), hist.G)).sum()) + spike
         seq = max(cost, float(own.max()) + spike, seq + spike)
     else:
-        cost = float((prefill_cost(y, p) + decode_cost(y, bucket.gen_len, p)).sum()
-                     + p.Kbatch_overhead_cost * batches + compile_cost(int(y.max()), p))
+        cost = float(cm.member_cost(y, bucket.gen_len).sum() + cm.batch_floor * batches
+                     + cm.shape_charge(int(y.max())))
         seq = seq + spike
     try:
-        if problem.mode == "device":  # a batch's time is its cost and its sequential time; a shape's compile both
+        if cm.shared_batch_time:  # a batch's time is its cost and its sequential time; a shape's compile both
             floor = interval_sums(hist, shapes, lambda s, c: hist.count[c] * request_floor(bm, np.int64(s),
                                                                                             hist.G[c]), deadline)
             least = least_over_shape_sets(floor, np.full(len(shapes), spike), K, top)
             cost, seq = max(cost, least), max(seq, least)
         else:
-            charge = compile_cost(shapes, p)
-            run = interval_sums(hist, shapes, lambda s, c: hist.count[c] * (prefill_cost(s, p) + decode_cost(
-                s, hist.G[c], p)), deadline)
-            cost = max(cost, least_over_shape_sets(run, charge + p.Kbatch_overhead_cost, K, top),
-                       least_over_shape_sets(run, charge, K, top) + p.Kbatch_overhead_cost * batches)
-            lat = interval_sums(hist, shapes, lambda s, c: hist.count[c] * member_latency(s, s, hist.G[c], p),
+            charge = cm.shape_charge(shapes)
+            run = interval_sums(hist, shapes, lambda s, c: hist.count[c] * cm.member_cost(s, hist.G[c]), deadline)
+            cost = max(cost, least_over_shape_sets(run, charge + cm.batch_floor, K, top),
+                       least_over_shape_sets(run, charge, K, top) + cm.batch_floor * batches)
+            lat = interval_sums(hist, shapes, lambda s, c: hist.count[c] * cm.member_latency(s, s, hist.G[c]),
                                 deadline)
             seq = max(seq, least_over_shape_sets(lat / per_batch, np.full(len(shapes), spike), K, top))
         prompt = interval_sums(hist, shapes, lambda s, c: hist.count[c] * s - hist.prompt_sum[c], deadline)
@@ -205,7 +201,7 @@ def probe(problem: Problem, b: int, limits: Limits, deadline: Deadline) -> Probe
         return None
     if outcome.batchings is None:
         return Probe(False, outcome.proven_infeasible)
-    plan = assemble(bucket, outcome.batchings[0], problem.params, problem.mode, limits)
+    plan = assemble(bucket, outcome.batchings[0], problem.cost, limits)
     (result,), _ = evaluate_plans(single, (plan,))
     values = {m: result.metrics.value(m) for m in ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms")}
     return Probe(all(c.ok for c in result.checks), False, values)

@@ -128,9 +128,9 @@ class IntervalRuns:
                 if len(members) == 0:
                     ends.append(np.zeros(0, np.int64))
                     continue
-                t, batch = optimal_runs(prob.buckets[b].gen_len[members], hi, prob.params, prob.max_batch_size,
+                t, batch = optimal_runs(prob.buckets[b].gen_len[members], hi, prob.cost.params, prob.max_batch_size,
                                         lim.max_p95_latency_ms)
-                cost += t + prob.params.compile_ms
+                cost += t + prob.cost.params.compile_ms
                 ends.append(np.flatnonzero(np.diff(np.r_[batch, -1])) + 1)
             self._cache[key] = (cost, tuple(ends))
         return self._cache[key]
@@ -219,8 +219,8 @@ def interval_costs(problem: Problem, candidates: np.ndarray, deadline: float) ->
             for a, bucket in zip(aligned, problem.buckets, strict=True):
                 sel = (a > low) & (a <= top)
                 if sel.any():
-                    total += filled_cost(np.sort(bucket.gen_len[sel]), top, problem.params,
-                                         problem.max_batch_size) + problem.params.compile_ms
+                    total += filled_cost(np.sort(bucket.gen_len[sel]), top, problem.cost.params,
+                                         problem.max_batch_size) + problem.cost.params.compile_ms
             cost[lo + 1, hi] = total
             check_interrupt()
             if time.perf_counter() > deadline:

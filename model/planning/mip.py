@@ -117,7 +117,7 @@ def tightened(problem: Problem, reserves: tuple[int, ...], broken: tuple[tuple[i
             continue
         excess = value - limit
         if metric == "sequential_ms":
-            excess = max(excess, problem.params.Tshape_compile_ms)
+            excess = max(excess, problem.cost.spike_ms)
         limits[b] = limits[b].with_limit(metric, limits[b].get(metric) - options.repair_margin * excess)
     return replace(problem, limits=tuple(limits)), tuple(reserves)
 
@@ -212,7 +212,7 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
         raise InputError("--backend", None, None, f"backend {backend!r} cannot solve integer models")
     n_requests = sum(len(b) for b in problem.buckets)
     fine = [build_histogram(b) for b in problem.buckets]
-    flow = problem.mode == "device"
+    flow = problem.cost.shared_batch_time
     greedy = greedy_plan(problem, options, clock.share(options.greedy_share))
     start_name = "greedy"
     if flow:

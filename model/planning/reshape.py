@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.cost.analytic import compile_cost, decode_cost, prefill_cost
 from model.cost.common import align
-from model.cost.device import DeviceProfile, batch_time, kv_fits
-from model.cost.metrics import shape_charge
+from model.cost.model import CostModel
 from model.domain.schema import Batching, Bucket, Problem
 from model.domain.shapeset import round_up_to, usable
 
 
-def reference_shape_set(need: list[int], params, max_shapes: int, allowed: np.ndarray | None = None) -> list[int]:
+def reference_shape_set(need: list[int], cost: CostModel, max_shapes: int, allowed: np.ndarray | None = None
+                        ) -> list[int]:
     """Reference mode: the one shape each bucket compiles, the least total compile cost with <= K shapes in all.
 
     ``need[b]`` is bucket b's longest aligned prompt.  Any plan gives bucket b a shape >=
@@ -43,16 +42,16 @@ def reference_shape_set(need: list[int], params, max_shapes: int, allowed: np.nd
     if allowed is not None:
         need = [int(round_up_to(n, allowed)) for n in need]
     values = sorted(set(need))
-    cost = [float(compile_cost(v, params)) for v in values]
+    charge = [float(cost.shape_charge(v)) for v in values]
     count = [need.count(v) for v in values]
     inf = float("inf")
     best = [[inf] * (max_shapes + 1) for _ in values]  # best[j][k]: values[j] picked, k picks so far
     back = [[-1] * (max_shapes + 1) for _ in values]
     for j in range(len(values)):
-        best[j][1] = sum(count[:j + 1]) * cost[j]
+        best[j][1] = sum(count[:j + 1]) * charge[j]
         for k in range(2, max_shapes + 1):
             for i in range(j):
-                val = best[i][k - 1] + sum(count[i + 1:j + 1]) * cost[j]
+                val = best[i][k - 1] + sum(count[i + 1:j + 1]) * charge[j]
                 if val < best[j][k]:
                     best[j][k], back[j][k] = val, i
     j = len(values) - 1
@@ -74,13 +73,10 @@ def batch_needs(bucket: Bucket, bt: Batching) -> tuple[np.ndarray, np.ndarray, n
     return need, np.bincount(bt.batch_of, minlength=nb), g_max
 
 
-def batch_costs(problem: Problem, n: np.ndarray, g: np.ndarray, s: int) -> np.ndarray:
+def totals_at_shape(problem: Problem, n: np.ndarray, g: np.ndarray, s: int) -> np.ndarray:
     """What each batch (n members, longest gen g) costs at declared shape s (inf where it breaks the KV cap)."""
-    p = problem.params
-    if isinstance(p, DeviceProfile):
-        s_arr = np.full(len(n), s, np.int64)
-        return np.where(kv_fits(n, s_arr, g, p), batch_time(n, s_arr, g, p), np.inf)
-    return n * (prefill_cost(s, p) + decode_cost(s, g, p)) + p.Kbatch_overhead_cost
+    s_arr = np.full(len(n), s, np.int64)
+    return np.where(problem.cost.batch_fits(n, s_arr, g), problem.cost.batch_total(n, s_arr, g), np.inf)
 
 
 def kept_shapes(problem: Problem, bucket: Bucket, bt: Batching, candidates: np.ndarray) -> np.ndarray:
@@ -90,12 +86,13 @@ def kept_shapes(problem: Problem, bucket: Bucket, bt: Batching, candidates: np.n
     shapes = np.asarray(candidates, dtype=np.int64)
     T = len(shapes)
     idx = np.searchsorted(shapes, need)  # every batch's smallest candidate covering it
-    compile_ = shape_charge(shapes, problem.params)
+    compile_ = problem.cost.shape_charge(shapes)
     # f[j]: least cost of serving every batch with idx <= j, shapes[j] kept and the highest so far
     f = np.full(T, np.inf)
     back = np.full(T, -1)
     for j in range(T):
-        at_j = batch_costs(problem, n, g, int(shapes[j]))
+        at_j = totals_at_shape(problem, n, g, int(shapes[j]))
+
         per = np.bincount(idx[idx <= j], weights=at_j[idx <= j], minlength=j + 1)[:j + 1]
         served = np.cumsum(per[::-1])[::-1]  # served[r] = cost at shapes[j] of batches with idx in r..j
         prev = np.r_[0.0, f[:j]]  # prev[r] = f[r - 1], 0 for r = 0 (nothing below)
@@ -133,9 +130,9 @@ def redeclared(problem: Problem, batchings: tuple[Batching, ...]) -> list[tuple[
         if differs(batchings) and all(differs(o) for _, o in out):
             out.append((what, new))
 
-    if problem.mode == "reference":
+    if not problem.cost.pads_to_shape:
         need = [int(align(b.prompt_len).max()) for b in problem.buckets]
-        one = reference_shape_set(need, problem.params, problem.max_shapes, usable(problem))
+        one = reference_shape_set(need, problem.cost, problem.max_shapes, usable(problem))
         add("one shape per bucket", [np.full(len(bt.shape_of), s) for bt, s in zip(batchings, one, strict=True)])
         return out
     union = np.unique(np.concatenate([bt.shape_of for bt in batchings]))

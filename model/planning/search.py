@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from model.base.runtime import Deadline, interrupted
-from model.cost.metrics import spike_ms
 from model.domain.schema import Batching, Problem
 from model.formulation.arrays import Restriction, build_model, restriction, spike_arcs
 from model.formulation.boxes import BucketModel, Grid, arc_violates, variant_of_size, variant_range
@@ -63,7 +62,7 @@ class Assignment:
 def seed_restriction(bm: BucketModel, grid: Grid, extra_cell: np.ndarray, extra_box: np.ndarray) -> Restriction:
     """Each cell's own tight box (so coverage is always possible) plus extra (cell, grid box) arcs."""
     hist = bm.hist
-    t_own = hist.S if bm.mode == "reference" else grid.ts[np.searchsorted(grid.ts, hist.S)]
+    t_own = hist.S if not bm.cost.pads_to_shape else grid.ts[np.searchsorted(grid.ts, hist.S)]
     own = grid.index(t_own, hist.G, np.maximum(variant_of_size(bm, t_own, hist.G, 1), 0))
     return _from_arcs(grid, len(hist), np.concatenate([np.arange(len(hist)), extra_cell]),
                       np.concatenate([own, extra_box]))
@@ -181,7 +180,7 @@ def assignment_of(model: MipArrays, res: list[Restriction], x: np.ndarray) -> li
 def assignment_from_batching(bm: BucketModel, grid: Grid, bt: Batching) -> Assignment | None:
     """A packer's batching as an assignment on the grid (None if a box falls off the grid)."""
     nb = len(bt.shape_of)
-    S = bm.hist.S[bm.hist.cell_of] if bm.mode == "reference" else bt.shape_of[bt.batch_of]
+    S = bm.hist.S[bm.hist.cell_of] if not bm.cost.pads_to_shape else bt.shape_of[bt.batch_of]
     t = np.zeros(nb, np.int64)
     g = np.zeros(nb, np.int64)
     np.maximum.at(t, bt.batch_of, S)
@@ -240,7 +239,7 @@ def _spike_start(space: Space, model: MipArrays, b: int, r: Restriction, counts:
             safe = bool((sc.harmless & used & (t_pos == s)).any())
             x[(w if safe or v is None else v).start + s] = 1.0
         return
-    spike = spike_ms(bm.params)
+    spike = bm.cost.spike_ms
     over = float(arc_violates(bm, r.arc_cell, r.t[r.arc_box], r.g[r.arc_box]) @ counts)
     room = bm.p95_allowed is None or over + 1 <= bm.p95_allowed
     options = []  # (crosses, growth, column)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from model.base.runtime import Deadline
-from model.formulation.boxes import BucketModel, batch_floor, request_floor, shape_compile
+from model.formulation.boxes import BucketModel, request_floor
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def choose_shapes(bms: list[BucketModel], shapes: np.ndarray, max_shapes: int,
         floors = floor_table(bm, shapes, deadline)
         j_of = np.searchsorted(shapes, bm.hist.S)
         b_top = int(j_of.max())
-        used = shape_compile(shapes, bm.params) + batch_floor(bm)  # what each shape it uses costs a bucket
+        used = bm.cost.shape_charge(shapes) + bm.cost.batch_floor  # what each shape it uses costs a bucket
         own_table, joint_table = charged_tables(floors, used, b_top)
         joint += joint_table
         own += own_bound(own_table, shapes, b_top, max_shapes, deadline)[0]

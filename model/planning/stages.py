@@ -13,7 +13,6 @@ import numpy as np
 
 from model.base.errors import InfeasibleError
 from model.base.runtime import Deadline, DeadlineExceeded
-from model.cost.analytic import compile_cost
 from model.domain.schema import Batching, CellRuns, Problem, Status
 from model.domain.shapeset import round_up_to, usable
 from model.expand.cell_runs import batching_of_runs, box_runs, deal
@@ -87,7 +86,7 @@ def bucket_models(problem: Problem, hists: list[Histogram], reserves: tuple[int,
                   ) -> list[BucketModel]:
     """Bucket constants for each histogram under the problem's limits and cost model."""
     reserves = reserves or (0,) * len(hists)
-    return [bucket_model(h, h.gen_min, lim, problem.params, problem.mode, r, problem.max_batch_size)
+    return [bucket_model(h, h.gen_min, lim, problem.cost, r, problem.max_batch_size)
             for h, lim, r in zip(hists, problem.limits, reserves, strict=True)]
 
 
@@ -100,7 +99,7 @@ def reference_shapes(bms: list[BucketModel], max_shapes: int, allowed: np.ndarra
     ``allowed`` shapes, over each bucket's smallest allowed shape covering its maximum,
     so the compile cost stays a valid part of the bound for the restricted problem).
     """
-    return reference_shape_set([int(bm.hist.S.max()) for bm in bms], bms[0].params, max_shapes, allowed)
+    return reference_shape_set([int(bm.hist.S.max()) for bm in bms], bms[0].cost, max_shapes, allowed)
 
 
 def shape_setup(problem: Problem, fine: list[Histogram], options: PlannerOptions = PlannerOptions(),
@@ -115,11 +114,11 @@ def shape_setup(problem: Problem, fine: list[Histogram], options: PlannerOptions
     if allowed is not None and (not len(allowed) or max(int(h.S.max()) for h in fine) > allowed[-1]):
         raise InfeasibleError(f"the longest aligned prompt {max(int(h.S.max()) for h in fine)} is longer than every "
                               f"allowed shape ({', '.join(map(str, problem.allowed_shapes))})")
-    if problem.mode == "reference":
+    if not problem.cost.pads_to_shape:
         ref = reference_shapes(bms, problem.max_shapes, allowed)
         note = (f"reference mode: one compiled shape per bucket ({', '.join(map(str, ref))}); the declared "
                 "shape moves only compile cost, so more shapes never pay")
-        return ShapeSetup(None, ref, [float(compile_cost(s, problem.params)) for s in ref], -np.inf, True, (note,))
+        return ShapeSetup(None, ref, [float(problem.cost.shape_charge(s)) for s in ref], -np.inf, True, (note,))
     all_shapes = np.unique(np.concatenate([h.S for h in fine]))
     if problem.max_seq_len is not None:
         all_shapes = all_shapes[all_shapes <= problem.max_seq_len]
@@ -132,11 +131,11 @@ def shape_setup(problem: Problem, fine: list[Histogram], options: PlannerOptions
         choice = choose_shapes(bms, all_shapes, problem.max_shapes, deadline)
     except DeadlineExceeded:
         top = all_shapes[-1:]
-        note = (f"{problem.mode} mode: the time limit cut the shape relaxation short; searching the one shape "
+        note = (f"{problem.cost.name} mode: the time limit cut the shape relaxation short; searching the one shape "
                 f"{int(top[0])} that covers every prompt, with no bound from the relaxation")
         log.info(note)
         return ShapeSetup(top, None, [0.0] * len(fine), -np.inf, len(all_shapes) == 1, (note,))
-    log.info("%s mode: shape relaxation bound %.6e at shapes %s", problem.mode, choice.bound, list(choice.shapes))
+    log.info("%s mode: shape relaxation bound %.6e at shapes %s", problem.cost.name, choice.bound, list(choice.shapes))
     # few candidates: search them all (exact); many: at the relaxation's shapes, since a large
     # shape layer left fractional by the LP stalls column generation
     shapes = all_shapes if len(all_shapes) <= options.all_shapes_max else np.asarray(choice.shapes, dtype=np.int64)
@@ -163,7 +162,7 @@ def greedy_plan(problem: Problem, options: PlannerOptions = PlannerOptions(),
     if sum(len(b) for b in problem.buckets) > options.greedy_max_requests:
         return None
     try:
-        return PACKERS["dpfill"](problem) if problem.mode == "device" else greedy_pack(problem, deadline)
+        return PACKERS["dpfill"](problem) if problem.cost.shared_batch_time else greedy_pack(problem, deadline)
     except InfeasibleError:
         return None
     except DeadlineExceeded:
@@ -232,7 +231,7 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
     proven = best is not None and best.objective - cg.bound.total <= 1e-6 * abs(best.objective)
     if not mip_deadline.expired() and not proven:
         grown = cg.res
-        if best is not None and problem.mode == "reference":
+        if best is not None and not problem.cost.pads_to_shape:
             gap = best.objective - cg.bound.total
             per_box = max(1, options.max_polish_arcs // max(1, sum(len(r.boxes) for r in cg.res)))
 
@@ -285,8 +284,8 @@ def runs_of(problem: Problem, b: int, fine: Histogram, bm: BucketModel, grid: Gr
     cell, box, count = deal(fine, bm.hist, a.arc_cell, a.arc_box, a.count)
     declared = np.full(len(box), setup.ref_shape[b]) if setup.ref_shape is not None else grid.box(box)[0]
     batches = None
-    if problem.mode == "device":
+    if problem.cost.shared_batch_time:
         per_box = np.zeros(len(grid), dtype=np.int64)
         per_box[a.box] = a.batches
         batches = per_box[box]
-    return box_runs(fine, cell, box, count, declared, problem.mode, problem.max_batch_size, batches)
+    return box_runs(fine, cell, box, count, declared, problem.cost, problem.max_batch_size, batches)

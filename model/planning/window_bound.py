@@ -44,7 +44,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from model.base.runtime import Deadline
-from model.cost.analytic import CostParams, compile_cost, decode_cost, prefill_cost
 from model.cost.device import DeviceProfile, batch_time, linear_parts
 from model.domain.schema import Problem, Windowing
 from model.planning.parallel import chunks, run_items, shared, workers_available
@@ -117,25 +116,25 @@ def floor_prices(problem: Problem, S: np.ndarray, g: np.ndarray, s, pool) -> np.
     """Per-request floors at shape s: own per-member cost plus the fixed part shared by the most members a
     batch at s can hold (KV capacity, batch-size cap, ``pool`` requests); inf where a request cannot fit.
     Arguments broadcast (requests down, shapes across), so a block of shapes is priced in one call."""
-    p = problem.params
+    cm = problem.cost
     cap_b = problem.max_batch_size
-    if isinstance(p, DeviceProfile):
+    if cm.shared_batch_time:
+        switch = cm.params.decode_large_from
         out_shape = np.broadcast_shapes(np.shape(g), np.shape(s), np.shape(pool))
         best = np.full(out_shape, np.inf)
-        regimes = [False, True] if p.decode_large is not None else [False]
-        cap = np.minimum(batch_capacity(s, g, cap_b, p.kv_capacity_tokens), pool)
-        for large in regimes:
-            lo = p.decode_large_from if large else 1
-            hi = cap if large or p.decode_large_from is None else np.minimum(cap, p.decode_large_from - 1)
-            fixed, per = linear_parts(np.broadcast_to(s, out_shape), np.broadcast_to(g, out_shape), large, p)
+        cap = np.minimum(batch_capacity(s, g, cap_b, cm.kv_capacity), pool)
+        for large in cm.decode_regimes():
+            lo = switch if large else 1
+            hi = cap if large or switch is None else np.minimum(cap, switch - 1)
+            fixed, per = cm.linear_parts(np.broadcast_to(s, out_shape), np.broadcast_to(g, out_shape), large)
             share = per + fixed / np.maximum(hi, 1)
             best = np.where(lo <= hi, np.minimum(best, share), best)
         return best
-    assert isinstance(p, CostParams)
-    at = np.broadcast_to(s, np.broadcast_shapes(np.shape(g), np.shape(s))) if problem.mode == "strict" else S
-    own = prefill_cost(at, p) + decode_cost(at, g, p)
+    own = cm.member_cost(cm.arc_member_length(S, np.broadcast_to(s, np.broadcast_shapes(np.shape(g), np.shape(s)))),
+                         g)
     pool = np.asarray(pool)
-    return own + p.Kbatch_overhead_cost / np.maximum(1, np.minimum(pool, cap_b or pool))
+    return own + cm.batch_floor / np.maximum(1, np.minimum(pool, cap_b or pool))
+
 
 
 FLOOR_BLOCK = 2_000_000  # requests x shapes priced per call by ``floor_block``
@@ -147,7 +146,7 @@ def floor_block(problem: Problem, S: np.ndarray, g: np.ndarray, shapes: np.ndarr
     distinct gen and spread; blocks of shapes keep the temporaries near FLOOR_BLOCK elements."""
     out = np.full((len(g), len(shapes)), np.inf)
     pools = np.searchsorted(np.sort(S), shapes, side="right")
-    by_gen = problem.mode != "reference"
+    by_gen = problem.cost.pads_to_shape
     gens, gen_of = np.unique(g, return_inverse=True) if by_gen else (g, np.arange(len(g)))
     step = max(1, FLOOR_BLOCK // max(1, len(g)))
     for lo in range(0, len(shapes), step):
@@ -181,8 +180,8 @@ def window_prices(problem: Problem, S: np.ndarray, g: np.ndarray, cands: np.ndar
     the whole trace as one window is one call, and its LPs took seconds past a short time limit.
     """
     psi = np.full((len(g), len(cands)), np.inf)
-    p = problem.params
-    lp = use_lp and isinstance(p, DeviceProfile)
+    p = problem.cost.params
+    lp = use_lp and problem.cost.shared_batch_time
     bases = anchors(S) if lp else np.unique(S)
     for k, base in enumerate(bases.tolist()):
         nxt = int(bases[k + 1]) if k + 1 < len(bases) else None
@@ -280,8 +279,7 @@ def interval_table(problem: Problem, pools_b: WindowPools, phi: np.ndarray, cand
     for rows, s in zip(pools_b.rows, pools_b.S, strict=True):
         S[rows] = s
     j_of = np.searchsorted(cands, S)
-    charge = (compile_cost(cands, problem.params) if isinstance(problem.params, CostParams)
-              else np.full(T, problem.params.compile_ms))
+    charge = problem.cost.shape_charge(cands)
     acc = np.zeros((T + 1, T))
     for hi in range(T):
         fits = j_of <= hi
@@ -301,7 +299,7 @@ def window_bound(problem: Problem, pools: list[WindowPools], deadline: Deadline,
     The bound is the larger of the joint DP and the sum of the buckets' own; its shapes are the one
     bucket's own DP's, or with several the joint DP's."""
     cands = candidate_shapes(pools, problem.max_seq_len)
-    phis, lp_windows = all_prices(problem, pools, cands, use_lp and problem.mode == "device", deadline)
+    phis, lp_windows = all_prices(problem, pools, cands, use_lp and problem.cost.shared_batch_time, deadline)
     joint, bucket_bounds, own_shapes = 0.0, [], ()
     for pools_b, phi in zip(pools, phis, strict=True):
         acc, charge, top = interval_table(problem, pools_b, phi, cands)

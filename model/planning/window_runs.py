@@ -225,7 +225,7 @@ def shape_set_cost(problem: Problem, all_costs: list[IntervalCosts], shapes: np.
     total = 0.0
     for costs in all_costs:
         value, used = subset_dp(costs, shapes)
-        total += float(value.sum()) + problem.params.compile_ms * int(used.any(axis=0).sum())
+        total += float(value.sum()) + problem.cost.params.compile_ms * int(used.any(axis=0).sum())
     return total
 
 
@@ -304,7 +304,7 @@ def assignment_batchings(problem: Problem, costs: IntervalCosts, assign: list[np
             shapes.append(s)
     batch_of = np.full(len(bucket), -1, dtype=np.int64)
     shape_out: list[int] = []
-    for mem, s, sizes in zip(members, shapes, group_cuts(gens, np.asarray(shapes), problem.params,
+    for mem, s, sizes in zip(members, shapes, group_cuts(gens, np.asarray(shapes), problem.cost.params,
                                                          problem.max_batch_size), strict=True):
         at = 0
         for n in sizes:

@@ -35,8 +35,6 @@ import numpy as np
 
 from model.base.errors import InfeasibleError, NoPlanFound
 from model.base.runtime import Deadline
-from model.cost.analytic import CostParams
-from model.cost.device import DeviceProfile
 from model.domain.schema import OPTIMAL_GAP, Batching, Planned, Problem, SolveReport, Status, relative_gap
 from model.domain.windowing import WindowPart, n_windows, split
 from model.planning.mip import Judged, judge, plan_mip
@@ -146,12 +144,11 @@ def packer_plan(problem: Problem, name: str) -> tuple[Batching, ...] | None:
 def window_problem(part: WindowPart, shapes: np.ndarray, k: int) -> Problem:
     """One window's problem under the chosen shapes; compile is charged once for the whole trace, so the
     window pays none (the merged plan is judged with its compile costs and spikes)."""
-    p = part.problem.params
-    params = replace(p, Kshape_attn=0.0, Kshape_mlp=0.0) if isinstance(p, CostParams) else replace(p, compile_ms=0.0)
+    cost = part.problem.cost.without_compile()
     allowed = tuple(int(s) for s in shapes)
     if part.problem.allowed_shapes is not None:
         allowed = tuple(s for s in allowed if s in set(part.problem.allowed_shapes))
-    return replace(part.problem, params=params, allowed_shapes=allowed, max_shapes=k)
+    return replace(part.problem, cost=cost, allowed_shapes=allowed, max_shapes=k)
 
 
 def _plan_window(item: tuple[int, float]) -> tuple[tuple[Batching, ...] | None, str, str]:
@@ -192,7 +189,7 @@ def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 
 
     get_backend(backend)  # an unknown backend is bad input whichever path runs
     pools = window_pools(problem)
-    device = isinstance(problem.params, DeviceProfile)
+    device = problem.cost.shared_batch_time
     bound = window_bound(problem, pools, part(BOUND_SHARE), use_lp=device)
     log.info("windows: %d windows of %g s; bound %.6e (LP prices in %d of %d window-buckets) at shapes %s",
              n_windows(problem), problem.windowing.seconds, bound.bound, bound.lp_windows, bound.windows,
@@ -205,7 +202,7 @@ def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 
     backend_name, version, status = "windows", "1", Status.FEASIBLE
     parts = None
     if device:
-        costs = [IntervalCosts(p, problem.params, problem.max_batch_size) for p in pools]
+        costs = [IntervalCosts(p, problem.cost.params, problem.max_batch_size) for p in pools]
         starts = [np.asarray(bound.shapes), dpfill_shapes(problem, pools)]
         shapes, _ = search_shapes(problem, costs, cands, starts, part(SEARCH_SHARE))
         judged = acceptable(problem, "mip", window_plan(problem, costs, shapes, part(0.9)))

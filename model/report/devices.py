@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.cost.device import DeviceProfile, batch_breakdown
 from model.domain.schema import Batching, Problem
 from model.domain.windowing import n_windows, windows_of
 
@@ -100,12 +99,12 @@ def batch_device_ms(problem: Problem, b: int, batching: Batching) -> np.ndarray:
     n = np.bincount(codes, minlength=nb)
     g_max = np.zeros(nb, dtype=np.int64)
     np.maximum.at(g_max, codes, problem.buckets[b].gen_len)
-    return batch_breakdown(n, np.asarray(batching.shape_of, dtype=np.int64), g_max, problem.params).total
+    return problem.cost.batch_total(n, np.asarray(batching.shape_of, dtype=np.int64), g_max)
 
 
 def device_use(problem: Problem, batchings: Sequence[Batching], planner: str) -> DeviceUse:
     """Device-ms per bucket and window of a windowed device-mode plan."""
-    if problem.windowing is None or not isinstance(problem.params, DeviceProfile):
+    if problem.windowing is None or not problem.cost.device_time:
         raise ValueError("devices needed are defined for a windowed problem in device mode")
     nw = n_windows(problem)
     ms = np.zeros((len(problem.buckets), nw))

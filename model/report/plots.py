@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from model.domain.schema import Batching, Problem
-from model.expand.assemble import batch_extents
 from model.histogram.cells import Histogram
 
 if TYPE_CHECKING:
@@ -126,7 +125,8 @@ def draw_plan(ax, problem: Problem, b: int, batching: Batching) -> None:
     bucket = problem.buckets[b]
     for k, s in enumerate(np.unique(batching.shape_of)):
         ax.axvline(float(s), color="black", ls="--", lw=1.5, gid=SHAPE_GID, label="compiled shape" if k == 0 else None)
-    _, s_max, g_max = batch_extents(bucket, batching, problem.mode)
+    _, s_max, g_max = problem.cost.batch_extents(bucket.prompt_len, bucket.gen_len, batching.batch_of,
+                                                  batching.shape_of)
     corners = np.unique(np.stack([s_max, g_max], axis=1), axis=0)
     ax.scatter(corners[:, 0], corners[:, 1], marker="+", s=40 if len(corners) < 200 else 12, color="red", gid=GEN_GID,
                label="batch box corner (S_max, G_max)")

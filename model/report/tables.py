@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from model.cost.device import DeviceProfile, device_hours
-from model.cost.metrics import Coefficients
+from model.cost.device import device_hours
+from model.cost.model import CostModel
 from model.domain.schema import BucketResult, Violation, Windowing
 
 METRIC_ROWS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms")
@@ -20,11 +20,12 @@ def fmt(value: float | None, name: str = "") -> str:
     return f"{value:.4e}"
 
 
-def device_units(ms: float, params: Coefficients | None) -> str:
-    """Device mode's cost as people plan it: device-hours beside the ms, and money where the profile has a
-    price per device-hour ("" in the analytic modes, whose cost has no unit)."""
-    if not isinstance(params, DeviceProfile):
+def device_units(ms: float, cost: CostModel | None) -> str:
+    """Device time as people plan it: device-hours beside the ms, and money where the profile has a price per
+    device-hour ("" in the analytic modes, whose cost has no unit)."""
+    if cost is None or not cost.device_time:
         return ""
+    params = cost.params
     hours = float(device_hours(ms))
     text = f"{hours:,.4g} device-hours"
     if params.cost_per_device_hour is not None:
@@ -33,7 +34,7 @@ def device_units(ms: float, params: Coefficients | None) -> str:
 
 
 def bucket_table(result: BucketResult, extra: dict[str, str] | None = None,
-                 params: Coefficients | None = None, windowing: Windowing | None = None) -> str:
+                 cost: CostModel | None = None, windowing: Windowing | None = None) -> str:
     """One bucket's table: each metric, its limit, the margin, and whether it holds (device mode: the
     cost in device-hours too; with arrival windows, what the latency includes)."""
     lines = [f"bucket {result.name}"]
@@ -54,7 +55,7 @@ def bucket_table(result: BucketResult, extra: dict[str, str] | None = None,
                              f"{sign + fmt(c.margin, name):>14}  {'yes' if c.ok else 'NO'}")
         lines.append(f"  breakdown: prefill {fmt(m.prefill_cost)}, decode {fmt(m.decode_cost)}, "
                      f"overhead {fmt(m.overhead_cost)}, compile {fmt(m.compile_cost)}")
-        units = device_units(m.cost, params)
+        units = device_units(m.cost, cost)
         if units:
             lines.append(f"  device time: {fmt(m.cost)} ms = {units}")
         if windowing is not None:

@@ -148,7 +148,7 @@ def run_planner(problem: Problem, name: str, backend: str = "highs", time_limit:
 
 def devices_of(problem: Problem, batchings: tuple[Batching, ...], name: str) -> DeviceUse | None:
     """Devices needed per window (windowed device mode only)."""
-    if problem.windowing is None or problem.mode != "device":
+    if problem.windowing is None or not problem.cost.shared_batch_time:
         return None
     return device_use(problem, batchings, name)
 

@@ -33,7 +33,7 @@ meets it however ``expand.assemble`` places the spikes.
 
 Costs and latencies come from ``model.costs`` (decode_cost, member_latency,
 prefill_latency through member_latency) with the effective lengths of
-``expand.batch_extents``, so strict mode (prefill and decode at the declared shape)
+``CostModel.batch_extents``, so strict mode (prefill and decode at the declared shape)
 is handled by the same arithmetic.  Merges are kept in a heap and re-scored only
 for the batches a merge touches: 800 requests take milliseconds, 20k a second or so.
 """
@@ -49,9 +49,9 @@ from model.base.errors import InfeasibleError
 from model.base.runtime import Deadline
 from model.cost.analytic import CostParams, decode_cost, member_latency
 from model.cost.common import allowed_above
+from model.cost.model import CostModel
 from model.domain.schema import Batching, Bucket, Limits, Problem
 from model.domain.windowing import windows_of
-from model.expand.assemble import batch_extents
 from solvers.packers.per_cell import pack as pack_cells
 
 
@@ -90,10 +90,10 @@ class MergeState:
     window: np.ndarray  # arrival window of each batch (all 0 without windows)
 
 
-def initial_state(bucket: Bucket, batching: Batching, mode, windows: np.ndarray | None = None) -> MergeState:
+def initial_state(bucket: Bucket, batching: Batching, cost: CostModel, windows: np.ndarray | None = None) -> MergeState:
     """Batches of the cells plan with their boxes and the two neighbour orders (within a window, when
     ``windows`` gives each request's arrival window)."""
-    S, s_box, g_box = batch_extents(bucket, batching, mode)
+    S, s_box, g_box = cost.batch_extents(bucket.prompt_len, bucket.gen_len, batching.batch_of, batching.shape_of)
     nb = len(batching.shape_of)
     shape = np.asarray(batching.shape_of, dtype=np.int64)
     window = np.zeros(nb, dtype=np.int64)
@@ -188,16 +188,16 @@ def merge(bucket: Bucket, batching: Batching, limits: Limits, problem: Problem,
 
     Raises DeadlineExceeded if ``deadline`` passes first (checked every 1024 merges).
     """
-    p = problem.params
+    p = problem.cost.params
     if limits.max_sequential_ms is None or len(batching.shape_of) == 0:
         return batching
-    st = initial_state(bucket, batching, problem.mode,
+    st = initial_state(bucket, batching, problem.cost,
                        windows_of(problem, bucket) if problem.windowing is not None else None)
     n_shapes = len(np.unique(st.shape))
     # room for one spike per shape, and a 1e-9 relative margin for float summation order
     target = limits.max_sequential_ms * (1 - 1e-9) - n_shapes * p.Tshape_compile_ms
     seq = float(box_latency(st.s_box, st.g_box, p).sum())
-    S, _, _ = batch_extents(bucket, batching, problem.mode)
+    S, _, _ = problem.cost.batch_extents(bucket.prompt_len, bucket.gen_len, batching.batch_of, batching.shape_of)
     pad = int((S - bucket.prompt_len).sum() + (st.g_box[batching.batch_of] - bucket.gen_len).sum())
     real = int(bucket.prompt_len.sum() + bucket.gen_len.sum())
     pad_cap = limits.max_pad_ratio * real if limits.max_pad_ratio is not None else np.inf

@@ -15,7 +15,6 @@ import numpy as np
 
 from model.base.errors import InfeasibleError
 from model.cost.common import GRANULARITY, align
-from model.cost.device import DeviceProfile
 from model.domain.schema import Batching, Bucket, Problem
 from model.domain.windowing import windows_of
 
@@ -41,7 +40,7 @@ def gen_bucket(gen_len: np.ndarray) -> np.ndarray:
 
 def kv_capacity(problem: Problem) -> int | None:
     """The device's KV capacity in tokens (device mode with a capacity), else None."""
-    return problem.params.kv_capacity_tokens if isinstance(problem.params, DeviceProfile) else None
+    return problem.cost.kv_capacity
 
 
 def batch_capacity(shape: int, g: np.ndarray, max_batch_size: int | None, kv: int | None) -> np.ndarray:
