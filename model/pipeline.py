@@ -16,11 +16,13 @@ from pathlib import Path
 import numpy as np
 
 from model.base.errors import InfeasibleError, InputError, NoPlanFound
+from model.base.runtime import Deadline
 from model.cost.analytic import CostParams
 from model.cost.common import Mode, align
 from model.cost.device import DeviceProfile
 from model.cost.model import cost_from_flags, flag_coefficients
 from model.domain.schema import (
+    Batching,
     Bucket,
     Evaluation,
     Limits,
@@ -28,8 +30,6 @@ from model.domain.schema import (
     Planned,
     Problem,
     Scenario,
-    SolveReport,
-    Status,
 )
 from model.domain.shapeset import check_fits
 from model.domain.windowing import windowed
@@ -38,6 +38,7 @@ from model.expand.assemble import assemble_all
 from model.load.plans import write_plans
 from model.load.requests import Columns, load_requests
 from model.load.scenario import load_scenario
+from model.planning.contract import Candidates, Judged, select
 from model.planning.mip import plan_mip
 from model.planning.windowed import plan_windowed
 from solvers.packers import PACKERS
@@ -177,18 +178,26 @@ def check_seq_len(problem: Problem) -> None:
                              f"{int(b.prompt_len[k])} is longer than the largest allowed shape {problem.max_seq_len}")
 
 
+def judge(problem: Problem, name: str, batchings: tuple[Batching, ...]) -> Judged:
+    """The judge every planner is given: expand a candidate (spike placement included), then evaluate it with
+    the one cost model."""
+    plans = assemble_all(problem, batchings)
+    results, global_problems = evaluate_plans(problem, plans)
+    return Judged(name, batchings, plans, Evaluation(tuple(results), tuple(global_problems)))
+
+
 def plan(problem: Problem, solver: str = MIP, backend: str = "highs", time_limit: float = 60.0) -> Planned:
-    """Run one planner by name: batchings for every bucket with a typed report."""
+    """Run one planner by name: batchings for every bucket with a typed report (``contract.select``'s)."""
     if solver == MIP:
         if problem.windowing is not None:
-            return plan_windowed(problem, backend=backend, time_limit=time_limit)
-        return plan_mip(problem, backend=backend, time_limit=time_limit)
+            return plan_windowed(problem, backend=backend, time_limit=time_limit, judge=judge)
+        return plan_mip(problem, backend=backend, time_limit=time_limit, judge=judge)
     if solver not in PACKERS:
         raise InputError("--solver", None, None, f"unknown solver {solver!r} ({', '.join(solver_names())})")
     t0 = time.perf_counter()
-    batchings = PACKERS[solver](problem)
-    return Planned(batchings, SolveReport(Status.HEURISTIC, None, None, None, time.perf_counter() - t0,
-                                          f"packer:{solver}", "1"))
+    chosen, report = select(Candidates((judge(problem, solver, PACKERS[solver](problem)),), None,
+                                       f"packer:{solver}", "1", t0, Deadline.never()))
+    return Planned(chosen.batchings, report, chosen.plans, chosen.evaluation)
 
 
 def expand(problem: Problem, planned: Planned) -> tuple[Plan, ...]:

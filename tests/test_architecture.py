@@ -1,4 +1,4 @@
-"""The code's structure: no import cycles between modules, and the command lines are leaves.
+"""The code's structure: folders are layers, no import cycles between modules, and the command lines are leaves.
 
 Function-level imports count: a cycle hidden inside a function still couples two
 modules both ways, so the graph is built from every ``import`` statement in the file.
@@ -85,6 +85,64 @@ def test_nothing_imports_a_command_line_module():
     offenders = sorted(f"{m} imports {t}" for m, ts in graph.items() for t in ts
                        if t in CLI_MODULES and m not in CLI_MODULES)
     assert not offenders, offenders
+
+
+# The layers, bottom first: a folder may import only folders listed before it (and itself).  Data flows
+# load -> histogram -> formulation -> planning -> expand -> evaluation -> report; the base rules (errors and the
+# run's clock, the solvers' contract, the cost model, the domain records, windowing and shape sets) lie below
+# them, the pipeline and what drives it above, and the command lines on top.
+LAYERS = ("base", "solvers.backends", "cost", "domain", "load", "calibration", "histogram", "formulation",
+          "solvers.packers", "planning", "expand", "evaluation", "serving", "report", "pipeline", "sweeping",
+          "distributed", "deploy", "commands")
+COMMANDS = {"model", *CLI_MODULES}
+
+
+def folder_of(module: str) -> str:
+    """The layer a module belongs to: its folder under model/ (or solvers/backends, solvers/packers), the
+    pipeline module on its own, and the command lines (with model/__init__) as one layer."""
+    parts = module.split(".")
+    if module in COMMANDS:
+        return "commands"
+    if parts[0] == "solvers":
+        return ".".join(parts[:2]) if len(parts) > 1 else "solvers.backends"  # the package's docstring only
+    return parts[1]
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Folder -> the folders it imports (a module importing its own folder is no arrow)."""
+    out: dict[str, set[str]] = {}
+    for mod, targets in graph.items():
+        out.setdefault(folder_of(mod), set()).update(folder_of(t) for t in targets)
+    return {f: ts - {f} for f, ts in out.items()}
+
+
+def upward_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """Every module import that runs from a folder to one at its own rank or above it in LAYERS."""
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    return sorted(f"{m} ({folder_of(m)}) imports {t} ({folder_of(t)})" for m, ts in graph.items() for t in ts
+                  if folder_of(m) != folder_of(t) and rank[folder_of(t)] >= rank[folder_of(m)])
+
+
+def test_every_folder_has_a_layer():
+    folders = set(folder_graph(import_graph()))
+    assert folders <= set(LAYERS), sorted(folders - set(LAYERS))
+
+
+def test_no_folder_imports_a_folder_above_it():
+    arrows = upward_arrows(import_graph())
+    assert not arrows, arrows
+
+
+def test_no_folder_level_cycle():
+    cycle = find_cycle(folder_graph(import_graph()))
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_layer_check_sees_an_arrow_up():
+    assert upward_arrows({"model.cost.model": {"model.planning.mip"}, "model.planning.mip": set()}) == [
+        "model.cost.model (cost) imports model.planning.mip (planning)"]
+    assert folder_graph({"model.a.x": {"model.b.y", "model.a.z"}, "model.a.z": set(), "model.b.y": set()}) == {
+        "a": {"b"}, "b": set()}
 
 
 def test_lint_is_clean():

@@ -12,8 +12,8 @@ from model.domain.schema import Batching, Bucket, CellRuns, Limits
 from model.evaluation.cell_judge import evaluate_runs, run_metrics
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble_all
-from model.expand.cell_runs import batching_of_runs, box_runs, deal
 from model.histogram.cells import Histogram, build_histogram, coarsen, from_counts
+from model.planning.cell_runs import batching_of_runs, box_runs, deal
 from model.planning.cellplan import plan_cells
 from model.planning.mip import plan_mip
 from tests.helpers import bucket, problem

@@ -18,7 +18,7 @@ import numpy as np
 
 from model.cost.common import align
 from model.distributed.read import PartHistogram, cell_key
-from model.expand.cell_runs import merge_cuts
+from model.planning.cell_runs import merge_cuts
 
 
 @dataclass(frozen=True, eq=False)

@@ -54,8 +54,8 @@ from model.distributed.write import (
     write_manifest,
     write_partition,
 )
-from model.domain.schema import Bucket, CellRuns, Evaluation, Limits, Plan, Problem, SolveReport
-from model.evaluation.cell_judge import RunsJudged
+from model.domain.schema import Bucket, CellRuns, Evaluation, Limits, Plan, Problem, RunsJudged, SolveReport
+from model.evaluation.cell_judge import evaluate_runs
 from model.expand.assemble import ranked_ids, shape_ranks
 from model.histogram.cells import Histogram, from_counts
 from model.planning.cellplan import CellPlanned, plan_cells
@@ -199,7 +199,7 @@ def solve(loaded: Loaded, solver: str, backend: str, time_limit: float) -> Solve
         raise InputError("--solver", None, None, f"planning from the histogram runs the MIP only, not {solver!r} "
                          "(the packers place requests one by one); give --plan-from requests")
     t0 = time.perf_counter()
-    cells = plan_cells(loaded.problem, list(loaded.cells), backend, time_limit)
+    cells = plan_cells(loaded.problem, list(loaded.cells), backend, time_limit, judge_runs=evaluate_runs)
     return Solved(solver, cells.evaluation, cells.report, time.perf_counter() - t0, cells=cells)
 
 

@@ -140,7 +140,7 @@ class CellRuns:
     """A planner's answer for one bucket by cells, before any request is named: run r puts ``count[r]``
     requests of histogram cell ``cell[r]`` into batch ``batch[r]``; ``shape_of[b]`` is batch b's declared
     seq_align.  Runs are sorted by (cell, batch): a cell's requests, taken in file order, fill its runs in
-    that order (``model.expand.cell_runs.batching_of_runs``).  Its size grows with cells and batches, never with
+    that order (``model.planning.cell_runs.batching_of_runs``).  Its size grows with cells and batches, never with
     requests, so it is what a plan of 10^8 requests is made of before the partitions are written.
     """
 
@@ -295,3 +295,13 @@ class Planned:
     report: SolveReport
     plans: tuple[Plan, ...] | None = None
     evaluation: Evaluation | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class RunsJudged:
+    """One bucket's runs judged: the result, and per batch the run that leads it and whether it takes its shape's
+    compile spike (the first request of that run goes first in the batch)."""
+
+    result: BucketResult
+    lead: np.ndarray
+    takes: np.ndarray

@@ -13,8 +13,6 @@ rule is not: the planner by cells takes the analytic modes only (``evaluate_runs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from model.cost.metrics import (
@@ -22,20 +20,10 @@ from model.cost.metrics import (
     segment_max,
 )
 from model.cost.model import CostModel
-from model.domain.schema import BucketResult, CellRuns, Evaluation, Limits, Problem, Violation
+from model.domain.schema import BucketResult, CellRuns, Evaluation, Limits, Problem, RunsJudged, Violation
 from model.evaluation.validate import joint_shape_cap, limit_checks, shape_rules
 from model.expand.spikes import spike_leads
 from model.histogram.cells import Histogram
-
-
-@dataclass(frozen=True, eq=False)
-class RunsJudged:
-    """One bucket's runs judged: the result, and per batch the run that leads it and whether it takes its shape's
-    compile spike (the first request of that run goes first in the batch)."""
-
-    result: BucketResult
-    lead: np.ndarray
-    takes: np.ndarray
 
 
 def run_metrics(hist: Histogram, runs: CellRuns, cost: CostModel, limits: Limits) -> tuple[Metrics, np.ndarray,

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 from model.base.errors import InfeasibleError, InputError, NoPlanFound
 from model.base.runtime import Deadline
-from model.domain.schema import CellRuns, Evaluation, Problem, SolveReport, Status, relative_gap
-from model.evaluation.cell_judge import RunsJudged, evaluate_runs
+from model.domain.schema import CellRuns, Evaluation, Problem, RunsJudged, SolveReport, Status
 from model.histogram.cells import Histogram
-from model.planning.mip import plan_status, tightened
+from model.planning.contract import Candidates, JudgedRuns, RunsJudge, select
+from model.planning.mip import tightened
 from model.planning.options import PlannerOptions
 from model.planning.stages import search, shape_setup
 from solvers.backends import get_backend
@@ -44,7 +44,7 @@ class CellPlanned:
 
 
 def plan_cells(problem: Problem, fine: list[Histogram], backend: str = "highs", time_limit: float = 60.0,
-               options: PlannerOptions = PlannerOptions()) -> CellPlanned:
+               options: PlannerOptions = PlannerOptions(), *, judge_runs: RunsJudge) -> CellPlanned:
     """Plan every bucket from its exact histogram; ``problem`` carries the settings and bucket names (its buckets
     need hold no request).  Raises InfeasibleError only with a proof, NoPlanFound otherwise."""
     t0 = time.perf_counter()
@@ -68,7 +68,7 @@ def plan_cells(problem: Problem, fine: list[Histogram], backend: str = "highs", 
         first = first or outcome
         if outcome.runs is None:
             break
-        evaluation, judged = evaluate_runs(problem, fine, list(outcome.runs))
+        evaluation, judged = judge_runs(problem, fine, list(outcome.runs))
         rules = [v for r in evaluation.results for v in r.violations] + list(evaluation.global_problems)
         if rules:
             raise RuntimeError(f"the MIP's runs break a rule of the contract: {rules[0].message}")
@@ -85,16 +85,13 @@ def plan_cells(problem: Problem, fine: list[Histogram], backend: str = "highs", 
     if chosen is None:
         raise _no_plan(solver.name, first, outcome, broken, attempt)
     evaluation, judged, runs = chosen
-    notes = list(first.notes)
-    notes.append("planned from histograms alone (no request held): no greedy start or fallback, no final "
-                 "shape pass")
+    notes = ["planned from histograms alone (no request held): no greedy start or fallback, no final shape pass"]
     if attempt:
         notes.append(f"repaired: re-solved {attempt} time(s) with limits tightened by what the exact evaluation "
                      "found the model had missed")
-    cost = evaluation.total_cost
-    gap = relative_gap(cost, first.bound)
-    report = SolveReport(plan_status(gap, outcome.status, clock), cost, first.bound, gap, time.perf_counter() - t0,
-                         solver.name, solver.version(), first.bucket_bounds, tuple(notes))
+    candidate = JudgedRuns(runs, judged, evaluation, tuple(notes))
+    _, report = select(Candidates((candidate,), first.bound, solver.name, solver.version(), t0, clock,
+                                  outcome.status, first.bucket_bounds, tuple(first.notes)))
     return CellPlanned(runs, judged, evaluation, report)
 
 

@@ -2,7 +2,7 @@
 
 Each round solves the LP relaxation (limits softened by priced slacks, so it is
 always feasible and its duals always exist), prices every box of the full grid with
-those duals (``model.pricing``) -- which also evaluates the Lagrangian bound -- and
+those duals (``model.formulation.pricing``) -- which also evaluates the Lagrangian bound -- and
 adds the most negative boxes.  It stops when nothing prices out, the LP stalls, or
 its deadline passes (checked between pricing chunks too).
 """

@@ -22,10 +22,9 @@ from model.base.runtime import Deadline, DeadlineExceeded
 from model.cost.common import align, allowed_above, p95_rank
 from model.domain.schema import Bucket, Limits, Problem
 from model.domain.shapeset import round_up_to, usable
-from model.evaluation.validate import evaluate_plans
-from model.expand.assemble import assemble
 from model.formulation.boxes import bucket_model, request_floor
 from model.histogram.cells import Histogram, build_histogram
+from model.planning.contract import Judge
 from model.planning.stages import greedy_plan, search, shape_setup
 from solvers.backends import get_backend
 
@@ -185,7 +184,7 @@ class Probe:
     values: dict[str, float] | None = None
 
 
-def probe(problem: Problem, b: int, limits: Limits, deadline: Deadline) -> Probe | None:
+def probe(problem: Problem, b: int, limits: Limits, deadline: Deadline, judge: Judge) -> Probe | None:
     """Search bucket b alone under ``limits`` (the other buckets and limits dropped: a relaxation, so a proof
     holds for the problem); None when the time left is too short."""
     if deadline.left() < PROBE_MIN_S:
@@ -201,15 +200,14 @@ def probe(problem: Problem, b: int, limits: Limits, deadline: Deadline) -> Probe
         return None
     if outcome.batchings is None:
         return Probe(False, outcome.proven_infeasible)
-    plan = assemble(bucket, outcome.batchings[0], problem.cost, limits)
-    (result,), _ = evaluate_plans(single, (plan,))
+    result = judge(single, "probe", outcome.batchings).evaluation.results[0]
     values = {m: result.metrics.value(m) for m in ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms")}
     return Probe(all(c.ok for c in result.checks), False, values)
 
 
-def best_without(problem: Problem, b: int, metric: str, deadline: Deadline) -> float | None:
+def best_without(problem: Problem, b: int, metric: str, deadline: Deadline, judge: Judge) -> float | None:
     """The value of ``metric`` in the plan the search finds for bucket b with no limits (None if none in time)."""
-    found = probe(problem, b, Limits(), deadline)
+    found = probe(problem, b, Limits(), deadline, judge)
     return None if found is None or found.values is None else found.values[metric]
 
 
@@ -219,13 +217,14 @@ def single_limit(problem: Problem) -> tuple[int, str, float] | None:
     return found[0] if len(found) == 1 else None
 
 
-def alone_message(problem: Problem, proof: str | None, known: dict[str, float], deadline: Deadline) -> str:
+def alone_message(problem: Problem, proof: str | None, known: dict[str, float], deadline: Deadline,
+                  judge: Judge) -> str:
     """A single limit no plan found meets: it alone is unmeetable -- proven by ``proof`` (or not proven) --
     with the best value known (the plans tried, ``known`` by source, and a search without the limit) and the
     bound no plan beats."""
     b, metric, limit = single_limit(problem)
     bucket = problem.buckets[b]
-    free = best_without(problem, b, metric, deadline)
+    free = best_without(problem, b, metric, deadline, judge)
     if free is not None:
         known = {**known, "the search without this limit": free}
     floor = at_best(bucket, problem, deadline)[metric]
@@ -240,7 +239,8 @@ def alone_message(problem: Problem, proof: str | None, known: dict[str, float], 
     return head + f"; no plan goes below {floor:.6g}"
 
 
-def explain_infeasible(problem: Problem, deadline: Deadline = Deadline.never(), proof: str = "") -> str:
+def explain_infeasible(problem: Problem, judge: Judge, deadline: Deadline = Deadline.never(), proof: str = ""
+                       ) -> str:
     """One line per finding: limits that can never be met, else limits unmeetable alone, else pairs that conflict.
 
     ``proof`` names what proved the problem infeasible.  Each limit alone and then each
@@ -252,12 +252,12 @@ def explain_infeasible(problem: Problem, deadline: Deadline = Deadline.never(), 
         return "the limits cannot all be met; " + "; ".join(found)
     lead = f"the limits cannot all be met ({proof})" if proof else "the limits cannot all be met"
     if single_limit(problem) is not None:
-        return lead + "; " + alone_message(problem, proof or None, {}, deadline)
+        return lead + "; " + alone_message(problem, proof or None, {}, deadline, judge)
     alone, pairs, unknown = [], [], []
     for b, (bucket, limits) in enumerate(zip(problem.buckets, problem.limits, strict=True)):
         reachable = []
         for metric, value in limits.items():
-            got = probe(problem, b, Limits.of_metrics({metric: value}), deadline)
+            got = probe(problem, b, Limits.of_metrics({metric: value}), deadline, judge)
             if got is None or not (got.met or got.proven):
                 unknown.append(f"{bucket.name}: {metric} <= {value:.6g}")
             elif got.proven:
@@ -265,7 +265,7 @@ def explain_infeasible(problem: Problem, deadline: Deadline = Deadline.never(), 
             else:
                 reachable.append((metric, value))
         for (m1, v1), (m2, v2) in itertools.combinations(reachable, 2):
-            got = probe(problem, b, Limits.of_metrics({m1: v1, m2: v2}), deadline)
+            got = probe(problem, b, Limits.of_metrics({m1: v1, m2: v2}), deadline, judge)
             if got is not None and not got.met:
                 pairs.append(f"{bucket.name}: {m1} <= {v1:.6g} with {m2} <= {v2:.6g}"
                              + (" (proven)" if got.proven else " (no plan found, not proven)"))

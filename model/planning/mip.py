@@ -4,12 +4,12 @@ Flow (data one way):
   1. aggregate each bucket into (S, G) cells;
   2. settle the shapes: in reference mode they only move compile cost (one per bucket,
      exact DP); in strict mode an exact DP over a shape relaxation picks them and
-     certifies a bound (``model.shapes``);
-  3. column generation over the box grid (``model.colgen``): LP duals price every box,
+     certifies a bound (``model.planning.shapes``);
+  3. column generation over the box grid (``model.planning.colgen``): LP duals price every box,
      giving the boxes worth holding and a Lagrangian bound for the whole problem;
   4. MIP: first over the LP's support (seconds), then -- while the gap exceeds
      TARGET_GAP -- over every generated box that reduced costs cannot rule out,
-     warm-started from the incumbent (``model.search``);
+     warm-started from the incumbent (``model.planning.search``);
   5. expansion and exact re-evaluation with the one cost model: the cheaper of the MIP
      plan and the greedy packer's plan that meets every limit is returned (when neither
      does, the simple packers' plans, every request alone first); if the MIP plan breaks
@@ -29,26 +29,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
 from model.base.errors import InfeasibleError, InputError, NoPlanFound
 from model.base.runtime import Deadline
-from model.domain.schema import (
-    OPTIMAL_GAP,
-    Batching,
-    Evaluation,
-    Plan,
-    Planned,
-    Problem,
-    SolveReport,
-    Status,
-    relative_gap,
-)
-from model.evaluation.validate import evaluate_plans
-from model.expand.assemble import assemble_all
+from model.domain.schema import Planned, Problem, Status
 from model.histogram.cells import build_histogram
+from model.planning.contract import Candidates, Judge, Judged, select
 from model.planning.device_search import all_shapes, flow_search, shape_levels, shape_relaxation
 from model.planning.diagnose import alone_message, explain_infeasible, single_limit, unmeetable
 from model.planning.exact_runs import device_start
@@ -60,49 +49,7 @@ from solvers.backends.result import Feature
 from solvers.packers import PACKERS
 
 log = logging.getLogger("shapeplan")
-# the final judging (expansion and exact evaluation) must fit in the time limit too: it is
-# timed on greedy's plan and that much (times the margin) kept; without greedy, estimated
-JUDGE_MARGIN = 1.5
-JUDGE_S_PER_REQUEST = 2.5e-6  # expand + evaluate per request, measured at 10^7 (20-25 s)
-# a solver call may end this long after its limit (a HiGHS run left behind, a child killed): kept back, but
-# never more than this share of the whole limit, which a short run needs for its search and bound
-SOLVER_STOP_S = 0.5
-SOLVER_STOP_SHARE = 0.1
-MATCH_S_PER_CELL = 7e-6  # device mode: the flow solution's matching to requests, 0.48 s on 68k cells
-FINAL_PASS_JUDGES = 2  # the final shape pass judges up to this many re-declarations of the returned plan
 LAST_RESORT = ("solo", "cells", "pow2", "exp", "baseline")  # analytic modes: tried when nothing else meets the limits
-
-
-@dataclass(frozen=True, eq=False)
-class Judged:
-    """A candidate plan expanded and judged exactly: its plans, their evaluation, the total cost
-    and each broken limit (bucket, metric, value, limit)."""
-
-    name: str
-    batchings: tuple[Batching, ...]
-    plans: tuple[Plan, ...]
-    evaluation: Evaluation
-
-    @property
-    def cost(self) -> float:
-        return self.evaluation.total_cost
-
-    @property
-    def broken(self) -> tuple[tuple[int, str, float, float], ...]:
-        return tuple((b, c.metric, c.value, c.limit) for b, r in enumerate(self.evaluation.results)
-                     for c in r.checks if not c.ok)
-
-    @property
-    def acceptable(self) -> bool:
-        """Valid under every rule and within every limit."""
-        return self.evaluation.ok
-
-
-def judge(problem: Problem, name: str, batchings: tuple[Batching, ...]) -> Judged:
-    """Expand a candidate (spike placement included) and evaluate it with the one cost model."""
-    plans = assemble_all(problem, batchings)
-    results, global_problems = evaluate_plans(problem, plans)
-    return Judged(name, batchings, plans, Evaluation(tuple(results), tuple(global_problems)))
 
 
 def tightened(problem: Problem, reserves: tuple[int, ...], broken: tuple[tuple[int, str, float, float], ...],
@@ -122,7 +69,8 @@ def tightened(problem: Problem, reserves: tuple[int, ...], broken: tuple[tuple[i
     return replace(problem, limits=tuple(limits)), tuple(reserves)
 
 
-def device_fallbacks(problem: Problem, deadline: Deadline = Deadline.never()) -> list[Judged]:
+def device_fallbacks(problem: Problem, judge: Judge, deadline: Deadline = Deadline.never(),
+                     options: PlannerOptions = PlannerOptions()) -> list[Judged]:
     """Device mode: the plans of the packers that meet every limit (dpfill, pow2, solo), judged exactly.
 
     The exact-batching start ignores the limits; when it breaks one, the cheapest packer
@@ -132,17 +80,17 @@ def device_fallbacks(problem: Problem, deadline: Deadline = Deadline.never()) ->
     long-context requests), so a short time limit may leave fewer fallbacks.
     """
     n = sum(len(b) for b in problem.buckets)
-    return [j for j in packer_plans(problem, ("dpfill", "pow2", "solo"), deadline, JUDGE_S_PER_REQUEST * n)
-            if j.acceptable]
+    return [j for j in packer_plans(problem, judge, ("dpfill", "pow2", "solo"), deadline,
+                                    options.judge_s_per_request * n, options) if j.acceptable]
 
 
-def packer_plans(problem: Problem, names: tuple[str, ...], deadline: Deadline = Deadline.never(),
-                 spent: float = 0.0) -> list[Judged]:
+def packer_plans(problem: Problem, judge: Judge, names: tuple[str, ...], deadline: Deadline = Deadline.never(),
+                 spent: float = 0.0, options: PlannerOptions = PlannerOptions()) -> list[Judged]:
     """The named packers' plans judged exactly, in order, while a judging (``spent``, with the margin) still
     fits before ``deadline``; a packer that cannot plan the problem is skipped."""
     out = []
     for name in names:
-        if deadline.left() < JUDGE_MARGIN * spent:
+        if deadline.left() < options.judge_margin * spent:
             break
         try:
             out.append(judge(problem, name, PACKERS[name](problem)))
@@ -151,29 +99,31 @@ def packer_plans(problem: Problem, names: tuple[str, ...], deadline: Deadline = 
     return out
 
 
-def judge_reserve(spent: float, left: float) -> float:
+def judge_reserve(spent: float, left: float, options: PlannerOptions = PlannerOptions()) -> float:
     """Seconds kept at the end for judging: the chosen plan's judging (with a margin) and, when that still
     leaves the search at least half the time, the final shape pass's.  At 10^7 requests a judging takes
     about 25 s: reserving the final pass too left a 60 s run no time to search, and no plan."""
-    must = JUDGE_MARGIN * spent
-    full = must + FINAL_PASS_JUDGES * spent
+    must = options.judge_margin * spent
+    full = must + options.final_pass_judges * spent
     return full if full <= 0.5 * left else must
 
 
-def last_resort(problem: Problem, deadline: Deadline, spent: float) -> list[Judged]:
+def last_resort(problem: Problem, judge: Judge, deadline: Deadline, spent: float,
+                options: PlannerOptions = PlannerOptions()) -> list[Judged]:
     """Analytic modes, when neither the MIP nor greedy met every limit: the packers' plans, judged exactly
     while the time lasts (every request alone is one of them), for the caller to take those that meet every
     limit.  A search over part of the boxes, or a time limit, may miss a plan such a simple rule has; no plan
     should be given up for that."""
-    return packer_plans(problem, LAST_RESORT, deadline, spent)
+    return packer_plans(problem, judge, LAST_RESORT, deadline, spent, options)
 
 
-def final_shapes(problem: Problem, judged: Judged, deadline: Deadline, spent: float) -> tuple[Judged, str | None]:
+def final_shapes(problem: Problem, judge: Judge, judged: Judged, deadline: Deadline, spent: float,
+                 options: PlannerOptions = PlannerOptions()) -> tuple[Judged, str | None]:
     """The final shape pass (``model.planning.reshape``) on an acceptable plan: the cheapest re-declaration of
     its shapes for the same batches that the exact evaluation finds cheaper and within every limit (spikes
     move with the shapes), and a note saying what changed; else the plan as it was."""
     for what, batchings in redeclared(problem, judged.batchings):
-        if deadline.left() < JUDGE_MARGIN * spent:
+        if deadline.left() < options.judge_margin * spent:
             break
         new = judge(problem, judged.name, batchings)
         if new.acceptable and new.cost < judged.cost:
@@ -185,18 +135,8 @@ def final_shapes(problem: Problem, judged: Judged, deadline: Deadline, spent: fl
     return judged, None
 
 
-def plan_status(gap: float, last: Status, clock: Deadline) -> Status:
-    """A returned plan's status: optimal only at gap 0 (to rounding), "time limit" when the last search or the
-    clock ran out, else feasible."""
-    if gap <= OPTIMAL_GAP:
-        return Status.OPTIMAL
-    if last in (Status.TIME_LIMIT_FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION) or clock.expired():
-        return Status.TIME_LIMIT_FEASIBLE
-    return Status.FEASIBLE
-
-
 def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
-             options: PlannerOptions = PlannerOptions()) -> Planned:
+             options: PlannerOptions = PlannerOptions(), *, judge: Judge) -> Planned:
     """Plan every bucket by optimisation; the report carries a certified lower bound and its gap.
 
     Everything -- the greedy warm start, the shape choice, column generation, the
@@ -229,16 +169,16 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
                                    required=greedy is None)
         if exact_start is not None:
             greedy, start_name = exact_start, "exact-runs start"
-    fallbacks = device_fallbacks(problem, clock.share(options.fallback_share)) if flow else []
+    fallbacks = device_fallbacks(problem, judge, clock.share(options.fallback_share), options) if flow else []
     t_judge = time.perf_counter()
     judged_greedy = judge(problem, start_name, greedy) if greedy is not None else None
     if flow and fallbacks and not judged_greedy.acceptable:
         greedy = min(fallbacks, key=lambda j: j.cost).batchings  # a start that meets the limits
     # the final judging of the MIP's plan must fit too: keep about what judging greedy's took
-    spent = time.perf_counter() - t_judge if greedy is not None else JUDGE_S_PER_REQUEST * n_requests
-    matching = MATCH_S_PER_CELL * sum(len(h) for h in fine) if flow else 0.0
-    work = Deadline(clock.at - judge_reserve(spent, clock.left()) - matching
-                    - min(SOLVER_STOP_S, SOLVER_STOP_SHARE * time_limit))
+    spent = time.perf_counter() - t_judge if greedy is not None else options.judge_s_per_request * n_requests
+    matching = options.match_s_per_cell * sum(len(h) for h in fine) if flow else 0.0
+    work = Deadline(clock.at - judge_reserve(spent, clock.left(), options) - matching
+                    - min(options.solver_stop_s, options.solver_stop_share * time_limit))
     setup = None if flow else shape_setup(problem, fine, options, work)
     first, mip_ok, judged, attempt_problem, attempt = None, None, None, problem, 0
     reserves = (0,) * len(fine)  # the model places every compile spike exactly (arrays.spike_rows)
@@ -265,37 +205,36 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
         candidates.append(judged_greedy)
     tried = [j for j in (judged_greedy, judged) if j is not None] + fallbacks
     if not candidates and not flow:
-        resort = last_resort(problem, clock, spent)
+        resort = last_resort(problem, judge, clock, spent, options)
         tried += resort
         candidates = [j for j in resort if j.acceptable]
     if not candidates:
-        raise no_plan(problem, solver.name, first, outcome, judged, judged_greedy, tried, attempt, clock)
-    passed = []
+        raise no_plan(problem, judge, solver.name, first, outcome, judged, judged_greedy, tried, attempt, clock)
+    said = []
     for cand in sorted(candidates, key=lambda j: j.cost):
-        passed.append(final_shapes(problem, cand, clock, spent))
-    chosen, pass_note = min(passed, key=lambda jn: jn[0].cost)
-    notes = list(first.notes)
-    if chosen.name != "mip":
-        notes.append(f"the {chosen.name} plan is cheaper under the exact cost model than the MIP's and is returned "
-                     "(the MIP searched a coarsened or time-limited space)" if mip_ok else
-                     f"the MIP found no plan meeting every limit ({solver.name}: {outcome.status.text}); the "
-                     f"{chosen.name} plan is returned")
-    if attempt:
-        notes.append(f"repaired: re-solved {attempt} time(s) with limits tightened by what the exact evaluation "
-                     "found the model had missed")
-    if pass_note:
-        notes.append(pass_note)
-    gap = relative_gap(chosen.cost, first.bound)
-    status = plan_status(gap, outcome.status, clock)
+        passed, pass_note = final_shapes(problem, judge, cand, clock, spent, options)
+        notes = []  # what the report says if this candidate is returned
+        if passed.name != "mip":
+            notes.append(f"the {passed.name} plan is cheaper under the exact cost model than the MIP's and is "
+                         "returned (the MIP searched a coarsened or time-limited space)" if mip_ok else
+                         f"the MIP found no plan meeting every limit ({solver.name}: {outcome.status.text}); the "
+                         f"{passed.name} plan is returned")
+        if attempt:
+            notes.append(f"repaired: re-solved {attempt} time(s) with limits tightened by what the exact "
+                         "evaluation found the model had missed")
+        if pass_note:
+            notes.append(pass_note)
+        said.append(replace(passed, notes=tuple(notes)))
     # the backend asked for, whichever candidate won (the notes say when it is not the MIP's plan): the last
     # search's own record may name the LP backend column generation used instead
-    report = SolveReport(status, chosen.cost, first.bound, gap, time.perf_counter() - t0, solver.name,
-                         solver.version(), first.bucket_bounds, tuple(notes))
+    chosen, report = select(Candidates(tuple(said), first.bound, solver.name, solver.version(), t0, clock,
+                                       outcome.status, first.bucket_bounds, tuple(first.notes)))
     return Planned(chosen.batchings, report, chosen.plans, chosen.evaluation)
 
 
-def no_plan(problem: Problem, backend: str, first: SearchOutcome, last: SearchOutcome, judged: Judged | None,
-            judged_greedy: Judged | None, tried: list[Judged], repairs: int, clock: Deadline) -> Exception:
+def no_plan(problem: Problem, judge: Judge, backend: str, first: SearchOutcome, last: SearchOutcome,
+            judged: Judged | None, judged_greedy: Judged | None, tried: list[Judged], repairs: int,
+            clock: Deadline) -> Exception:
     """Why no plan came out: InfeasibleError with a proof, else NoPlanFound saying what happened instead.
 
     With a single limit in the whole problem, that limit alone is what no plan met: the
@@ -314,8 +253,9 @@ def no_plan(problem: Problem, backend: str, first: SearchOutcome, last: SearchOu
     if first.proven_infeasible:
         proof = f"{backend} proved the whole exact model infeasible"
         if single is not None:
-            return InfeasibleError("the limits cannot all be met; " + alone_message(problem, proof, known, clock))
-        return InfeasibleError(explain_infeasible(problem, clock, proof))
+            return InfeasibleError("the limits cannot all be met; " + alone_message(problem, proof, known, clock,
+                                                                                     judge))
+        return InfeasibleError(explain_infeasible(problem, judge, clock, proof))
     if last.batchings is not None and judged is not None:
         broken = ", ".join(f"{problem.buckets[b].name} {m}" for b, m, _, _ in judged.broken)
         what = f"the MIP's plan still breaks {broken} under the exact evaluation after {repairs} repair(s)"
@@ -327,7 +267,7 @@ def no_plan(problem: Problem, backend: str, first: SearchOutcome, last: SearchOu
     else:
         what = f"no plan found ({backend}: {last.status.text}{f': {last.native}' if last.native else ''})"
     if single is not None:
-        return NoPlanFound(f"{what}; {alone_message(problem, None, known, clock)}; not proven infeasible")
+        return NoPlanFound(f"{what}; {alone_message(problem, None, known, clock, judge)}; not proven infeasible")
     greedy = ("" if judged_greedy is None else "; the greedy packer's plan breaks "
               + ", ".join(f"{problem.buckets[b].name} {m}" for b, m, _, _ in judged_greedy.broken))
     return NoPlanFound(f"{what}{greedy}; not proven infeasible")

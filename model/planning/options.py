@@ -1,4 +1,9 @@
-"""Every tuning constant of the MIP planner, in one frozen record passed down the call chain.
+"""Every tuning constant of the MIP planner (``plan_mip`` and what it calls), in one frozen record passed down
+the call chain.
+
+The windowed planner's shares of its time limit (``model.planning.windowed``), the infeasibility probes'
+time (``model.planning.diagnose``) and the window bound's LP sizes (``model.planning.window_bound``) are that
+planner's and that module's own, named at the top of each.
 
 None of these changes what a plan costs or whether it is valid -- the evaluator
 judges every plan exactly -- they only trade solve time against how close to the
@@ -69,6 +74,14 @@ class PlannerOptions:
         above this many (requests x candidates) it is skipped (10^5 long-context
         requests x 2,000 shapes took 50 s and 1.6 GB); it is skipped too when even
         its floors-only table would take over a quarter of the time left.
+      judge_margin, judge_s_per_request: the final judging (expansion and exact evaluation) must fit in the
+        time limit too: it is timed on greedy's plan and that much times judge_margin kept; without greedy it
+        is estimated at judge_s_per_request per request (measured at 10^7: 20-25 s).
+      final_pass_judges: the final shape pass judges up to this many re-declarations of the returned plan.
+      solver_stop_s, solver_stop_share: a solver call may end this long after its limit (a HiGHS run left
+        behind, a child killed): kept back, but never more than this share of the whole limit, which a short
+        run needs for its search and bound.
+      match_s_per_cell: device mode: the flow solution's matching to requests (0.48 s on 68k cells).
     """
 
     max_gen_values: int = 2048
@@ -98,3 +111,9 @@ class PlannerOptions:
     fallback_share: float = 0.3
     lp_price_share: float = 0.2
     lp_price_max_cells: int = 20_000_000
+    judge_margin: float = 1.5
+    judge_s_per_request: float = 2.5e-6
+    final_pass_judges: int = 2
+    solver_stop_s: float = 0.5
+    solver_stop_share: float = 0.1
+    match_s_per_cell: float = 7e-6

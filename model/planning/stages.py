@@ -15,9 +15,9 @@ from model.base.errors import InfeasibleError
 from model.base.runtime import Deadline, DeadlineExceeded
 from model.domain.schema import Batching, CellRuns, Problem, Status
 from model.domain.shapeset import round_up_to, usable
-from model.expand.cell_runs import batching_of_runs, box_runs, deal
 from model.formulation.boxes import BucketModel, Grid, bucket_model, candidate_grid
 from model.histogram.cells import Histogram, coarsen
+from model.planning.cell_runs import batching_of_runs, box_runs, deal
 from model.planning.colgen import NoDuals, exact_bound, generate
 from model.planning.options import PlannerOptions
 from model.planning.reshape import reference_shape_set
@@ -278,7 +278,7 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
 
 def runs_of(problem: Problem, b: int, fine: Histogram, bm: BucketModel, grid: Grid, a: Assignment,
             setup: ShapeSetup) -> CellRuns:
-    """One bucket's solution as batches of cells (``model.expand.cell_runs``): the exact cells dealt to the boxes,
+    """One bucket's solution as batches of cells (``model.planning.cell_runs``): the exact cells dealt to the boxes,
     each box cut into its batches -- one per box, split under a batch-size cap, or in device mode the box's
     m_k batches of near-equal size, which keeps each inside the size class lo_k..hi_k the model chose."""
     cell, box, count = deal(fine, bm.hist, a.arc_cell, a.arc_box, a.count)

@@ -35,9 +35,10 @@ import numpy as np
 
 from model.base.errors import InfeasibleError, NoPlanFound
 from model.base.runtime import Deadline
-from model.domain.schema import OPTIMAL_GAP, Batching, Planned, Problem, SolveReport, Status, relative_gap
+from model.domain.schema import Batching, Planned, Problem
 from model.domain.windowing import WindowPart, n_windows, split
-from model.planning.mip import Judged, judge, plan_mip
+from model.planning.contract import Candidates, Judge, Judged, select
+from model.planning.mip import plan_mip
 from model.planning.parallel import run_items, shared
 from model.planning.window_bound import WindowBound, candidate_shapes, window_bound
 from model.planning.window_merge import merge
@@ -121,7 +122,7 @@ def dpfill_shapes(problem: Problem, pools) -> np.ndarray:
     return pad_shapes(values, counts, problem.max_shapes)
 
 
-def acceptable(problem: Problem, name: str, batchings: tuple[Batching, ...] | None) -> Judged | None:
+def acceptable(problem: Problem, judge: Judge, name: str, batchings: tuple[Batching, ...] | None) -> Judged | None:
     """The candidate judged exactly, or None when it breaks a rule or a limit (or does not exist)."""
     if batchings is None:
         return None
@@ -153,11 +154,11 @@ def window_problem(part: WindowPart, shapes: np.ndarray, k: int) -> Problem:
 
 def _plan_window(item: tuple[int, float]) -> tuple[tuple[Batching, ...] | None, str, str]:
     """Worker: one window's MIP plan (batchings or None, backend, version)."""
-    parts, shapes, k, backend = shared()
+    parts, shapes, k, backend, judge = shared()
     w, time_limit = item
     sub = window_problem(parts[w], shapes, k)
     try:
-        planned = plan_mip(sub, backend=backend, time_limit=max(0.2, time_limit))
+        planned = plan_mip(sub, backend=backend, time_limit=max(0.2, time_limit), judge=judge)
     except (InfeasibleError, NoPlanFound) as exc:  # under these shapes only: proves nothing for the trace
         log.info("windows: window %d: %s", parts[w].index, exc)
         return None, backend, ""
@@ -165,20 +166,20 @@ def _plan_window(item: tuple[int, float]) -> tuple[tuple[Batching, ...] | None, 
 
 
 def mip_per_window(problem: Problem, parts: list[WindowPart], shapes: np.ndarray, backend: str,
-                   deadline: Deadline) -> tuple[tuple[Batching, ...] | None, str, str]:
+                   deadline: Deadline, judge: Judge) -> tuple[tuple[Batching, ...] | None, str, str]:
     """Every window planned by the MIP planner under ``shapes``, merged (None if a window has no plan)."""
     left = max(1.0, deadline.left())
     total = max(1, sum(p.n_requests for p in parts))
     items = [(w, left * part.n_requests / total) for w, part in enumerate(parts)]
     big = len(parts) > 2 and total > 2000
-    results = run_items(_plan_window, items, (parts, shapes, problem.max_shapes, backend), big)
+    results = run_items(_plan_window, items, (parts, shapes, problem.max_shapes, backend, judge), big)
     _, backend_name, version = results[0]
     if any(r[0] is None for r in results):
         return None, backend_name, version
     return merge(problem, parts, [r[0] for r in results]), backend_name, version
 
 
-def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 60.0) -> Planned:
+def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 60.0, *, judge: Judge) -> Planned:
     """Plan a windowed problem (see module docstring); the report's bound covers the windowed problem."""
     t0 = time.perf_counter()
     deadline = Deadline.after(time_limit)
@@ -199,48 +200,45 @@ def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 
              "two windows, the shapes are one set for every window; latency includes each member's wait to its "
              "window's end"]
     candidates: list[Judged] = []
-    backend_name, version, status = "windows", "1", Status.FEASIBLE
+    backend_name, version = "windows", "1"
     parts = None
     if device:
         costs = [IntervalCosts(p, problem.cost.params, problem.max_batch_size) for p in pools]
         starts = [np.asarray(bound.shapes), dpfill_shapes(problem, pools)]
         shapes, _ = search_shapes(problem, costs, cands, starts, part(SEARCH_SHARE))
-        judged = acceptable(problem, "mip", window_plan(problem, costs, shapes, part(0.9)))
+        judged = acceptable(problem, judge, "mip", window_plan(problem, costs, shapes, part(0.9)))
         backend_name = "windows-runs-dp"
         notes.append("device mode: shapes by local search scored with each window's exact-for-its-family plan "
                      "(requests on the smallest used shape, optimal runs of gens per shape)")
         if judged is None:
             parts = split(problem)
-            batchings, backend_name, version = mip_per_window(problem, parts, shapes, backend, deadline)
-            judged = acceptable(problem, "mip", batchings)
+            batchings, backend_name, version = mip_per_window(problem, parts, shapes, backend, deadline, judge)
+            judged = acceptable(problem, judge, "mip", batchings)
             notes.append("the runs plan broke a limit: every window re-planned by the MIP planner under the shapes")
         if judged is not None:
             candidates.append(judged)
     else:
         shapes = np.asarray(bound.shapes, dtype=np.int64)
         parts = split(problem)
-        batchings, backend_name, version = mip_per_window(problem, parts, shapes, backend, deadline)
-        judged = acceptable(problem, "mip", batchings)
+        batchings, backend_name, version = mip_per_window(problem, parts, shapes, backend, deadline, judge)
+        judged = acceptable(problem, judge, "mip", batchings)
         if judged is not None:
             candidates.append(judged)
     packer = "dpfill" if device else "greedy"
-    other = acceptable(problem, packer, packer_plan(problem, packer))
+    other = acceptable(problem, judge, packer, packer_plan(problem, packer))
     if other is not None:
         candidates.append(other)
     if not candidates:
         raise NoPlanFound("no windowed plan meets every limit (the per-window plans and the windowed "
                           f"{packer} packer's each break one; not proven unmeetable); try longer windows or "
                           "looser limits")
-    chosen = min(candidates, key=lambda j: j.cost)
-    if chosen.name != "mip":
-        notes.append(f"the windowed {chosen.name} packer's plan is cheaper under the exact cost model and is returned")
-    notes.append(bound_note(bound))
-    cost = chosen.cost
-    gap = relative_gap(cost, bound.bound)
-    if gap <= OPTIMAL_GAP:
-        status = Status.OPTIMAL
-    report = SolveReport(status, cost, bound.bound, gap, time.perf_counter() - t0, backend_name,
-                         version if backend_name != "windows-runs-dp" else "1", bound.bucket_bounds, tuple(notes))
+    said = tuple(j if j.name == "mip" else replace(j, notes=(f"the windowed {j.name} packer's plan is cheaper under "
+                                                              "the exact cost model and is returned",))
+                 for j in candidates)
+    chosen, report = select(Candidates(said, bound.bound, backend_name,
+                                       version if backend_name != "windows-runs-dp" else "1", t0, deadline,
+                                       bucket_bounds=bound.bucket_bounds, lead=tuple(notes),
+                                       closing=(bound_note(bound),)))
     return Planned(chosen.batchings, report, chosen.plans, chosen.evaluation)
 
 

@@ -31,7 +31,7 @@ the estimated sequential time plus one 1500 ms compile spike per shape must meet
 the limit (less a 1e-9 relative margin for float summation order), so the plan
 meets it however ``expand.assemble`` places the spikes.
 
-Costs and latencies come from ``model.costs`` (decode_cost, member_latency,
+Costs and latencies come from ``model.cost`` (decode_cost, member_latency,
 prefill_latency through member_latency) with the effective lengths of
 ``CostModel.batch_extents``, so strict mode (prefill and decode at the declared shape)
 is handled by the same arithmetic.  Merges are kept in a heap and re-scored only
