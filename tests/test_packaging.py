@@ -2,11 +2,11 @@
 
 The repository's data/ folder is installed as the subpackage ``model._data`` (pyproject.toml's package-dir),
 so the distribution has exactly the top-level packages ``model`` and ``solvers`` and no generic ``data``.
-The fast tests check that the default scenario is found through ``importlib.resources`` and that pyproject.toml
-lists every package folder; the slow one builds a wheel from a copy of the tree, installs it into a fresh
-virtual environment (its dependencies come from this interpreter's site-packages through a .pth line, so
-nothing is downloaded) and runs ``python -m model.solve --limit-shapes 8`` from an empty folder, where
-``import data`` fails.
+The fast tests check that the default scenario is found through ``importlib.resources`` when installed and
+beside ``model/`` in a source tree that is not installed, and that pyproject.toml lists every package folder;
+the slow one builds a wheel from a copy of the tree, installs it into a fresh virtual environment (its
+dependencies come from this interpreter's site-packages through a .pth line, so nothing is downloaded) and
+runs ``python -m model.solve --limit-shapes 8`` from an empty folder, where ``import data`` fails.
 """
 
 from __future__ import annotations
@@ -40,6 +40,22 @@ def test_default_scenario_is_found_through_importlib_resources():
     assert pipeline.DEFAULT_SCENARIO == Path(str(root / "default" / "scenario.toml"))
     for name in SHIPPED:  # the same files as the repository's data/ (not another checkout's)
         assert (root / name).read_bytes() == (REPO / "data" / name).read_bytes(), name
+
+
+def test_a_source_tree_without_install_reads_data_beside_model():
+    # -S: no site-packages processing, so no .pth and no editable finder; the dependencies come through
+    # PYTHONPATH (whose .pth files are not run either).  model is imported from the tree (cwd), as
+    # `python -m model.solve` from the root of a bare clone does.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([sysconfig.get_paths()["purelib"],
+                                                       sysconfig.get_paths()["platlib"]]))
+    code = ("import importlib.util; from model import pipeline; "
+            "print(importlib.util.find_spec('model._data')); print(pipeline.DEFAULT_SCENARIO)")
+    done = subprocess.run([sys.executable, "-S", "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    spec, default = done.stdout.split()
+    assert spec == "None"
+    assert Path(default) == REPO / "data" / "default" / "scenario.toml"
 
 
 def pyproject() -> dict:
