@@ -9,6 +9,7 @@ records (``Planned``, ``Plan``, ``Evaluation``, ``Run``) come out.
 from __future__ import annotations
 
 import importlib.resources
+import importlib.util
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,9 +44,12 @@ from model.planning.mip import plan_mip
 from model.planning.windowed import plan_windowed
 from solvers.packers import PACKERS
 
-# The embedded default scenario: package data of the top-level ``data`` package, so it is found the same
-# way in a source tree, an editable install and an installed wheel (pyproject.toml ships data/default/*).
-DEFAULT_SCENARIO = Path(str(importlib.resources.files("data") / "default" / "scenario.toml"))
+# The embedded default scenario: pyproject.toml installs the repository's data/ as the package model._data (no
+# top-level ``data`` in site-packages), found with importlib.resources in a wheel and an editable install; a source
+# tree run without installing (python -m from its root) has no model._data and reads the data/ beside model/.
+_DATA = (importlib.resources.files("model._data") if importlib.util.find_spec("model._data")
+         else Path(str(importlib.resources.files("model"))).parent / "data")
+DEFAULT_SCENARIO = Path(str(_DATA / "default" / "scenario.toml"))
 MIP = "mip"
 
 

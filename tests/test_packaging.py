@@ -1,9 +1,12 @@
 """The run-time data ships with the package: an installed wheel plans the default scenario outside the source tree.
 
-The fast test checks that the default scenario is found through ``importlib.resources``; the slow one
-builds a wheel from a copy of the tree, installs it into a fresh virtual environment (its dependencies
-come from this interpreter's site-packages through a .pth line, so nothing is downloaded) and runs
-``python -m model.solve --limit-shapes 8`` from an empty folder.
+The repository's data/ folder is installed as the subpackage ``model._data`` (pyproject.toml's package-dir),
+so the distribution has exactly the top-level packages ``model`` and ``solvers`` and no generic ``data``.
+The fast tests check that the default scenario is found through ``importlib.resources`` when installed and
+beside ``model/`` in a source tree that is not installed, and that pyproject.toml lists every package folder;
+the slow one builds a wheel from a copy of the tree, installs it into a fresh virtual environment (its
+dependencies come from this interpreter's site-packages through a .pth line, so nothing is downloaded) and
+runs ``python -m model.solve --limit-shapes 8`` from an empty folder, where ``import data`` fails.
 """
 
 from __future__ import annotations
@@ -25,22 +28,65 @@ from helpers import REPO
 
 from model import pipeline
 
-
-def test_default_scenario_resolves_through_importlib_resources():
-    resource = importlib.resources.files("data") / "default" / "scenario.toml"
-    assert pipeline.DEFAULT_SCENARIO == Path(str(resource))
-    assert pipeline.DEFAULT_SCENARIO.is_file()
-    for name in ("requests_chat.jsonl", "requests_short.jsonl"):
-        assert (importlib.resources.files("data") / "default" / name).is_file()
-    assert (importlib.resources.files("data") / "profiles" / "opt13b-a100-tp1.toml").is_file()
+SHIPPED = ("default/scenario.toml", "default/device.toml", "default/reference.toml", "default/requests_chat.jsonl",
+           "default/requests_short.jsonl", "profiles/opt13b-a100-tp1.toml")
 
 
-def test_pyproject_ships_the_default_scenario_and_every_console_script():
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    setuptools = project["tool"]["setuptools"]
-    assert "data" in setuptools["packages"]["find"]["include"]
-    assert {"default/*.toml", "default/*.jsonl", "profiles/*.toml"} <= set(setuptools["package-data"]["data"])
-    scripts = project["project"]["scripts"]
+def test_default_scenario_is_found_through_importlib_resources():
+    if importlib.util.find_spec("model._data") is not None:  # installed: CI's editable install, a wheel
+        root = importlib.resources.files("model._data")
+    else:  # a source tree run without installing (e.g. this checkout on an interpreter that installed none)
+        root = REPO / "data"
+    assert pipeline.DEFAULT_SCENARIO == Path(str(root / "default" / "scenario.toml"))
+    for name in SHIPPED:  # the same files as the repository's data/ (not another checkout's)
+        assert (root / name).read_bytes() == (REPO / "data" / name).read_bytes(), name
+
+
+def test_a_source_tree_without_install_reads_data_beside_model():
+    # -S: no site-packages processing, so no .pth and no editable finder; the dependencies come through
+    # PYTHONPATH (whose .pth files are not run either).  model is imported from the tree (cwd), as
+    # `python -m model.solve` from the root of a bare clone does.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([sysconfig.get_paths()["purelib"],
+                                                       sysconfig.get_paths()["platlib"]]))
+    code = ("import importlib.util; from model import pipeline; "
+            "print(importlib.util.find_spec('model._data')); print(pipeline.DEFAULT_SCENARIO)")
+    done = subprocess.run([sys.executable, "-S", "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    spec, default = done.stdout.split()
+    assert spec == "None"
+    assert Path(default) == REPO / "data" / "default" / "scenario.toml"
+
+
+def pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def test_pyproject_installs_data_inside_model_and_no_top_level_data():
+    setuptools = pyproject()["tool"]["setuptools"]
+    packages = setuptools["packages"]
+    assert {name.split(".")[0] for name in packages} == {"model", "solvers"}
+    assert setuptools["package-dir"] == {"model._data": "data"}
+    assert "model._data" in packages
+    assert {"default/*.toml", "default/*.jsonl", "profiles/*.toml"} <= set(setuptools["package-data"]["model._data"])
+    assert set(setuptools["package-data"]) == {"model._data"}
+    assert setuptools["include-package-data"] is False  # only those globs: not data/traces or data/workloads
+    # setuptools' editable install finds a remapped subpackage only as a regular package
+    assert (REPO / "data" / "__init__.py").is_file()
+
+
+def test_pyproject_lists_every_package_folder():
+    # A package-dir remap needs an explicit package list: a folder moved or added under model/ or solvers/
+    # must be added there, or the wheel silently lacks it.
+    folders = {".".join(p.parent.relative_to(REPO).parts) for top in ("model", "solvers")
+               for p in (REPO / top).rglob("*.py")}
+    listed = set(pyproject()["tool"]["setuptools"]["packages"]) - {"model._data"}
+    assert sorted(folders - listed) == [], "add these package folders to pyproject.toml [tool.setuptools] packages"
+    assert sorted(listed - folders) == [], "these pyproject.toml packages have no folder (moved or removed?)"
+
+
+def test_pyproject_has_every_console_script():
+    scripts = pyproject()["project"]["scripts"]
     assert {"shapeplan-solve": "model.solve:entry", "shapeplan-evaluate": "model.evaluate:entry",
             "shapeplan-sweep": "model.sweep:entry"}.items() <= scripts.items()
 
@@ -72,9 +118,12 @@ def test_installed_wheel_plans_the_default_scenario_from_an_empty_folder(tmp_pat
     assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = wheels.glob("shapeplan-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"data/__init__.py", "data/default/scenario.toml", "data/default/requests_chat.jsonl",
-            "data/profiles/opt13b-a100-tp1.toml"} <= set(names)
-    assert not [n for n in names if n.startswith(("data/traces", "data/workloads", "tests/"))]
+    assert {"model/_data/__init__.py", *(f"model/_data/{name}" for name in SHIPPED)} <= set(names)
+    # exactly the two top-level packages: no data/ (nor tests/, scripts/), and no traces or workloads anywhere
+    assert {n.split("/")[0] for n in names} == {"model", "solvers", "shapeplan-0.1.0.dist-info"}
+    assert not [n for n in names if "/traces/" in n or "/workloads/" in n]
+    top_level = zipfile.ZipFile(wheel).read("shapeplan-0.1.0.dist-info/top_level.txt").decode().split()
+    assert sorted(top_level) == ["model", "solvers"]
 
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
@@ -90,9 +139,11 @@ def test_installed_wheel_plans_the_default_scenario_from_an_empty_folder(tmp_pat
     cwd = tmp_path / "empty"
     cwd.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    where = subprocess.run([str(python), "-c", "import model, data; print(model.__file__); print(data.__file__)"],
+    where = subprocess.run([str(python), "-c", "import model.pipeline as p; print(p.__file__); print(p.DEFAULT_SCENARIO)"],
                            cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.split()
-    assert all(Path(w).is_relative_to(site) for w in where), where
+    assert where == [str(site / "model" / "pipeline.py"), str(site / "model" / "_data" / "default" / "scenario.toml")]
+    no_data = subprocess.run([str(python), "-c", "import data"], cwd=cwd, env=env, capture_output=True, text=True)
+    assert no_data.returncode == 1 and "ModuleNotFoundError: No module named 'data'" in no_data.stderr
     done = subprocess.run([str(python), "-m", "model.solve", "--limit-shapes", "8", "--out", "OUT", "--quiet"],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
