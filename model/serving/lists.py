@@ -11,7 +11,7 @@ from pathlib import Path
 
 from model.errors import InputError
 from model.serving.parse import parse_int, shown, text_lines
-from model.serving.parse_json import json_int_list, json_text, key_line, load_json_object
+from model.serving.parse_json import JsonLineIndex, json_int_list, json_text, key_line, load_json_object
 from model.serving.spec import ExportSpec, Given, contexts
 
 
@@ -36,17 +36,18 @@ def read_json(path: Path, text: str, max_model_len: int | None) -> list[Given]:
     for key in top:
         if key not in ("shapes", "batch_sizes", "buckets"):
             raise InputError(src, key_line(text, key), key, "unknown key (expected shapes, batch_sizes, buckets)")
-    shapes = json_int_list(text, src, top, "shapes", "")
-    if "batch_sizes" in top and top["batch_sizes"] != []:
-        json_int_list(text, src, top, "batch_sizes", "")
     buckets = top.get("buckets", {})
+    names = list(buckets) if isinstance(buckets, dict) else []
+    index = JsonLineIndex(text, ("shapes", "batch_sizes", "buckets", *names))
+    shapes = json_int_list(index, src, top, "shapes", "")
+    if "batch_sizes" in top and top["batch_sizes"] != []:
+        json_int_list(index, src, top, "batch_sizes", "")
     if not isinstance(buckets, dict):
-        raise InputError(src, key_line(text, "buckets"), "buckets", f"expected an object of named lists, "
+        raise InputError(src, index.key_line("buckets"), "buckets", f"expected an object of named lists, "
                          f"got {shown(buckets)}")
-    for name in buckets:
-        json_int_list(text, src, buckets, name, "buckets.")
+    for name in names:
+        json_int_list(index, src, buckets, name, "buckets.")
     return shapes
-
 
 
 def write_list(spec: ExportSpec) -> str:

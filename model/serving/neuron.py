@@ -14,7 +14,7 @@ from pathlib import Path
 
 from model.errors import InputError
 from model.serving.parse import shown
-from model.serving.parse_json import json_int_list, json_scalar, json_text, key_line, load_json_object
+from model.serving.parse_json import JsonLineIndex, json_int_list, json_scalar, json_text, key_line, load_json_object
 from model.serving.spec import ExportSpec, Given, contexts
 
 NXDI_MIN_BUCKET = 128  # NxDI's default buckets start at 128
@@ -59,15 +59,16 @@ def read_nxdi(path: Path, text: str, max_model_len: int | None) -> list[Given]:
     if enabled is not None and not isinstance(enabled, bool):
         raise InputError(src, key_line(text, "enable_bucketing"), f"{where}enable_bucketing",
                          f"expected true or false, got {shown(enabled)}")
-    max_ctx = json_scalar(text, src, conf, "max_context_length", where)
-    seq_len = json_scalar(text, src, conf, "seq_len", where)
-    buckets = json_int_list(text, src, conf, "context_encoding_buckets", where, required=False)
-    tkg = json_int_list(text, src, conf, "token_generation_buckets", where, required=False)
+    index = JsonLineIndex(text, keys)
+    max_ctx = json_scalar(index, src, conf, "max_context_length", where)
+    seq_len = json_scalar(index, src, conf, "seq_len", where)
+    buckets = json_int_list(index, src, conf, "context_encoding_buckets", where, required=False)
+    tkg = json_int_list(index, src, conf, "token_generation_buckets", where, required=False)
     if tkg and seq_len is not None and max(g.value for g in tkg) > seq_len:
         worst = max(tkg, key=lambda g: g.value)
         raise InputError(src, worst.line, worst.field, f"{worst.value} is above seq_len {seq_len}")
     if buckets is not None and enabled is False:
-        raise InputError(src, key_line(text, "context_encoding_buckets"), f"{where}context_encoding_buckets",
+        raise InputError(src, index.key_line("context_encoding_buckets"), f"{where}context_encoding_buckets",
                          "given while enable_bucketing is false")
     if buckets is not None:
         if max_ctx is not None and max(g.value for g in buckets) > max_ctx:
@@ -78,7 +79,7 @@ def read_nxdi(path: Path, text: str, max_model_len: int | None) -> list[Given]:
     if max_ctx is None:
         raise InputError(src, None, f"{where}context_encoding_buckets", "missing, and no max_context_length "
                          "to derive the buckets from")
-    line, fld = key_line(text, "max_context_length"), f"{where}max_context_length"
+    line, fld = index.key_line("max_context_length"), f"{where}max_context_length"
     values = nxdi_default(max_ctx) if enabled else [max_ctx]
     return [Given(v, src, line, fld) for v in values]
 
@@ -101,15 +102,17 @@ def read_vllm_neuron(path: Path, text: str, max_model_len: int | None) -> list[G
                          "missing or not an object (expected {\"neuron_config\": {\"num_batched_tokens_buckets\": "
                          "[...]}})")
     where += "neuron_config."
-    tokens = json_int_list(text, src, conf, "num_batched_tokens_buckets", where)
-    seqs = json_int_list(text, src, conf, "num_seqs_buckets", where, required=False)
+    index = JsonLineIndex(text, ("num_batched_tokens_buckets", "num_seqs_buckets", "max_num_batched_tokens",
+                                 "max_num_seqs"))
+    tokens = json_int_list(index, src, conf, "num_batched_tokens_buckets", where)
+    seqs = json_int_list(index, src, conf, "num_seqs_buckets", where, required=False)
     engine = top.get("engine_args", top)
     if not isinstance(engine, dict):
         raise InputError(src, key_line(text, "engine_args"), "engine_args", f"expected an object, got {shown(engine)}")
     for key, lst in (("max_num_batched_tokens", tokens), ("max_num_seqs", seqs)):
-        value = json_scalar(text, src, engine, key, "engine_args." if engine is not top else "")
+        value = json_scalar(index, src, engine, key, "engine_args." if engine is not top else "")
         if value is not None and lst and value != max(g.value for g in lst):
-            raise InputError(src, key_line(text, key), key, f"{value} must equal the largest bucket, "
+            raise InputError(src, index.key_line(key), key, f"{value} must equal the largest bucket, "
                              f"{max(g.value for g in lst)} (vllm-neuron requires it)")
     return tokens
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from model.errors import InputError
 from model.serving.parse import LIMIT_NOTE, MAX_BUCKETS, check_range, shown
@@ -71,40 +73,156 @@ def key_line(text: str, key: str, nth: int = 0) -> int | None:
     return text[:found[nth].start()].count("\n") + 1
 
 
-def element_line(text: str, key: str, index: int) -> int | None:
-    """Line of element ``index`` of the list under the first ``"key":`` (falls back to the key's line).
+# ---------------------------------------------------------------- line numbers, in one pass
+#
+# A line found by rescanning the text per list entry (or per bucket name) makes reading
+# quadratic: 10k entries took ~50 s, the accepted 100k never finished.  The index below
+# scans the text once for every key asked about and each list once for all its entries,
+# and gives exactly the lines the rescans gave: the first ``"key":`` (``key_line``) and
+# the entries of the list after the first ``"key": [``.
 
-    A tiny scanner over the list's text (strings skipped, nesting counted), so an error
-    in an indented list one value a line points at the value, not at the key.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # one JSON string token
+_COLON = re.compile(r"\s*:")
+_COLON_LIST = re.compile(r"\s*:\s*\[")
+_STRUCTURE = re.compile(r'["\[\]{},]')
+_NOT_SPACE = re.compile(r"\S")
+
+
+@dataclass(frozen=True)
+class KeySpot:
+    """Where one key first appears: its line, and where the first list under it starts."""
+
+    line: int | None  # line of the first ``"key":`` (None if there is none)
+    list_at: tuple[int, int] | None  # (offset just after the ``[`` of the first ``"key": [``, its line)
+
+
+def spelling_candidates(text: str) -> Iterator[tuple[int, int]]:
+    """(first, last) offsets of every stretch of valid JSON ``text`` that could be a key's spelling, in order.
+
+    A spelling (``json.dumps(key)``) starts at a quote and ends at the next unescaped one.
+    In valid JSON a quote opens a string, closes one, or is escaped inside one, so the
+    stretches are: each string token; from each escaped quote of a token to its end
+    (only when a colon follows: a key); from a token's closing quote to the next one's
+    opening quote.  Keys holding escaped quotes or strings ending in a colon are thus
+    found where a plain text search finds them.
     """
-    m = re.search(re.escape(json.dumps(key)) + r"\s*:\s*\[", text)
-    if m is None:
-        return key_line(text, key)
-    depth, count, in_string, escaped = 1, 0, False, False
-    pos = m.end()
-    while pos < len(text):
-        ch = text[pos]
-        if in_string:
-            escaped = ch == "\\" and not escaped
-            if ch == '"' and not escaped:
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-        elif ch in "]}":
+    previous_close = None
+    for token in _STRING.finditer(text):
+        opening, close = token.start(), token.end() - 1
+        if previous_close is not None:
+            yield previous_close, opening
+        yield opening, close
+        inner = text.find('"', opening + 1, close)
+        if inner >= 0 and _COLON.match(text, close + 1):
+            while inner >= 0:
+                yield inner, close
+                inner = text.find('"', inner + 1, close)
+        previous_close = close
+
+
+def key_spots(text: str, keys: Iterable[str]) -> dict[str, KeySpot]:
+    """For every key, its first ``"key":`` and first ``"key": [`` in valid JSON ``text``, in one pass.
+
+    Only stretches as long as some asked-for spelling are compared, so the work is one
+    pass over the text plus, at most, one comparison per stretch.
+    """
+    wanted = {json.dumps(k): k for k in keys}
+    sizes = {len(spelling) for spelling in wanted}
+    first: dict[str, int] = {}
+    lists: dict[str, int] = {}
+    for start, close in spelling_candidates(text):
+        if close - start + 1 not in sizes or (spelling := text[start:close + 1]) not in wanted:
+            continue
+        if spelling not in first and _COLON.match(text, close + 1):
+            first[spelling] = start
+        if spelling not in lists and (m := _COLON_LIST.match(text, close + 1)):
+            lists[spelling] = m.end()
+    lines = lines_at(text, [*first.values(), *lists.values()])
+    return {k: KeySpot(lines[first[d]] if d in first else None, (lists[d], lines[lists[d]]) if d in lists else None)
+            for d, k in wanted.items()}
+
+
+def lines_at(text: str, offsets: Iterable[int], at: int = 0, line: int = 1) -> dict[int, int]:
+    """The line of each offset (none before ``at``, which is on ``line``), counting each newline once."""
+    out: dict[int, int] = {}
+    for offset in sorted(set(offsets)):
+        line += text.count("\n", at, offset)
+        out[offset], at = line, offset
+    return out
+
+
+def element_offsets(text: str, start: int, count: int) -> list[int | None]:
+    """Where each of the first ``count`` entries of the list opened just before ``start`` begins.
+
+    One scan for all entries, by the rule error lines have always followed: commas at
+    the list's own depth separate entries; an entry starts at its first character at
+    that depth that is neither space nor comma (for a nested list or object, its closing
+    bracket); every quote opens or closes a string, a backslash does not escape it.
+    None for an entry the scan does not reach.
+    """
+    found: list[int | None] = [None] * count
+    depth, entry, pos = 1, 0, start
+    while entry < count:
+        if depth == 1 and found[entry] is None:
+            m = _NOT_SPACE.search(text, pos)
+        else:
+            m = _STRUCTURE.search(text, pos)
+        if m is None:
+            break
+        pos, ch = m.start(), m.group()
+        if ch in "]}":
             depth -= 1
             if depth == 0:
                 break
-        elif ch == "," and depth == 1:
-            count += 1
-        if count == index and depth == 1 and not ch.isspace() and ch != ",":
-            return text[:pos].count("\n") + 1
+            if depth == 1 and found[entry] is None:
+                found[entry] = pos
+        elif ch in "[{":
+            depth += 1
+        elif ch == ",":
+            entry += depth == 1
+        else:
+            if depth == 1 and found[entry] is None:
+                found[entry] = pos
+            if ch == '"':
+                pos = text.find('"', pos + 1)
+                if pos < 0:
+                    break
         pos += 1
-    return key_line(text, key)
+    return found
 
 
-def json_int_list(text: str, src: str, obj: dict, key: str, where: str, lo: int = 1,
+class JsonLineIndex:
+    """Line numbers of the keys and list entries of one JSON text, from one scan (see key_spots)."""
+
+    def __init__(self, text: str, keys: Iterable[str]):
+        self.text = text
+        self.spots = key_spots(text, keys)
+
+    def spot(self, key: str) -> KeySpot:
+        """A key asked for up front, or (one more scan) any other."""
+        if key not in self.spots:
+            self.spots.update(key_spots(self.text, [key]))
+        return self.spots[key]
+
+    def key_line(self, key: str) -> int | None:
+        """Line of the first ``"key":`` (what ``key_line(text, key)`` gives)."""
+        return self.spot(key).line
+
+    def element_lines(self, key: str, count: int) -> list[int | None]:
+        """Lines of the first ``count`` entries of the list after the first ``"key": [``.
+
+        An entry the scan does not reach falls back to the key's line.
+        """
+        spot = self.spot(key)
+        if spot.list_at is None:
+            return [spot.line] * count
+        start, line = spot.list_at
+        offsets = element_offsets(self.text, start, count)
+        lines = lines_at(self.text, (o for o in offsets if o is not None), start, line)
+        return [spot.line if o is None else lines[o] for o in offsets]
+
+
+def json_int_list(index: JsonLineIndex, src: str, obj: dict, key: str, where: str, lo: int = 1,
                   required: bool = True) -> list[Given] | None:
     """The list ``obj[key]`` as Given lengths (each an exact JSON integer in range), or None if absent."""
     fld = f"{where}{key}"
@@ -114,21 +232,20 @@ def json_int_list(text: str, src: str, obj: dict, key: str, where: str, lo: int 
         return None
     value = obj[key]
     if not isinstance(value, list) or not value:
-        raise InputError(src, key_line(text, key), fld, f"expected a non-empty list of integers, got {shown(value)}")
+        raise InputError(src, index.key_line(key), fld, f"expected a non-empty list of integers, got {shown(value)}")
     if len(value) > MAX_BUCKETS:
-        raise InputError(src, key_line(text, key), fld, f"{len(value)} entries; at most {MAX_BUCKETS}")
+        raise InputError(src, index.key_line(key), fld, f"{len(value)} entries; at most {MAX_BUCKETS}")
     out = []
-    for i, v in enumerate(value):
-        line = element_line(text, key, i)
+    for i, (v, line) in enumerate(zip(value, index.element_lines(key, len(value)), strict=True)):
         out.append(Given(check_range(v, src, line, f"{fld}[{i}]", lo), src, line, f"{fld}[{i}]"))
     return out
 
 
-def json_scalar(text: str, src: str, obj: dict, key: str, where: str, lo: int = 1) -> int | None:
+def json_scalar(index: JsonLineIndex, src: str, obj: dict, key: str, where: str, lo: int = 1) -> int | None:
     """An optional integer setting of a JSON object, range-checked."""
     if key not in obj or obj[key] is None:
         return None
-    return check_range(obj[key], src, key_line(text, key), f"{where}{key}", lo)
+    return check_range(obj[key], src, index.key_line(key), f"{where}{key}", lo)
 
 
 def json_text(obj: dict) -> str:
