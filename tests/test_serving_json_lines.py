@@ -1,5 +1,5 @@
 """JSON-format line numbers: found in one pass over the text (bounded work for 100k entries and 64 bucket
-names, counted, not timed) and exactly where the per-entry rescans found them.
+names, counted, not timed), exactly where the per-entry rescans found them, and the caps on named lists.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from model.errors import InputError
 from model.serving import lists, parse_json
 from model.serving.formats import read_shapes
-from model.serving.parse import MAX_BUCKETS
+from model.serving.parse import MAX_BUCKET_NAMES, MAX_BUCKETS
 from model.serving.parse_json import JsonLineIndex
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None,
@@ -151,7 +151,7 @@ def test_reading_100k_entries_and_64_named_lists_scans_the_text_once(tmp_path: P
 
     Per entry the scan makes two searches (its start, the comma after it) and every newline is
     counted once for the keys and once for the entries: linear work, however many entries."""
-    config = long_config(MAX_BUCKETS, 64, 10)
+    config = long_config(MAX_BUCKETS, MAX_BUCKET_NAMES, 10)
     text = json.dumps(config, indent=2)
     path = tmp_path / "long.json"
     path.write_text(text)
@@ -181,8 +181,8 @@ def test_reading_100k_entries_and_64_named_lists_scans_the_text_once(tmp_path: P
     got = read_shapes(path, "json")
 
     assert got.shapes == tuple(64 * k for k in range(1, 101))
-    lists_read = 2 + 64
-    entries = 2 * MAX_BUCKETS + 10 * 64
+    lists_read = 2 + MAX_BUCKET_NAMES
+    entries = 2 * MAX_BUCKETS + 10 * MAX_BUCKET_NAMES
     assert counts["key_spots"] == 1 and counts["rescans"] == 0
     assert counts["element_offsets"] == lists_read
     assert counts["searches"] <= 2 * entries + lists_read
@@ -231,3 +231,43 @@ def test_neuron_formats_name_the_line_of_a_bad_entry(tmp_path: Path, fmt: str, c
     with pytest.raises(InputError) as exc:
         read_shapes(path, fmt)
     assert (exc.value.line, exc.value.field) == (line_of(text, "77.5"), fld)
+
+
+# ---------------------------------------------------------------- caps on named lists
+
+
+def write_json(tmp_path: Path, config: dict) -> tuple[Path, str]:
+    text = json.dumps(config, indent=2)
+    path = tmp_path / "named.json"
+    path.write_text(text)
+    return path, text
+
+
+def test_at_most_64_named_lists(tmp_path: Path):
+    names = {f"kind{k}": [64] for k in range(MAX_BUCKET_NAMES)}
+    path, _ = write_json(tmp_path, {"shapes": [64], "buckets": names})
+    assert read_shapes(path, "json").shapes == (64,)
+    path, text = write_json(tmp_path, {"shapes": [64], "buckets": {**names, "one_too_many": [64]}})
+    with pytest.raises(InputError) as exc:
+        read_shapes(path, "json")
+    assert (exc.value.line, exc.value.field) == (line_of(text, '"one_too_many"'), "buckets")
+    assert exc.value.message == f"{MAX_BUCKET_NAMES + 1} named lists; at most {MAX_BUCKET_NAMES}"
+
+
+def test_named_lists_hold_at_most_max_buckets_entries_in_all(tmp_path: Path):
+    half = MAX_BUCKETS // 2
+    path, _ = write_json(tmp_path, {"shapes": [64], "buckets": {"a": [64] * half, "b": [64] * half}})
+    assert read_shapes(path, "json").shapes == (64,)
+    path, text = write_json(tmp_path, {"shapes": [64], "buckets": {"a": [64] * half, "b": [64] * half, "c": [64]}})
+    with pytest.raises(InputError) as exc:
+        read_shapes(path, "json")
+    assert (exc.value.line, exc.value.field) == (line_of(text, '"c"'), "buckets.c")
+    assert f"at most {MAX_BUCKETS} in all" in exc.value.message
+
+
+def test_one_list_over_the_cap_keeps_its_own_message(tmp_path: Path):
+    path, text = write_json(tmp_path, {"shapes": [64], "buckets": {"big": [64] * (MAX_BUCKETS + 1)}})
+    with pytest.raises(InputError) as exc:
+        read_shapes(path, "json")
+    assert (exc.value.line, exc.value.field) == (line_of(text, '"big"'), "buckets.big")
+    assert exc.value.message == f"{MAX_BUCKETS + 1} entries; at most {MAX_BUCKETS}"

@@ -19,7 +19,8 @@ What each format writes, reads and guarantees on a round trip (export, then impo
 ``json``
     ``{"shapes": [...], "batch_sizes": [...], "buckets": {name: [...]}}``; the only bucket
     list is ``context`` (per shape: shape + longest generation of its batches, rounded up
-    to 64), present when the requests are known.  Round trip: the same shapes.
+    to 64), present when the requests are known.  Import checks every list; at most 64
+    named bucket lists, 100,000 entries among them.  Round trip: the same shapes.
 ``gaudi-file``
     vllm-gaudi's ``VLLM_BUCKETING_FROM_FILE``: one Python literal 3-tuple a line.  Export:
     a prompt line ``(batch sizes, shape, 0)`` per shape with exactly the batch sizes the

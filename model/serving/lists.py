@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from model.errors import InputError
-from model.serving.parse import parse_int, shown, text_lines
+from model.serving.parse import MAX_BUCKET_NAMES, MAX_BUCKETS, parse_int, shown, text_lines
 from model.serving.parse_json import JsonLineIndex, json_int_list, json_text, key_line, load_json_object
 from model.serving.spec import ExportSpec, Given, contexts
 
@@ -28,16 +28,20 @@ def read_list(path: Path, text: str, max_model_len: int | None) -> list[Given]:
     return out
 
 
-
 def read_json(path: Path, text: str, max_model_len: int | None) -> list[Given]:
-    """``json``: exactly ``{"shapes": [...], "batch_sizes": [...], "buckets": {name: [...]}}``."""
+    """``json``: exactly ``{"shapes": [...], "batch_sizes": [...], "buckets": {name: [...]}}``.
+
+    At most MAX_BUCKET_NAMES named lists holding at most MAX_BUCKETS entries in all: each
+    is read in full, so their number and size, like every other count in a
+    configuration, are bounded.
+    """
     src = str(path)
     top = load_json_object(text, src)
     for key in top:
         if key not in ("shapes", "batch_sizes", "buckets"):
             raise InputError(src, key_line(text, key), key, "unknown key (expected shapes, batch_sizes, buckets)")
     buckets = top.get("buckets", {})
-    names = list(buckets) if isinstance(buckets, dict) else []
+    names = list(buckets) if isinstance(buckets, dict) and len(buckets) <= MAX_BUCKET_NAMES else []
     index = JsonLineIndex(text, ("shapes", "batch_sizes", "buckets", *names))
     shapes = json_int_list(index, src, top, "shapes", "")
     if "batch_sizes" in top and top["batch_sizes"] != []:
@@ -45,7 +49,17 @@ def read_json(path: Path, text: str, max_model_len: int | None) -> list[Given]:
     if not isinstance(buckets, dict):
         raise InputError(src, index.key_line("buckets"), "buckets", f"expected an object of named lists, "
                          f"got {shown(buckets)}")
+    if len(buckets) > MAX_BUCKET_NAMES:
+        first_over = list(buckets)[MAX_BUCKET_NAMES]
+        raise InputError(src, key_line(text, first_over), "buckets", f"{len(buckets)} named lists; at most "
+                         f"{MAX_BUCKET_NAMES}")
+    total = 0
     for name in names:
+        size = len(buckets[name]) if isinstance(buckets[name], list) else 0
+        if size <= MAX_BUCKETS < total + size:  # a list too long by itself gets json_int_list's message
+            raise InputError(src, index.key_line(name), f"buckets.{name}", f"the named lists hold {total + size} "
+                             f"entries up to this one; at most {MAX_BUCKETS} in all")
+        total += size
         json_int_list(index, src, buckets, name, "buckets.")
     return shapes
 

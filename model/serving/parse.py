@@ -18,6 +18,7 @@ from model.load.requests import MAX_LEN
 from model.serving.spec import Given
 
 MAX_BUCKETS = 100_000  # values a ladder, range or Cartesian product may expand to
+MAX_BUCKET_NAMES = 64  # named bucket lists in one file (a stack has a few kinds: prompt, context, decode)
 MAX_FILE_BYTES = 16 << 20  # a shape configuration is a few lines; more is the wrong file
 MAX_LINE_CHARS = 100_000
 LIMIT_NOTE = f"the largest accepted is {MAX_LEN} (2**20 tokens); a larger value is a typo, not a length"
