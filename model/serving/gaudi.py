@@ -112,7 +112,6 @@ def exp_ladder(bmin: int, bstep: int, bmax: int, count: int) -> list[int]:
     return sorted(int(b) for b in out)
 
 
-
 # ---------------------------------------------------------------- gaudi-file
 
 

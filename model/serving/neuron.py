@@ -27,7 +27,6 @@ def nxdi_default(max_len: int) -> list[int]:
     return [2 ** i for i in range(int(math.log2(NXDI_MIN_BUCKET)), round(math.log2(max_len)))] + [max_len]
 
 
-
 def read_nxdi(path: Path, text: str, max_model_len: int | None) -> list[Given]:
     """``nxdi``: NeuronConfig settings as JSON -- top level, or under neuron_config / override_neuron_config.
 
@@ -115,7 +114,6 @@ def read_vllm_neuron(path: Path, text: str, max_model_len: int | None) -> list[G
             raise InputError(src, index.key_line(key), key, f"{value} must equal the largest bucket, "
                              f"{max(g.value for g in lst)} (vllm-neuron requires it)")
     return tokens
-
 
 
 def write_nxdi(spec: ExportSpec) -> str:

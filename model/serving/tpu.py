@@ -56,7 +56,6 @@ def tpu_ladder(gap: int, max_len: int) -> list[int]:
     return out
 
 
-
 def read_vllm_tpu(path: Path, text: str, max_model_len: int | None) -> list[Given]:
     """``vllm-tpu``: the ladder VLLM_TPU_BUCKET_PADDING_GAP generates up to the max model length,
     plus COMPILATION_SIZES (sizes added through --additional-config compilation_sizes).
@@ -78,7 +77,6 @@ def read_vllm_tpu(path: Path, text: str, max_model_len: int | None) -> list[Give
             raise InputError(src, g.line, g.field, f"{g.value} is above the max model length {mml}: the server "
                              "ignores it")
     return [Given(v, src, line, "VLLM_TPU_BUCKET_PADDING_GAP") for v in tpu_ladder(gap, mml)] + extra
-
 
 
 def tpu_plan(shapes: tuple[int, ...], max_len: int) -> tuple[int, list[int], list[int]]:
