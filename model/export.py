@@ -37,7 +37,8 @@ from model.load.plans import read_plan, write_together
 from model.load.requests import MAX_LEN, load_requests
 from model.load.scenario import load_scenario
 from model.pipeline import check_unique_names
-from model.serving.formats import DEFAULT_BLOCK_SIZE, WRITERS, ExportSpec, ShapeUse, render
+from model.serving.formats import WRITERS, render
+from model.serving.spec import DEFAULT_BLOCK_SIZE, ExportSpec, ShapeUse
 
 PLAN_PREFIX = "plan_"
 

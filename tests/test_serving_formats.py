@@ -20,22 +20,12 @@ from model import export
 from model.base.errors import InputError
 from model.load.plans import read_plan
 from model.load.requests import MAX_LEN, load_requests
-from model.serving.formats import (
-    MAX_BUCKETS,
-    READERS,
-    WRITERS,
-    ExportSpec,
-    ShapeUse,
-    align,
-    env_vars,
-    exp_ladder,
-    lin_cover,
-    lin_ladder,
-    nxdi_default,
-    read_shapes,
-    render,
-    tpu_ladder,
-)
+from model.serving.formats import READERS, WRITERS, read_shapes, render
+from model.serving.gaudi import exp_ladder, lin_cover, lin_ladder
+from model.serving.neuron import nxdi_default
+from model.serving.parse import MAX_BUCKETS, env_vars
+from model.serving.spec import ExportSpec, ShapeUse, align
+from model.serving.tpu import tpu_ladder
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = Path("data") / "default" / "scenario.toml"
