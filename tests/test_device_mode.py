@@ -233,7 +233,7 @@ def test_scenario_device_profile_by_path_or_inline_table(tmp_path: Path):
                       + PROFILE.read_text().split("[device]", 1)[1])
     for scenario in (by_path, inline):
         prob, _ = pipeline.load_problem(pipeline.InputSpec(scenario=scenario))
-        assert prob.mode == "device" and prob.params.compile_ms == 20000.0
+        assert prob.cost.name == "device" and prob.cost.params.compile_ms == 20000.0
     bad = tmp_path / "s3.toml"
     bad.write_text('max_shapes = 2\nmode = "strict"\ndevice = "dev.toml"\n\n[[bucket]]\nname = "r"\n'
                    'requests = "r.jsonl"\n')

@@ -15,6 +15,7 @@ import pytest
 from helpers import Layout, brute_force, bucket, check_valid, layout_metrics, problem
 
 from model.base.errors import InfeasibleError, NoPlanFound
+from model.cost.model import cost_model
 from model.domain.schema import Limits, Problem
 from model.planning.mip import plan_mip
 
@@ -27,7 +28,7 @@ Y = bucket([64, 250, 190], [40, 10, 20], "y")
 
 
 def two(k: int, mode: str, x: Limits = Limits(), y: Limits = Limits()) -> Problem:
-    return Problem((X, Y), (x, y), k, mode=mode)
+    return Problem((X, Y), (x, y), k, cost_model(mode))
 
 
 CASES: dict[str, tuple[Problem, str | None]] = {  # id -> (problem, xfail reason)

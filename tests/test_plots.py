@@ -8,7 +8,6 @@ import pytest
 from matplotlib.collections import PolyCollection, QuadMesh
 from sweep_helpers import PNG_SIGNATURE, grid_rows, tiny_problem
 
-from model.expand.assemble import batch_extents
 from model.histogram.cells import build_histogram
 from model.report.plots import GEN_GID, SHAPE_GID, plot_heatmap
 from model.sweeping.grid import SweepPoint
@@ -86,7 +85,7 @@ def test_heatmap_marks_every_shape_and_batch_corner(tmp_path):
         assert len([c for c in ax.collections if isinstance(c, QuadMesh)]) == 1
         shapes = sorted(line.get_xdata()[0] for line in ax.get_lines() if line.get_gid() == SHAPE_GID)
         assert shapes == sorted(np.unique(bt.shape_of).tolist())
-        _, s_max, g_max = batch_extents(bucket, bt, problem.mode)
+        _, s_max, g_max = problem.cost.batch_extents(bucket.prompt_len, bucket.gen_len, bt.batch_of, bt.shape_of)
         corners = [c for c in ax.collections if c.get_gid() == GEN_GID]
         assert len(corners) == 1
         assert sorted(map(tuple, corners[0].get_offsets().tolist())) == sorted(set(zip(s_max.tolist(),

@@ -27,6 +27,7 @@ from model.base.runtime import (
     run_native,
 )
 from model.cli_common import run_main
+from model.cost.model import StrictCost, cost_model
 from model.domain.schema import Limits, Problem
 from model.formulation import pricing
 from model.histogram.cells import build_histogram
@@ -112,7 +113,7 @@ def test_slow_pricing_is_cut_at_the_deadline_and_the_bound_stays_valid(monkeypat
     """Pricing that takes 3 s a pass under a 1.5 s limit: the run still ends in time, says the pricing was cut,
     and its bound (the own-box floor: no pass completed) is below the plan's exact cost."""
     slow_pricing(monkeypatch, 3.0)
-    prob = Problem(synthetic(150, 3), (Limits(), Limits()), 8, mode=mode)
+    prob = Problem(synthetic(150, 3), (Limits(), Limits()), 8, cost_model(mode))
     t0 = time.perf_counter()
     out = plan_mip(prob, time_limit=1.5)
     spent = time.perf_counter() - t0
@@ -175,7 +176,7 @@ def test_a_slow_strict_shape_relaxation_falls_back_to_one_shape(monkeypatch):
         return real(bm, all_shapes, deadline)
 
     monkeypatch.setattr(shapes, "floor_table", slow)
-    prob = Problem(synthetic(100, 4), (Limits(), Limits()), 8, mode="strict")
+    prob = Problem(synthetic(100, 4), (Limits(), Limits()), 8, StrictCost())
     t0 = time.perf_counter()
     out = plan_mip(prob, time_limit=1.5)
     assert time.perf_counter() - t0 <= 1.5 * 1.1 + SLACK

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, TRACES, bucket, check_valid, problem, set_partitions
+from helpers import REPO, TRACES, bucket, check_valid, mode_cost, problem, set_partitions
 
 from model import evaluate, pipeline, solve, sweep
 from model.base.errors import InputError
@@ -128,9 +128,7 @@ def random_windowed(mode: str, seed: int = 3, n: int = 60, window: float = 20.0)
     for name in ("a", "b"):
         b = bucket(rng.integers(1, 700, n).tolist(), rng.integers(1, 120, n).tolist(), name)
         buckets.append(timed(b, np.sort(rng.uniform(0, 100, n))))
-    if mode == "device":
-        return windowed(problem(*buckets, k=4, params=TOY, mode="device"), window)
-    return windowed(problem(*buckets, k=4, mode=mode), window)
+    return windowed(problem(*buckets, k=4, cost=mode_cost(mode, TOY)), window)
 
 
 @pytest.mark.parametrize("mode", ["reference", "strict", "device"])
@@ -221,16 +219,16 @@ def windowed_optimum(prob: Problem) -> float:
                         for group in part:
                             y = min(v for v in ys if v >= int(S[group].max()))
                             g = int(b.gen_len[group].max())
-                            if len(group) * (y + g) > prob.params.kv_capacity_tokens:
+                            if len(group) * (y + g) > prob.cost.params.kv_capacity_tokens:
                                 cost = math.inf
                                 break
-                            cost += float(batch_time(len(group), y, g, prob.params))
+                            cost += float(batch_time(len(group), y, g, prob.cost.params))
                             sh.add(y)
                         if cost < best_w:
                             best_w, best_used = cost, sh
                     total += best_w
                     used |= best_used
-                total += prob.params.compile_ms * len(used)
+                total += prob.cost.params.compile_ms * len(used)
             best = min(best, total)
     return best
 
