@@ -294,3 +294,28 @@ def brute_force(prob: Problem) -> Optimum:
         if ok:
             return Optimum(sum(c for c, _ in combo), tuple(lay for _, lay in combo))
     return Optimum(float("inf"), None)
+
+
+def plan_mip(prob: Problem, *args, **kw) -> Planned:
+    """The MIP planner as the pipeline runs it: given the pipeline's judge (expand, then evaluate)."""
+    from model.planning import mip
+    return mip.plan_mip(prob, *args, judge=pipeline.judge, **kw)
+
+
+def plan_windowed(prob: Problem, *args, **kw) -> Planned:
+    """The windowed planner as the pipeline runs it (with the pipeline's judge)."""
+    from model.planning import windowed
+    return windowed.plan_windowed(prob, *args, judge=pipeline.judge, **kw)
+
+
+def plan_cells(prob: Problem, *args, **kw):
+    """The planner on histograms as the Dask engine runs it (judging runs by cells)."""
+    from model.evaluation.cell_judge import evaluate_runs
+    from model.planning import cellplan
+    return cellplan.plan_cells(prob, *args, judge_runs=evaluate_runs, **kw)
+
+
+def explain_infeasible(prob: Problem, *args, **kw) -> str:
+    """The infeasibility diagnosis with the pipeline's judge for its probes."""
+    from model.planning import diagnose
+    return diagnose.explain_infeasible(prob, pipeline.judge, *args, **kw)

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import brute_force, bucket, mode_cost, problem
+from helpers import brute_force, bucket, mode_cost, plan_mip, problem
 
 from model.cost.device import DeviceProfile
-from model.planning.mip import plan_mip
 
 TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
                     decode_large=(3.0, 1e-4, 0.05), decode_large_from=3, compile_ms=40.0)

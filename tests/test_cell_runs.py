@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import plan_cells, plan_mip
 
 from model.cost.device import DeviceProfile
 from model.cost.model import DeviceCost, StrictCost
@@ -14,8 +15,6 @@ from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble_all
 from model.histogram.cells import Histogram, build_histogram, coarsen, from_counts
 from model.planning.cell_runs import batching_of_runs, box_runs, deal
-from model.planning.cellplan import plan_cells
-from model.planning.mip import plan_mip
 from tests.helpers import bucket, mode_cost, problem
 
 DEVICE = DeviceProfile(name="t", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02), decode_large=(4.0, 2e-4, 0.01),

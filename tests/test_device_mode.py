@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, brute_force, bucket, check_valid, cli, problem
+from helpers import REPO, brute_force, bucket, check_valid, cli, plan_mip, problem
 
 from model import pipeline
 from model.base.errors import InfeasibleError
@@ -22,7 +22,6 @@ from model.domain.schema import Limits, Problem
 from model.histogram.cells import build_histogram
 from model.planning.device_search import shape_relaxation
 from model.planning.exact_runs import IntervalRuns, device_start, improve_shapes, optimal_runs
-from model.planning.mip import plan_mip
 from model.planning.window_bound import whole_trace_bound
 from solvers.packers import PACKERS
 

@@ -17,7 +17,7 @@ import re
 
 import numpy as np
 import pytest
-from helpers import DATA, bucket, layout_metrics, layouts, mode_cost, problem
+from helpers import DATA, bucket, explain_infeasible, layout_metrics, layouts, mode_cost, plan_mip, problem
 from test_device_mode import TOY
 from test_mip_known import SIX
 from test_runtime import failing_mip
@@ -26,8 +26,7 @@ from model import pipeline
 from model.base.errors import InfeasibleError, NoPlanFound
 from model.cost.common import align
 from model.domain.schema import Limits, Problem, Status
-from model.planning.diagnose import at_best, explain_infeasible
-from model.planning.mip import plan_mip
+from model.planning.diagnose import at_best
 
 METRICS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms")
 

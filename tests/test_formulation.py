@@ -17,13 +17,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
-from helpers import FullModel, bucket, check_valid, full_model, problem
+from helpers import FullModel, bucket, check_valid, full_model, plan_mip, problem
 
 from model.base.errors import InfeasibleError
 from model.cost.analytic import compile_cost, decode_cost, member_latency, prefill_cost
 from model.cost.common import allowed_above
 from model.domain.schema import Batching, Limits, Problem
-from model.planning.mip import plan_mip
 from solvers.backends import highs
 from solvers.backends.milp import MipArrays
 from solvers.backends.result import BackendResult, SolveOptions

@@ -12,12 +12,11 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import Layout, brute_force, bucket, check_valid, layout_metrics, problem
+from helpers import Layout, brute_force, bucket, check_valid, layout_metrics, plan_mip, problem
 
 from model.base.errors import InfeasibleError, NoPlanFound
 from model.cost.model import cost_model
 from model.domain.schema import Limits, Problem
-from model.planning.mip import plan_mip
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*PuLP 4.0:DeprecationWarning")  # pulp 3.3's own notices
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helpers import broken_limits, bucket, check_valid, evaluated
+from helpers import broken_limits, bucket, check_valid, evaluated, plan_mip
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +27,6 @@ from model import pipeline
 from model.base.errors import InfeasibleError, NoPlanFound
 from model.cost.model import StrictCost, cost_model
 from model.domain.schema import Limits, Problem
-from model.planning.mip import plan_mip
 from solvers.packers import PACKERS
 
 SETTINGS = settings(max_examples=6, deadline=None, derandomize=True, database=None,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import Layout, broken_limits, brute_force, bucket, check_valid, layout_metrics
+from helpers import Layout, broken_limits, brute_force, bucket, check_valid, layout_metrics, plan_mip
 
 from model import solve
 from model.cli_common import run_main
@@ -31,7 +31,6 @@ from model.cost.model import ReferenceCost, StrictCost, cost_model
 from model.domain.schema import Batching, Bucket, Limits, Problem
 from model.expand.assemble import assemble
 from model.expand.spikes import spike_leads
-from model.planning.mip import plan_mip
 
 METRICS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms")
 

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import broken_limits, check_valid, evaluated
+from helpers import broken_limits, check_valid, evaluated, plan_mip
 from test_solve_cli import OLD_PLAN, synthetic
 
 from model import pipeline, solve, sweep
@@ -32,7 +32,6 @@ from model.domain.schema import Limits, Problem
 from model.formulation import pricing
 from model.histogram.cells import build_histogram
 from model.planning import mip, stages
-from model.planning.mip import plan_mip
 from solvers.backends import highs
 from solvers.backends.result import BackendResult, SolveOptions, Status
 
