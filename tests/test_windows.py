@@ -380,3 +380,24 @@ def test_azure_traces_in_60s_windows():
         assert run.evaluation.total_cost <= other.evaluation.total_cost
         assert device_use(prob, run.planned.batchings, "mip").mean() <= \
             device_use(prob, other.planned.batchings, name).mean()
+
+
+def test_the_spike_is_placed_by_the_waited_latency_for_p95_and_the_unwaited_one_for_sequential_time():
+    """Sequential time is device time (no waits), P95 judges latency with the wait: the expansion once added
+    the waits to the latencies it placed the spike by, for both, and judged this plan -- one shape, which some
+    placement keeps within both limits (brute force: every recipient) -- to break its sequential time."""
+    from helpers import Layout, meets_limits
+
+    from model.domain.windowing import waits_of
+
+    b = timed(bucket([63, 314, 167, 338, 356, 41], [82, 80, 187, 197, 185, 117]),
+              [0.195, 7.974, 9.008, 5.239, 1.972, 1.808])
+    prob = replace(windowed(problem(b, k=3), 20 / 3),
+                   limits=(Limits(max_p95_latency_ms=296121.23238760384, max_sequential_ms=792630.7130299213),))
+    lay = Layout(((1, 2), (3,), (0, 4, 5)), (384, 384, 384))
+    assert meets_limits(prob.buckets[0], lay, prob, prob.limits[0], waits_of(prob, prob.buckets[0]))
+    batch_of = np.empty(6, dtype=np.int64)
+    for k, blk in enumerate(lay.blocks):
+        batch_of[list(blk)] = k
+    judged = pipeline.judge(prob, "x", (Batching(batch_of, np.array(lay.shapes)),))
+    assert judged.acceptable, judged.broken
