@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, TRACES, bucket, check_valid, mode_cost, problem, set_partitions
+from helpers import REPO, TRACES, bucket, check_valid, mode_cost, plan_windowed, problem, set_partitions
 
 from model import evaluate, pipeline, solve, sweep
-from model.base.errors import InputError
+from model.base.errors import InfeasibleError, InputError
 from model.base.runtime import Deadline
 from model.cli_common import run_main
 from model.cost.device import DeviceProfile, batch_time
@@ -401,3 +401,121 @@ def test_the_spike_is_placed_by_the_waited_latency_for_p95_and_the_unwaited_one_
         batch_of[list(blk)] = k
     judged = pipeline.judge(prob, "x", (Batching(batch_of, np.array(lay.shapes)),))
     assert judged.acceptable, judged.broken
+
+
+# -- the windowed planner: fallbacks, candidates, monotone in K, one deadline -----------------------------
+
+
+def pad_limited_four() -> Problem:
+    """Four requests in 1 s windows (0, 0, 1, 2), K = 1, device mode, a pad limit that only plans of one request
+    per batch meet (solo's, greedy's): the per-window plans, dpfill and pow2 break it."""
+    b = timed(bucket([586, 183, 77, 209], [124, 244, 135, 28]), [0.17, 0.56, 1.8, 2.19])
+    base = device(b, k=1, window=1.0)
+    pad = pipeline.judge(base, "solo", PACKERS["solo"](base)).evaluation.results[0].metrics.pad_ratio
+    return replace(base, limits=(Limits(max_pad_ratio=pad * (1 + 1e-9)),))
+
+
+def best_packer(prob: Problem) -> float:
+    """The cheapest windowed packer plan that meets every limit."""
+    judged = [pipeline.judge(prob, name, pack(prob)) for name, pack in PACKERS.items()]
+    return min(j.cost for j in judged if j.acceptable)
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["as run", "without the exact enumeration"])
+def test_a_windowed_plan_is_found_whenever_a_packer_has_one(monkeypatch, exact):
+    """The windowed planner gave up (exit 4, "no windowed plan meets every limit") here while solo's plan meets
+    the limit and the same input without windows plans fine: every packer is a fallback now -- also on the
+    heuristic path the exact enumeration of tiny problems would otherwise take."""
+    from model.planning import windowed as windowed_module
+
+    if not exact:
+        monkeypatch.setattr(windowed_module, "exact_plan", lambda *a, **k: None, raising=False)
+    prob = pad_limited_four()
+    assert pipeline.run(replace(prob, windowing=None), "mip", time_limit=5).evaluation.ok
+    run = pipeline.run(prob, "mip", time_limit=10)
+    assert run.evaluation.ok
+    assert run.evaluation.total_cost <= best_packer(prob) * (1 + 1e-9)
+
+
+def test_more_shapes_never_cost_more_on_the_heuristic_path(monkeypatch):
+    """Every plan with K - 1 shapes is a plan with K: the windowed planner once found one at K = 3 (greedy's)
+    and none at K = 4 (greedy keeps more shapes, and breaks a limit).  The plan for K - 1 is now a candidate
+    (and its shapes a start), so the cost never rises with K (here with the exact enumeration off)."""
+    from test_window_oracle import instance
+
+    from model.planning import windowed as windowed_module
+
+    monkeypatch.setattr(windowed_module, "exact_plan", lambda *a, **k: None, raising=False)
+    prob = instance(13, "reference")
+    costs = [plan_windowed(replace(prob, max_shapes=k), time_limit=10).report.objective for k in (3, 4)]
+    assert costs[1] <= costs[0] * (1 + 1e-9), costs
+
+
+@pytest.mark.parametrize("mode, seed", [("device", 105), ("device", 108), ("strict", 104), ("strict", 108),
+                                        ("reference", 101), ("reference", 109)])
+def test_more_shapes_never_cost_more_on_small_instances(mode, seed):
+    """Four or five requests in two buckets: the plan for K = 1, 2, 3 never gets dearer (three requests in two
+    buckets once cost 6577.1 at K = 2 and 9561.7 at K = 3)."""
+    from test_window_oracle import instance
+
+    prob = instance(seed, mode)
+    assert len(prob.buckets) == 2 and sum(len(b) for b in prob.buckets) <= 5
+    costs = []
+    for k in (1, 2, 3):
+        try:
+            costs.append(plan_windowed(replace(prob, max_shapes=k), time_limit=10).report.objective)
+        except InfeasibleError:  # proven: fewer shapes than the limits need
+            costs.append(math.inf)
+    assert math.isfinite(costs[-1])
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(costs, costs[1:], strict=False)), costs
+
+
+def test_the_un_windowed_plan_cut_at_the_windows_is_a_candidate(monkeypatch):
+    """With long windows the un-windowed MIP's plan, its batches cut at the window ends, is a windowed plan the
+    per-window planning need not find: the windowed plan costs no more than the one the planner cut (heuristic
+    path: 40 requests, two windows)."""
+    from model.planning import window_merge
+    from model.planning import windowed as windowed_module
+
+    monkeypatch.setattr(windowed_module, "exact_plan", lambda *a, **k: None, raising=False)
+    cut = []
+
+    def spy(prob, batchings):
+        cut.append(window_merge.split_at_windows(prob, batchings))
+        return cut[-1]
+
+    monkeypatch.setattr(windowed_module, "split_at_windows", spy, raising=False)
+    prob = random_windowed("strict", n=20, window=50.0)
+    run = plan_windowed(prob, time_limit=8)
+    assert cut, "the un-windowed plan was not cut at the windows"
+    judged = [pipeline.judge(prob, "cut", c) for c in cut]
+    assert any(j.acceptable for j in judged)
+    assert run.report.objective <= min(j.cost for j in judged if j.acceptable) * (1 + 1e-9)
+
+
+def test_no_window_mip_starts_after_the_deadline(monkeypatch):
+    """10^4 windows at --time-limit 10 took 77 s: each window's MIP got at least 0.2 s whatever was left.  Here the
+    clock passes the deadline during the second window's MIP (a fake clock jumps: nothing is timed); no window's
+    MIP may start after it -- the remaining windows keep the fast plan -- and the plan is still valid."""
+    from helpers import FakeClock
+
+    from model.planning import windowed as windowed_module
+
+    clock = FakeClock(monkeypatch)
+    real, calls = windowed_module.plan_mip, []
+
+    def counted(prob, *args, **kw):
+        if prob.windowing is not None:  # a window's MIP (the un-windowed plan's has no windows)
+            calls.append(clock.offset > 0)
+            if len(calls) == 2:
+                clock.jump(1e6)
+        return real(prob, *args, **kw)
+
+    monkeypatch.setattr(windowed_module, "plan_mip", counted)
+    prob = random_windowed("reference", n=30, window=10.0)
+    prob = replace(prob, max_shapes=1)
+    assert len(split(prob)) > 4
+    run = pipeline.run(prob, "mip", time_limit=30)
+    assert len(calls) >= 2 and not any(calls), calls  # the second call jumped the clock; none came after
+    assert run.evaluation.ok or run.evaluation.results  # valid (limits are none): judged
+    check_valid(prob, run.planned.batchings)

@@ -47,7 +47,7 @@ from model.base.runtime import Deadline
 from model.cost.device import DeviceProfile, batch_time, linear_parts
 from model.domain.schema import Problem, Windowing
 from model.planning.parallel import chunks, run_items, shared, workers_available
-from model.planning.shapes import charged_tables, own_bound, shape_dp
+from model.planning.shapes import charged_tables, own_bound, shape_dp, shape_sets
 from model.planning.window_runs import WindowPools, window_pools
 from solvers.packers.grouping import batch_capacity
 
@@ -252,13 +252,15 @@ def all_prices(problem: Problem, pools: list[WindowPools], cands: np.ndarray, us
 
 @dataclass(frozen=True)
 class WindowBound:
-    """The certified bound, the shapes achieving its relaxation (a good start), and how it was priced."""
+    """The certified bound, the shapes achieving its relaxation (a good start), and how it was priced;
+    ``shape_sets`` are the relaxation's best sets under every cap k <= K (more starts)."""
 
     bound: float
     bucket_bounds: tuple[float, ...]
     shapes: tuple[int, ...]
     lp_windows: int
     windows: int
+    shape_sets: tuple[tuple[int, ...], ...] = ()
 
 
 def candidate_shapes(pools: list[WindowPools], max_seq_len: int | None) -> np.ndarray:
@@ -300,18 +302,20 @@ def window_bound(problem: Problem, pools: list[WindowPools], deadline: Deadline,
     bucket's own DP's, or with several the joint DP's."""
     cands = candidate_shapes(pools, problem.max_seq_len)
     phis, lp_windows = all_prices(problem, pools, cands, use_lp and problem.cost.shared_batch_time, deadline)
-    joint, bucket_bounds, own_shapes = 0.0, [], ()
+    joint, bucket_bounds, own_shapes, own_sets = 0.0, [], (), ()
     for pools_b, phi in zip(pools, phis, strict=True):
         acc, charge, top = interval_table(problem, pools_b, phi, cands)
         own_table, joint_table = charged_tables(acc, charge, top)
         joint = joint + joint_table
         value, own_shapes = own_bound(own_table, cands, top, problem.max_shapes)
+        own_sets = shape_sets(own_table[:top + 2, :top + 1], cands[:top + 1], problem.max_shapes)
         bucket_bounds.append(value)
     value, shapes = shape_dp(joint, cands, problem.max_shapes)
+    sets = shape_sets(joint, cands, problem.max_shapes)
     if len(pools) == 1:
-        shapes = own_shapes
+        shapes, sets = own_shapes, own_sets
     return WindowBound(max(value, sum(bucket_bounds)), tuple(bucket_bounds), shapes, lp_windows,
-                       sum(len(p) for p in pools))
+                       sum(len(p) for p in pools), sets)
 
 
 def whole_trace_bound(problem: Problem, deadline: Deadline) -> float:
