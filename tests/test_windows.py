@@ -257,14 +257,15 @@ def test_devices_needed_by_hand():
     bt = (Batching(np.array([0, 1, 2, 2]), np.array([64, 64, 64])),)
     use = device_use(prob, bt, "x")
     one, two = float(batch_time(1, 64, 10, TOY)), float(batch_time(2, 64, 10, TOY))
-    assert np.allclose(use.device_ms[0], [2 * one, 0.0, two])
-    assert use.devices[0].tolist() == [1, 0, 1]
+    assert use.windows.tolist() == [0, 2] and use.n_windows == 3  # window 1 is empty: stored as nothing
+    assert np.allclose(use.device_ms[0], [2 * one, two])
+    assert use.devices[0].tolist() == [1, 1]
     assert use.peak() == 1 and use.mean() == pytest.approx(2 / 3)
     assert use.mean_utilisation() == pytest.approx((2 * one + two) / (2 * 10000.0))
     # a window with more work than one device does in the window needs more devices
     slow = replace(TOY, prefill=(6000.0, 0.0, 0.0))
     use = device_use(device(b, prof=slow, window=10.0), bt, "x")
-    assert use.devices[0].tolist() == [math.ceil(2 * float(batch_time(1, 64, 10, slow)) / 10000.0), 0,
+    assert use.devices[0].tolist() == [math.ceil(2 * float(batch_time(1, 64, 10, slow)) / 10000.0),
                                        math.ceil(float(batch_time(2, 64, 10, slow)) / 10000.0)]
 
 
@@ -519,3 +520,26 @@ def test_no_window_mip_starts_after_the_deadline(monkeypatch):
     assert len(calls) >= 2 and not any(calls), calls  # the second call jumped the clock; none came after
     assert run.evaluation.ok or run.evaluation.results  # valid (limits are none): judged
     check_valid(prob, run.planned.batchings)
+
+
+def test_windows_are_stored_sparsely_from_the_planner_to_the_devices_report(tmp_path):
+    """Two arrivals 10^9 s apart in windows of a millisecond are 10^12 windows: devices needed made one slot per
+    window (7 TiB, a MemoryError) -- only windows holding requests are stored now, in the planner (the tiny exact
+    path and the heuristic one) and in the devices report (table, picture, CSV)."""
+    from model.deploy.window_devices import devices_csv, devices_figure, window_table
+    from model.domain.schema import Windowing
+
+    rng = np.random.default_rng(4)
+    for n in (3, 30):  # the exact enumeration and the heuristic path
+        arrivals = np.r_[rng.uniform(0, 0.01, n - 1), 1e9]
+        b = timed(bucket(rng.integers(1, 700, n).tolist(), rng.integers(1, 200, n).tolist()), arrivals)
+        prob = replace(problem(b, k=2, params=TOY, mode="device"), windowing=Windowing(1e-3, 0.0))
+        assert n_windows(prob) > 10**12
+        run = pipeline.run(prob, "mip", time_limit=5)
+        assert run.evaluation.ok
+        use = device_use(prob, run.planned.batchings, "mip")
+        assert len(use.windows) <= n and use.device_ms.shape == (1, len(use.windows))
+        assert use.mean() <= use.peak() * len(use.windows) / use.n_windows
+        assert len(window_table([use]).rows) == len(use.windows)
+        assert devices_csv([use]).count(b"\n") == 1 + 2 * len(use.windows)
+        devices_figure([use]).savefig(tmp_path / f"devices-{n}.png")
