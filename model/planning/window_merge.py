@@ -43,6 +43,27 @@ def window_slices(parts: Sequence[WindowPart], batchings: Sequence[Batching]) ->
     return out
 
 
+def overlay(problem: Problem, fast: Sequence[Batching], planned: Sequence[tuple[WindowPart, Sequence[Batching]]]
+            ) -> tuple[Batching, ...]:
+    """``fast`` (whole-problem batchings keeping every batch inside one window) with some windows re-planned:
+    each (part, its own batchings) replaces the fast plan's batches of that window; batches renumbered in
+    order.  Python work per re-planned window only, not per window of the trace."""
+    out = []
+    for b, bt in enumerate(fast):
+        batch_of = np.asarray(bt.batch_of, dtype=np.int64).copy()
+        shapes = [np.asarray(bt.shape_of, dtype=np.int64)]
+        offset = len(shapes[0])
+        for part, bts in planned:
+            if b in part.bucket_of:
+                j = part.bucket_of.index(b)
+                batch_of[part.rows[j]] = np.asarray(bts[j].batch_of, dtype=np.int64) + offset
+                shapes.append(np.asarray(bts[j].shape_of, dtype=np.int64))
+                offset += len(shapes[-1])
+        used, of = np.unique(batch_of, return_inverse=True)  # the fast batches of re-planned windows are gone
+        out.append(Batching(of.reshape(-1).astype(np.int64), np.concatenate(shapes)[used]))
+    return tuple(out)
+
+
 def batch_windows(problem: Problem, b: int, batching: Batching, wins: np.ndarray) -> np.ndarray:
     """The window of each batch of bucket b (the window of its members; they share one in a valid plan)."""
     out = np.zeros(len(batching.shape_of), dtype=np.int64)

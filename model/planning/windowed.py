@@ -42,14 +42,15 @@ import numpy as np
 from model.base.errors import InfeasibleError, NoPlanFound
 from model.base.runtime import Deadline
 from model.domain.schema import Batching, Planned, Problem
-from model.domain.windowing import WindowPart, n_windows, split, waits_of
+from model.domain.windowing import WindowPart, n_windows
 from model.planning.contract import Candidates, Judge, Judged, select
 from model.planning.mip import final_shapes, packer_plans, plan_mip
 from model.planning.options import PlannerOptions
-from model.planning.parallel import run_items, shared
+from model.planning.parallel import run_items, shared, workers_available
 from model.planning.window_bound import WindowBound, candidate_shapes, window_bound
 from model.planning.window_exact import Exact, exact_plan
-from model.planning.window_merge import merge, split_at_windows, window_slices
+from model.planning.window_merge import overlay, split_at_windows, window_slices
+from model.planning.window_parts import WindowIndex, WindowLimits, window_index, window_limits, window_part
 from model.planning.window_runs import IntervalCosts, shape_set_cost, window_plan, window_pools
 from solvers.backends import get_backend
 from solvers.packers import PACKERS
@@ -97,9 +98,18 @@ def search_shapes(problem: Problem, costs: list[IntervalCosts], cands: np.ndarra
                                                                                                 default=np.inf))
         return True
 
-    # every start is scored (they are few, and the cap K - 1's best set among them keeps K from doing worse)
-    best = min((np.asarray(sorted(set(int(x) for x in s) | {top}), dtype=np.int64) for s in starts), key=score)
-    current = score(best)
+    # the starts in the order given (the likeliest first), each while a scoring still fits -- the first always
+    # (at 10^4 windows a scoring takes a second, and there are up to K + 4 starts)
+    best, current = None, np.inf
+    for start in starts:
+        if best is not None and not time_left():
+            break
+        trial = np.asarray(sorted(set(int(x) for x in start) | {top}), dtype=np.int64)
+        if score(trial) < current:
+            best, current = trial, score(trial)
+    if best is None:  # every start has more than K shapes with the top one added: the top one alone
+        best = np.asarray([top], dtype=np.int64)
+        current = score(best)
     improved = True
     while improved and time_left():
         improved = False
@@ -165,47 +175,6 @@ def window_problem(part: WindowPart, shapes: np.ndarray, k: int) -> Problem:
     return replace(part.problem, cost=cost, allowed_shapes=allowed, max_shapes=k)
 
 
-def window_limits(problem: Problem, parts: list[WindowPart], fast: tuple[Batching, ...]) -> list[WindowPart]:
-    """The window parts with limits that, met in every window, meet the bucket's (so each window's MIP may plan
-    alone):
-
-    - cost and sequential time: what is left of the bucket's limit after its compiles (and one compile spike
-      per shape it uses), shared among its windows in proportion to the fast plan's cost there -- by request
-      count a window of one long prompt got a third of the limit and no plan;
-    - P95: the limit less the window's longest wait, since the per-window MIP prices batch latencies without
-      the waits; members allowed above it per window sum to at most the bucket's allowance;
-    - pad ratio: the bucket's own (met in every window, met overall)."""
-    slices = window_slices(parts, fast)
-    cost_of = [[batching_cost(replace(p.problem, buckets=(b,)), (bt,)) for b, bt in zip(p.problem.buckets, sl,
-                                                                                          strict=True)]
-               for p, sl in zip(parts, slices, strict=True)]
-    totals = np.zeros(len(problem.buckets))
-    counts = np.zeros(len(problem.buckets))
-    for p, costs in zip(parts, cost_of, strict=True):
-        for i, c, rows in zip(p.bucket_of, costs, p.rows, strict=True):
-            totals[i] += c
-            counts[i] += len(rows)
-    used = [np.unique(bt.shape_of) for bt in fast]
-    compile_total = [float(problem.cost.shape_charge(u).sum()) for u in used]
-    spikes = [problem.cost.spike_ms * len(u) for u in used]
-    waits = [waits_of(problem, b) for b in problem.buckets]
-    out = []
-    for p, costs in zip(parts, cost_of, strict=True):
-        limits = []
-        for i, c, rows in zip(p.bucket_of, costs, p.rows, strict=True):
-            lim = problem.limits[i]
-            share = c / totals[i] if totals[i] > 0 else len(rows) / counts[i]
-            if lim.max_cost is not None:
-                lim = replace(lim, max_cost=max(0.0, lim.max_cost - compile_total[i]) * share)
-            if lim.max_sequential_ms is not None:
-                lim = replace(lim, max_sequential_ms=max(0.0, lim.max_sequential_ms - spikes[i]) * share)
-            if lim.max_p95_latency_ms is not None:
-                lim = replace(lim, max_p95_latency_ms=max(0.0, lim.max_p95_latency_ms - float(waits[i][rows].max())))
-            limits.append(lim)
-        out.append(replace(p, problem=replace(p.problem, limits=tuple(limits))))
-    return out
-
-
 def batching_cost(problem: Problem, batchings: tuple[Batching, ...]) -> float:
     """The batches' cost (prefill, decode, overhead; compiles aside, the shapes being shared) by the cost
     model's own arithmetic: what one window's candidates are compared by."""
@@ -220,37 +189,44 @@ def batching_cost(problem: Problem, batchings: tuple[Batching, ...]) -> float:
     return float(total)
 
 
-def _plan_window(item: tuple[int, float]) -> tuple[tuple[Batching, ...] | None, bool]:
-    """Worker: one window's MIP plan under the shared deadline, or None (the window keeps its fast plan): past
-    the deadline -- or with less than a MIP call's set-up left -- no MIP starts.  (batchings, MIP started)."""
-    parts, shapes, k, backend, judge, end = shared()
-    w, share = item
+def _plan_window(item: tuple[int, float]) -> tuple[int, WindowPart | None, tuple[Batching, ...] | None]:
+    """Worker: one window's MIP plan under the shared deadline: (window, its part, its batchings), the part and
+    batchings None when no MIP starts -- past the deadline, or with less than a MIP call's set-up left -- and
+    the batchings None when the MIP finds none (the window keeps its fast plan either way)."""
+    problem, pools, index, limits, shapes, backend, judge, end = shared()
+    i, share = item
     left = end.left()
     if left < MIN_WINDOW_MIP_S:
-        return None, False
-    sub = window_problem(parts[w], shapes, k)
+        return i, None, None
+    part = window_part(problem, pools, index, limits, i)
+    sub = window_problem(part, shapes, problem.max_shapes)
     try:
         planned = plan_mip(sub, backend=backend, time_limit=min(left, max(MIN_WINDOW_MIP_S, share)), judge=judge)
     except (InfeasibleError, NoPlanFound) as exc:  # under these shapes and shares only: proves nothing
-        log.info("windows: window %d: %s", parts[w].index, exc)
-        return None, True
-    return planned.batchings, True
+        log.info("windows: window %d: %s", part.index, exc)
+        return i, part, None
+    return i, part, planned.batchings
 
 
-def mip_per_window(problem: Problem, parts: list[WindowPart], shapes: np.ndarray, backend: str, end: Deadline,
-                   judge: Judge) -> tuple[list[tuple[Batching, ...] | None], int]:
-    """Every window's MIP plan under ``shapes`` while ``end`` allows (None for a window that got none), largest
-    windows first, each granted its share (by requests) of the time left; and how many MIPs ran."""
+def mip_per_window(problem: Problem, pools: list, index: WindowIndex, limits: WindowLimits, shapes: np.ndarray,
+                   backend: str, end: Deadline, judge: Judge) -> tuple[list[tuple[WindowPart, tuple[Batching, ...]]],
+                                                                     int]:
+    """The windows' MIP plans under ``shapes`` while ``end`` allows, largest windows first, each granted its
+    share (by requests) of the time left: (part, batchings) of every window that got one, and how many MIPs
+    started.  A window's sub-problem is built only when its MIP starts (``window_parts``)."""
     left = end.left()
-    total = max(1, sum(p.n_requests for p in parts))
-    order = sorted(range(len(parts)), key=lambda w: -parts[w].n_requests)
-    items = [(w, left * parts[w].n_requests / total) for w in order]
-    big = len(parts) > 2 and total > 2000
-    results = run_items(_plan_window, items, (parts, shapes, problem.max_shapes, backend, judge, end), big)
-    out: list[tuple[Batching, ...] | None] = [None] * len(parts)
-    for (w, _), (bts, _) in zip(items, results, strict=True):
-        out[w] = bts
-    return out, sum(started for _, started in results)
+    if left < MIN_WINDOW_MIP_S:
+        return [], 0
+    total = max(1, int(index.sizes.sum()))
+    # no more windows than MIPs of the least length fit in the time on every core (10^5 items that each
+    # only find the deadline passed cost seconds of messages between processes)
+    most = int(left / MIN_WINDOW_MIP_S) * workers_available() + 1
+    order = np.argsort(-index.sizes, kind="stable")[:most].tolist()
+    items = [(i, left * int(index.sizes[i]) / total) for i in order]
+    big = len(items) > 2 and total > 2000
+    results = run_items(_plan_window, items, (problem, pools, index, limits, shapes, backend, judge, end), big)
+    planned = [(part, bts) for _, part, bts in results if part is not None and bts is not None]
+    return planned, sum(part is not None for _, part, _ in results)
 
 
 def fast_plan(problem: Problem, shapes: np.ndarray) -> tuple[Batching, ...] | None:
@@ -268,19 +244,19 @@ def fast_plan(problem: Problem, shapes: np.ndarray) -> tuple[Batching, ...] | No
     return None
 
 
-def window_candidates(problem: Problem, parts: list[WindowPart], mips: list[tuple[Batching, ...] | None],
+def window_candidates(problem: Problem, planned: list[tuple[WindowPart, tuple[Batching, ...]]],
                       fast: tuple[Batching, ...]) -> list[tuple[str, tuple[Batching, ...]]]:
     """From the windows' MIP plans and the fast plan: every window on its MIP plan where it has one, and every
     window on the cheaper of the two (each window's limits are its own shares, so the two can differ)."""
-    if all(m is None for m in mips):
+    if not planned:
         return []
+    parts = [part for part, _ in planned]
     slices = window_slices(parts, fast)
-    with_mip = [m if m is not None else f for m, f in zip(mips, slices, strict=True)]
-    cheaper = [m if m is not None and batching_cost(p.problem, m) < batching_cost(p.problem, f) else f
-               for p, m, f in zip(parts, mips, slices, strict=True)]
-    out = [("every window's MIP plan", merge(problem, parts, with_mip))]
-    if any(a is not b for a, b in zip(with_mip, cheaper, strict=True)):
-        out.append(("each window's cheaper of its MIP plan and the fast plan", merge(problem, parts, cheaper)))
+    cheaper = [(p, m) for (p, m), f in zip(planned, slices, strict=True)
+               if batching_cost(p.problem, m) < batching_cost(p.problem, f)]
+    out = [("every window's MIP plan", overlay(problem, fast, planned))]
+    if len(cheaper) < len(planned):
+        out.append(("each window's cheaper of its MIP plan and the fast plan", overlay(problem, fast, cheaper)))
     return out
 
 
@@ -403,13 +379,14 @@ def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 
     plain = plain_plan(problem, backend, judge, deadline.share(PLAIN_SHARE))
     consider("mip", plain, ("the MIP planner's plan of the trace without windows, its batches cut at the window "
                             "ends, is the cheapest",))
-    parts = split(problem)
     if runs_mode:
         costs = [IntervalCosts(p, problem.cost, problem.max_batch_size) for p in pools]
-        starts = [np.asarray(s) for s in (*bound.shape_sets, bound.shapes)] + [dpfill_shapes(problem, pools)]
-        for known in (plain, fewer.batchings if fewer is not None else None):
-            if known is not None:
-                starts.append(np.unique(np.concatenate([bt.shape_of for bt in known])))
+        known = [np.unique(np.concatenate([bt.shape_of for bt in k])) for k in
+                 (fewer.batchings if fewer is not None else None, plain) if k is not None]
+        # the likeliest first: the bound's shapes, the K - 1 plan's, dpfill's, the un-windowed plan's, then
+        # the bound's best sets under smaller caps
+        starts = [np.asarray(bound.shapes), *known[:1], dpfill_shapes(problem, pools), *known[1:],
+                  *(np.asarray(s) for s in bound.shape_sets[::-1])]
         shapes, score = search_shapes(problem, costs, cands, starts, deadline.share(SEARCH_SHARE))
         if np.isfinite(score):  # else some request fits no batch on the shape above it (the KV capacity)
             fast = window_plan(problem, costs, shapes, deadline.share(RUNS_SHARE))
@@ -421,11 +398,12 @@ def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 
         shapes = np.asarray(bound.shapes, dtype=np.int64)
         fast = fast_plan(problem, shapes)
     if fast is not None:
-        parts = window_limits(problem, parts, fast)
-        mips, started = mip_per_window(problem, parts, shapes, backend, part(WINDOWS_END), judge)
-        log.info("windows: %d of %d windows planned by the MIP planner before its deadline", started, len(parts))
-        for what, batchings in window_candidates(problem, parts, mips, fast):
-            consider("mip", batchings, (f"{what} under the searched shapes ({started} of {len(parts)} windows got "
+        index = window_index(pools)
+        limits = window_limits(problem, index, fast)
+        planned, started = mip_per_window(problem, pools, index, limits, shapes, backend, part(WINDOWS_END), judge)
+        log.info("windows: %d of %d windows planned by the MIP planner before its deadline", started, len(index))
+        for what, batchings in window_candidates(problem, planned, fast):
+            consider("mip", batchings, (f"{what} under the searched shapes ({started} of {len(index)} windows got "
                                         "a MIP before the deadline, the rest the fast plan)",))
     packers = packer_candidates(problem, judge, deadline, spent, options)
     tried = {j.name for j in packers}
