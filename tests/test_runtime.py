@@ -398,3 +398,21 @@ def test_a_time_limit_too_short_for_the_mip_returns_the_packer_plan_with_a_time_
     assert out.report.status is Status.TIME_LIMIT_FEASIBLE
     assert any("the time limit ran out before the MIP found a plan" in n and "packer's plan" in n
                for n in out.report.notes), out.report.notes
+
+
+def test_a_first_lp_without_duals_still_leaves_the_floor_bound(monkeypatch):
+    """On a loaded host the first LP relaxation of column generation ran out of its time: the run then reported
+    no lower bound at all (``solve`` printed no gap).  The own-box floor needs no LP: it is the bound then."""
+    real = highs.BACKEND.solve
+
+    def no_lp(model, options: SolveOptions) -> BackendResult:
+        if options.relax:
+            return BackendResult(Status.TIME_LIMIT_NO_SOLUTION, None, None, None, None, 0.0, "highs", "test", "")
+        return real(model, options)
+
+    monkeypatch.setattr(highs.BACKEND, "solve", no_lp)
+    prob = two_buckets(60)
+    out = plan_mip(prob, time_limit=5)
+    cost = sum(r.metrics.cost for r in check_valid(prob, out.batchings))
+    assert out.report.bound is not None and np.isfinite(out.report.bound) and out.report.bound <= cost
+    assert out.report.gap is not None
