@@ -29,7 +29,7 @@ from model.load.plans import write_together
 from model.load.profile import profile_from_table
 
 KEY_ORDER = ("name", "prefill", "decode", "decode_large", "decode_large_from", "batch_overhead_ms", "compile_ms",
-             "kv_capacity_tokens", "cost_per_device_hour")
+             "kv_capacity_tokens", "cost_per_device_hour", "runtime_compile_ms")
 
 
 def parse_split(text: str) -> Split:

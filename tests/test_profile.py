@@ -85,7 +85,7 @@ BAD = [
         "device.prefill", "got 2 values"),
     Bad("malformed", edit(5, "decode = = [19.9, 0.0006, 0.03]"), 5, None, "malformed TOML"),
     Bad("duplicate-key", plus("compile_ms = 1.0"), 11, None, "malformed TOML"),
-    Bad("top-level-key", "mode = 1\n" + GOOD, 1, "mode", "unknown key (a profile holds only a [device] table)"),
+    Bad("top-level-key", "mode = 1\n" + GOOD, 1, "mode", "unknown key (a profile holds a [device] table and an optional [server]"),
     Bad("other-table", plus("[cost_model]", "Kp_attn = 1"), 11, "cost_model", "unknown key"),
     Bad("no-device", "# nothing\n", None, "device", "missing [device] table"),
     Bad("device-not-table", "device = 3\n", 1, "device", "must be a table, got 3"),

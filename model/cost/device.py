@@ -49,6 +49,8 @@ class DeviceProfile:
     compile_ms: float
     kv_capacity_tokens: int | None = None
     cost_per_device_hour: float | None = None
+    # serving mode (shared/serving_model.md): compiling a graph the set lacks while serving; None = compile_ms
+    runtime_compile_ms: float | None = None
 
     def __post_init__(self) -> None:
         for key in ("prefill", "decode", "decode_large"):
@@ -65,10 +67,15 @@ class DeviceProfile:
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
                 raise ValueError(f"{key} must be a positive integer, got {value!r}")
-        for key in ("batch_overhead_ms", "compile_ms", "cost_per_device_hour"):
+        for key in ("batch_overhead_ms", "compile_ms", "cost_per_device_hour", "runtime_compile_ms"):
             value = getattr(self, key)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{key} must be a finite non-negative number, got {value!r}")
+
+    @property
+    def runtime_compile(self) -> float:
+        """What one graph compiled while serving costs (ms): ``runtime_compile_ms``, by default ``compile_ms``."""
+        return self.compile_ms if self.runtime_compile_ms is None else self.runtime_compile_ms
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,12 @@ from pathlib import Path
 
 from model.base.errors import InputError
 from model.cost.device import DeviceProfile
-from model.load.toml_lines import toml_error, toml_lines
+from model.load.server import SERVER_TABLE, ServerTable, server_table
+from model.load.toml_lines import table_key_line, toml_error, toml_lines
 
 TABLE = "device"
 COEFFICIENT_KEYS = {"prefill": "[p0, p1, p2]", "decode": "[d0, d1, d2]", "decode_large": "[d0, d1, d2]"}
-NUMBER_KEYS = ("batch_overhead_ms", "compile_ms", "cost_per_device_hour")
+NUMBER_KEYS = ("batch_overhead_ms", "compile_ms", "cost_per_device_hour", "runtime_compile_ms")
 COUNT_KEYS = ("decode_large_from", "kv_capacity_tokens")
 KEYS = ("name", *COEFFICIENT_KEYS, *NUMBER_KEYS, *COUNT_KEYS)
 REQUIRED = ("prefill", "decode", "compile_ms")
@@ -31,34 +32,23 @@ LineOf = Callable[[str, str], "int | None"]
 
 
 def device_key_line(text: str, key: str) -> int | None:
-    """Line of ``key`` inside the ``[device]`` table of a TOML text; for key "device", the table's own line.
-
-    Follows ``[device]`` headers, ``device.key = ...`` dotted keys at the top level and
-    ``[device.key]`` sub-table headers; an inline ``device = {...}`` is found as a whole
-    (its keys are not followed, as in the scenario loader).
-    """
-    table_line = None
-    in_table = False
-    for number, where, kind, name in toml_lines(text):
-        if kind == "header":
-            in_table = name == TABLE
-            if name == f"{TABLE}.{key}":
-                return number
-            if in_table and table_line is None:
-                table_line = number
-        elif where is None and name == f"{TABLE}.{key}":
-            return number
-        elif where is None and (name == TABLE or name.startswith(f"{TABLE}.")) and table_line is None:
-            table_line = number
-        elif in_table and name == key:
-            return number
-    return table_line if key == TABLE else None
+    """Line of ``key`` inside the ``[device]`` table of a TOML text; for key "device", the table's own line."""
+    return table_key_line(text, TABLE, key)
 
 
 def load_profile(path: str | Path) -> DeviceProfile:
-    """Read and check a device-profile TOML file (a ``[device]`` table and nothing else).
+    """Read and check a device-profile TOML file: its ``[device]`` table (an optional ``[server]`` is checked too).
 
     ``name`` defaults to the file's stem, so reports can always say which device priced a plan.
+    """
+    return load_profile_file(path)[0]
+
+
+def load_profile_file(path: str | Path) -> tuple[DeviceProfile, ServerTable | None]:
+    """A profile file's ``[device]`` table and its optional ``[server]`` table (serving mode's settings).
+
+    The server table is checked key by key whoever reads the file, so a typo there is
+    an error for the planner too, not a setting that silently waits for the replay.
     """
     path = Path(path)
     src = str(path)
@@ -79,11 +69,14 @@ def load_profile(path: str | Path) -> DeviceProfile:
     except tomllib.TOMLDecodeError as exc:
         raise toml_error(path, exc) from None
     for key in data:
-        if key != TABLE:
-            raise InputError(src, _top_line(text, key), key, f"unknown key (a profile holds only a [{TABLE}] table)")
+        if key not in (TABLE, SERVER_TABLE):
+            raise InputError(src, _top_line(text, key), key, f"unknown key (a profile holds a [{TABLE}] table "
+                             f"and an optional [{SERVER_TABLE}] table)")
     if TABLE not in data:
         raise InputError(src, None, TABLE, f"missing [{TABLE}] table")
-    return profile_from_table(data[TABLE], src, text, default_name=path.stem)
+    profile = profile_from_table(data[TABLE], src, text, default_name=path.stem)
+    server = server_table(data[SERVER_TABLE], src, text) if SERVER_TABLE in data else None
+    return profile, server
 
 
 def _top_line(text: str, key: str) -> int | None:
