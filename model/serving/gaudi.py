@@ -15,9 +15,8 @@ import math
 import re
 from pathlib import Path
 
-import numpy as np
-
 from model.base.errors import InputError
+from model.serving.ladders import exp_ladder, lin_count, lin_cover, lin_ladder
 from model.serving.parse import (
     MAX_BUCKETS,
     EnvValue,
@@ -31,87 +30,6 @@ from model.serving.parse import (
 )
 from model.serving.spec import DEFAULT_BLOCK_SIZE, ExportSpec, Given
 
-# ---------------------------------------------------------------- ladders
-
-
-def lin_ladder(bmin: int, bstep: int, bmax: int) -> list[int]:
-    """vllm-gaudi's ``lin`` rule: start at MIN, double while below STEP, then STEP, 2 STEP, ... up to MAX.
-
-    Values below MIN are dropped, as vllm-gaudi's warmup_range does (bmin >= 1 here).
-    Documented example: (2, 32, 64) -> 2, 4, 8, 16, 32, 64.
-    """
-    ramp = []
-    x = bmin
-    while x < bstep and x <= bmax:
-        ramp.append(x)
-        x *= 2
-    return [b for b in ramp + list(range(bstep, bmax + 1, bstep)) if b >= bmin]
-
-
-def lin_count(bmin: int, bstep: int, bmax: int) -> int:
-    """How many values lin_ladder would produce, without producing them (to refuse huge ones)."""
-    ramp = 0
-    x = bmin
-    while x < bstep and x <= bmax:
-        ramp += 1
-        x *= 2
-    first = max(bstep, -(-bmin // bstep) * bstep)
-    return ramp + (len(range(first, bmax + 1, bstep)) if first <= bmax else 0)
-
-
-def lin_cover(values: list[int] | tuple[int, ...]) -> tuple[int, int, int]:
-    """(MIN, STEP, MAX) of the smallest ``lin`` ladder found that contains every value.
-
-    MIN and MAX are the smallest and largest value; every value on the STEP part is a
-    multiple of STEP, so the STEPs worth trying are the divisors of the values.  When an
-    exact ladder exists this finds it (its size equals the number of values): a ladder
-    made only of doublings is the STEP = MAX case.
-    """
-    vals = sorted(set(values))
-    lo, hi = vals[0], vals[-1]
-    best: tuple[int, int] | None = None
-    for step in sorted({d for v in vals for d in divisors(v)}):
-        if not _lin_covers(vals, lo, step, hi):
-            continue
-        key = (lin_count(lo, step, hi), -step)
-        if best is None or key < best:
-            best = key
-    assert best is not None  # STEP 1 always covers
-    return lo, -best[1], hi
-
-
-def _lin_covers(vals: list[int], lo: int, step: int, hi: int) -> bool:
-    ramp = set()
-    x = lo
-    while x < step and x <= hi:
-        ramp.add(x)
-        x *= 2
-    return all(v in ramp or (v >= step and v % step == 0) for v in vals)
-
-
-def divisors(n: int) -> set[int]:
-    """Every positive divisor of n (n >= 1; trial division, n is at most 2**20-ish)."""
-    out = set()
-    for d in range(1, math.isqrt(n) + 1):
-        if n % d == 0:
-            out.update((d, n // d))
-    return out
-
-
-def exp_ladder(bmin: int, bstep: int, bmax: int, count: int) -> list[int]:
-    """vllm-gaudi's ``exp`` spacing: ``count`` points from bmin to bmax on a geometric scale, each
-    rounded up to a multiple of bstep, duplicates dropped; the last point is bmax itself (as with
-    contiguous PA -- without it vllm-gaudi rounds bmax up to a multiple of bstep).
-    """
-    if count == 1:
-        return [bmax]
-    out = set()
-    for i in range(count):
-        power = bmin * np.float_power(bmax / bmin, (1.0 / float(count - 1)) * i)
-        out.add(bmax if i == count - 1 else math.ceil(power / bstep) * bstep)
-    return sorted(int(b) for b in out)
-
-
 # ---------------------------------------------------------------- gaudi-file
 
 
@@ -120,7 +38,16 @@ _GAUDI_FIELDS = ("batch", "query_len", "ctx_blocks")
 
 
 def read_gaudi_file(path: Path, text: str, max_model_len: int | None) -> list[Given]:
-    """``gaudi-file``: one Python literal 3-tuple a line, read with ast.literal_eval only.
+    """``gaudi-file``: the query_len of every prompt bucket (see ``gaudi_file_buckets``)."""
+    src = str(path)
+    return [Given(q, src, number, "query_len") for number, dims in gaudi_file_buckets(path, text) for q in dims[1]
+            if q != 1]
+
+
+def gaudi_file_buckets(path: Path, text: str) -> list[tuple[int, list[range | list[int]]]]:
+    """``gaudi-file``: (line, [batch values, query_len values, ctx_blocks values]) of every bucket line.
+
+    One Python literal 3-tuple a line, read with ast.literal_eval only.
 
     ``range(a, b[, step])`` is recognised here (its arguments are literal integers) and
     stands in for its values lazily, so ``range(0, 10**12, 1)`` or a huge Cartesian
@@ -130,7 +57,7 @@ def read_gaudi_file(path: Path, text: str, max_model_len: int | None) -> list[Gi
     whose query_len is a shape.
     """
     src = str(path)
-    out: list[Given] = []
+    out: list[tuple[int, list[range | list[int]]]] = []
     total = 0
     for number, body in text_lines(text, src):
         if "'" in body or '"' in body:
@@ -151,7 +78,7 @@ def read_gaudi_file(path: Path, text: str, max_model_len: int | None) -> list[Gi
         for name, lo, values in zip(_GAUDI_FIELDS, (1, 1, 0), dims, strict=True):
             for v in (values[0], values[-1]) if isinstance(values, range) else values:
                 check_range(v, src, number, name, lo)
-        out.extend(Given(q, src, number, "query_len") for q in dims[1] if q != 1)
+        out.append((number, dims))
     return out
 
 
@@ -224,17 +151,9 @@ def read_gaudi_env(path: Path, text: str, max_model_len: int | None) -> list[Giv
     not a silently ignored line.
     """
     src = str(path)
-    env = env_vars(text, src)
-    for name, v in env.items():
-        if _BUCKET_VAR.fullmatch(name) and name not in _KNOWN_BUCKET_VARS:
-            raise InputError(src, v.line, name, "unknown bucketing variable (a typo?)")
-    bucket_file = env.get("VLLM_BUCKETING_FROM_FILE")
-    if bucket_file is not None:
-        target = Path(bucket_file.value)
-        target = target if target.is_absolute() else path.parent / target
-        if not bucket_file.value or not target.is_file():
-            raise InputError(src, bucket_file.line, "VLLM_BUCKETING_FROM_FILE",
-                             f"{str(target)!r} is not a file (relative paths are taken from {str(path.parent)!r})")
+    env = gaudi_env(text, src)
+    target = bucket_file_of(env, path)
+    if target is not None:
         return read_gaudi_file(target, read_text(target), max_model_len)
     strategy = gaudi_strategy(env, src)
     if strategy == "pad":
@@ -244,6 +163,28 @@ def read_gaudi_env(path: Path, text: str, max_model_len: int | None) -> list[Giv
     if strategy == "exp":
         return gaudi_exp_query(env, src, max_model_len)
     return gaudi_lin_query(env, src)
+
+
+def gaudi_env(text: str, src: str) -> dict[str, EnvValue]:
+    """The variables of a gaudi-env file; a misspelt bucketing variable is an error, not an ignored line."""
+    env = env_vars(text, src)
+    for name, v in env.items():
+        if _BUCKET_VAR.fullmatch(name) and name not in _KNOWN_BUCKET_VARS:
+            raise InputError(src, v.line, name, "unknown bucketing variable (a typo?)")
+    return env
+
+
+def bucket_file_of(env: dict[str, EnvValue], path: Path) -> Path | None:
+    """The bucket file ``VLLM_BUCKETING_FROM_FILE`` names (relative to the env file's folder), or None."""
+    bucket_file = env.get("VLLM_BUCKETING_FROM_FILE")
+    if bucket_file is None:
+        return None
+    target = Path(bucket_file.value)
+    target = target if target.is_absolute() else path.parent / target
+    if not bucket_file.value or not target.is_file():
+        raise InputError(str(path), bucket_file.line, "VLLM_BUCKETING_FROM_FILE",
+                         f"{str(target)!r} is not a file (relative paths are taken from {str(path.parent)!r})")
+    return target
 
 
 def gaudi_strategy(env: dict[str, EnvValue], src: str) -> str:

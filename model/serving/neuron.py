@@ -10,6 +10,7 @@ max_num_batched_tokens / max_num_seqs.  Its buckets are token budgets per schedu
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from model.base.errors import InputError
@@ -27,7 +28,27 @@ def nxdi_default(max_len: int) -> list[int]:
     return [2 ** i for i in range(int(math.log2(NXDI_MIN_BUCKET)), round(math.log2(max_len)))] + [max_len]
 
 
+NXDI_KEYS = ("context_encoding_buckets", "token_generation_buckets", "max_context_length", "seq_len",
+             "enable_bucketing")
+
+
+@dataclass(frozen=True)
+class NxdiConfig:
+    """The NeuronConfig settings of an nxdi file, checked: where they sit and what they say about buckets."""
+
+    where: str  # "" (top level), "neuron_config." or "override_neuron_config."
+    context: list[Given]  # context-encoding buckets, sorted (NxDI's defaults when none are listed)
+    token_generation: list[Given] | None  # as listed, sorted; None when the file lists none
+    seq_len: int | None
+    enabled: bool | None
+
+
 def read_nxdi(path: Path, text: str, max_model_len: int | None) -> list[Given]:
+    """``nxdi``: the context-encoding buckets of NeuronConfig settings (see ``nxdi_config``)."""
+    return nxdi_config(path, text).context
+
+
+def nxdi_config(path: Path, text: str) -> NxdiConfig:
     """``nxdi``: NeuronConfig settings as JSON -- top level, or under neuron_config / override_neuron_config.
 
     Exactly one of those places may hold the settings.  context_encoding_buckets is sorted
@@ -37,15 +58,13 @@ def read_nxdi(path: Path, text: str, max_model_len: int | None) -> list[Given]:
     """
     src = str(path)
     top = load_json_object(text, src)
-    keys = ("context_encoding_buckets", "token_generation_buckets", "max_context_length", "seq_len",
-            "enable_bucketing")
     scopes: list[tuple[str, dict]] = [("", top)]
     for name in ("neuron_config", "override_neuron_config"):
         if name in top:
             if not isinstance(top[name], dict):
                 raise InputError(src, key_line(text, name), name, f"expected an object, got {shown(top[name])}")
             scopes.append((name + ".", top[name]))
-    holding = [(w, c) for w, c in scopes if any(k in c for k in keys)]
+    holding = [(w, c) for w, c in scopes if any(k in c for k in NXDI_KEYS)]
     if not holding:
         raise InputError(src, None, "context_encoding_buckets", "missing (no NeuronConfig settings found at the "
                          "top level, in neuron_config or in override_neuron_config)")
@@ -58,7 +77,7 @@ def read_nxdi(path: Path, text: str, max_model_len: int | None) -> list[Given]:
     if enabled is not None and not isinstance(enabled, bool):
         raise InputError(src, key_line(text, "enable_bucketing"), f"{where}enable_bucketing",
                          f"expected true or false, got {shown(enabled)}")
-    index = JsonLineIndex(text, keys)
+    index = JsonLineIndex(text, NXDI_KEYS)
     max_ctx = json_scalar(index, src, conf, "max_context_length", where)
     seq_len = json_scalar(index, src, conf, "seq_len", where)
     buckets = json_int_list(index, src, conf, "context_encoding_buckets", where, required=False)
@@ -66,6 +85,7 @@ def read_nxdi(path: Path, text: str, max_model_len: int | None) -> list[Given]:
     if tkg and seq_len is not None and max(g.value for g in tkg) > seq_len:
         worst = max(tkg, key=lambda g: g.value)
         raise InputError(src, worst.line, worst.field, f"{worst.value} is above seq_len {seq_len}")
+    tkg = sorted(tkg, key=lambda g: g.value) if tkg else None
     if buckets is not None and enabled is False:
         raise InputError(src, index.key_line("context_encoding_buckets"), f"{where}context_encoding_buckets",
                          "given while enable_bucketing is false")
@@ -74,13 +94,13 @@ def read_nxdi(path: Path, text: str, max_model_len: int | None) -> list[Given]:
             worst = max(buckets, key=lambda g: g.value)
             raise InputError(src, worst.line, worst.field, f"{worst.value} is above max_context_length {max_ctx} "
                              "(the last bucket, after sorting, must be <= it)")
-        return sorted(buckets, key=lambda g: g.value)
+        return NxdiConfig(where, sorted(buckets, key=lambda g: g.value), tkg, seq_len, enabled)
     if max_ctx is None:
         raise InputError(src, None, f"{where}context_encoding_buckets", "missing, and no max_context_length "
                          "to derive the buckets from")
     line, fld = index.key_line("max_context_length"), f"{where}max_context_length"
     values = nxdi_default(max_ctx) if enabled else [max_ctx]
-    return [Given(v, src, line, fld) for v in values]
+    return NxdiConfig(where, [Given(v, src, line, fld) for v in values], tkg, seq_len, enabled)
 
 
 def read_vllm_neuron(path: Path, text: str, max_model_len: int | None) -> list[Given]:
