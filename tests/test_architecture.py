@@ -16,6 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("model", "solvers")
 CLI_MODULES = {"model.solve", "model.evaluate", "model.sweep", "model.calibrate", "model.audit", "model.export",
+               "model.replay",
                "model.cli_common"}
 
 

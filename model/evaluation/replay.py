@@ -44,7 +44,7 @@ TICK_EVERY = 4095  # loop rounds between two looks at the deadline (a mask: 2**k
 class RuntimeCompile:
     """A graph the set lacked, compiled while serving (gaudi): the step that needed it and the graph."""
 
-    step: int
+    step: int  # 1-based, as the contract's worked example counts steps
     start_ms: float
     kind: str  # "prompt" or "decode"
     graph: Graph
@@ -206,7 +206,7 @@ def replay_replica(prompt: list[int], gen: list[int], arrival_ms: list[float], s
                 if found is None:
                     found = runtime_prompt_graph(k, smax, settings)
                     prompt_cover.add(found)
-                    compiled.append(RuntimeCompile(s, t, "prompt", found))
+                    compiled.append(RuntimeCompile(s + 1, t, "prompt", found))
                     compiles += 1
                 pgraph = found
             else:
@@ -231,7 +231,7 @@ def replay_replica(prompt: list[int], gen: list[int], arrival_ms: list[float], s
                     if found is None:
                         found = runtime_decode_graph(n, nb, settings)
                         decode_cover.add(found)
-                        compiled.append(RuntimeCompile(s, t, "decode", found))
+                        compiled.append(RuntimeCompile(s + 1, t, "decode", found))
                         compiles += 1
                     dgraph, dctx = found, found[1] * bs
             else:

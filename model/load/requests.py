@@ -101,13 +101,15 @@ def detect_format(path: Path, fmt: str | None = None) -> str:
 
 
 def load_requests(path: str | Path, name: str | None = None, columns: Columns | None = None,
-                  fmt: str | None = None, time_column: str | None = None) -> Bucket:
+                  fmt: str | None = None, time_column: str | None = None, time_default: str | None = None) -> Bucket:
     """Read and validate one bucket of requests.
 
     Raises InputError for an unreadable or empty file, malformed rows, missing fields,
     non-integer, non-positive or absurdly large lengths, and duplicate ids.  The
     columns' time column is read when the file has it; ``time_column`` names one that
-    must be there (a missing or unparsable time is an error naming its line).
+    must be there (a missing or unparsable time is an error naming its line);
+    ``time_default`` names one to read when the file has it and the columns name none
+    (the replay's ``arrival_s``).
     """
     path = Path(path)
     if name is None:  # the bucket is named after the file, and the name becomes a plan file's name
@@ -115,13 +117,13 @@ def load_requests(path: str | Path, name: str | None = None, columns: Columns | 
     kind = detect_format(path, fmt)
     raw = _read_bytes(path)
     if kind == "jsonl":
-        columns = _with_time(columns or Columns(), time_column)
+        columns = _with_time(columns or Columns(), time_column, time_default)
         frame, lines, pending = _read_jsonl(path, raw, columns)
     elif kind == "csv":
-        columns = _with_time(columns or _auto_columns(_csv_header(raw)), time_column)
+        columns = _with_time(columns or _auto_columns(_csv_header(raw)), time_column, time_default)
         frame, lines, pending = _read_csv(path, raw, columns)
     else:
-        frame, lines, columns = _read_parquet(path, raw, columns, time_column)
+        frame, lines, columns = _read_parquet(path, raw, columns, time_column, time_default)
         pending = None
     del raw
     bucket = _to_bucket(path, name, frame, lines, columns, pending, time_required=time_column is not None)
@@ -130,9 +132,11 @@ def load_requests(path: str | Path, name: str | None = None, columns: Columns | 
     return bucket
 
 
-def _with_time(columns: Columns, time_column: str | None) -> Columns:
-    """The mapping with its time column replaced by the one asked for (if any)."""
-    return columns if time_column is None else replace(columns, time=time_column)
+def _with_time(columns: Columns, time_column: str | None, time_default: str | None = None) -> Columns:
+    """The mapping with its time column replaced by the one asked for (if any), or the default where it has none."""
+    if time_column is not None:
+        return replace(columns, time=time_column)
+    return replace(columns, time=time_default) if columns.time is None and time_default is not None else columns
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -217,8 +221,10 @@ def _read_jsonl(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame,
     check_utf8(path, raw)
     try:
         table = json_table(pa.BufferReader(raw))
-        # A float column may hold 1e3 (refused) or 12.0 (accepted): only the text tells them apart.
-        floats = any(pa.types.is_floating(table.column(c).type) for c in columns.wanted() if c in table.column_names)
+        # A float length or id column may hold 1e3 (refused) or 12.0 (accepted): only the text tells them apart.
+        # A time column's floats are seconds however they are written, so they stay on the fast path.
+        floats = any(pa.types.is_floating(table.column(c).type) for c in columns.wanted()
+                     if c in table.column_names and c != columns.time)
         if table.num_rows == len(lines) and not floats:
             return _project(table, columns), lines, None
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
@@ -395,8 +401,8 @@ def _csv_error(path: Path, raw: bytes, exc: Exception) -> InputError:
     return InputError(str(path), _csv_error_line(str(exc)), None, f"malformed CSV: {_first_line(exc)}")
 
 
-def _read_parquet(path: Path, raw: bytes, columns: Columns | None,
-                  time_column: str | None = None) -> tuple[pd.DataFrame, np.ndarray, Columns]:
+def _read_parquet(path: Path, raw: bytes, columns: Columns | None, time_column: str | None = None,
+                  time_default: str | None = None) -> tuple[pd.DataFrame, np.ndarray, Columns]:
     """Parquet via pyarrow; 'line' means 1-based row number.
 
     The magic bytes are checked first so a file that is not Parquet at all gets a
@@ -406,7 +412,7 @@ def _read_parquet(path: Path, raw: bytes, columns: Columns | None,
         raise InputError(str(path), None, None, "not a Parquet file (no PAR1 magic bytes)")
     try:
         source = pq.ParquetFile(pa.BufferReader(raw))
-        columns = _with_time(columns or _auto_columns(source.schema_arrow.names), time_column)
+        columns = _with_time(columns or _auto_columns(source.schema_arrow.names), time_column, time_default)
         present = [c for c in columns.wanted() if c in source.schema_arrow.names]
         table = source.read(columns=present)
     except (OSError, pa.ArrowException) as exc:
