@@ -38,15 +38,19 @@ GAUDI_STEPS = [
 ]
 
 
-def expanded_steps(runs) -> list[tuple]:
-    """The recorded runs as one row a step: start (by repeated addition, as the clock runs), prompt, decode, duration."""
+def expanded_steps(runs, stack: str = "gaudi") -> list[tuple]:
+    """The recorded runs as one row a step: start (by repeated addition, as the clock runs), prompt, decode, duration.
+
+    Within a run nb stays (gaudi: a run ends before a block boundary); nxdi's longest context grows by one a step.
+    """
     out = []
     for k in range(runs.start_ms.shape[0]):
         t = float(runs.start_ms[k])
-        for _ in range(int(runs.count[k])):
+        for step in range(int(runs.count[k])):
             prompt = (int(runs.prompt_n[k]), int(runs.prompt_len[k])) if runs.prompt_n[k] else None
             pgraph = (int(runs.prompt_b[k]), int(runs.prompt_x[k])) if runs.prompt_n[k] else None
-            decode = (int(runs.decode_n[k]), int(runs.decode_need[k])) if runs.decode_n[k] else None
+            need = int(runs.decode_need[k]) + (step if stack == "nxdi" else 0)
+            decode = (int(runs.decode_n[k]), need) if runs.decode_n[k] else None
             dgraph = (int(runs.decode_b[k]), int(runs.decode_x[k])) if runs.decode_n[k] else None
             out.append((len(out) + 1, t, prompt, pgraph, decode, dgraph, float(runs.duration_ms[k])))
             t += float(runs.duration_ms[k])
@@ -107,7 +111,7 @@ def test_nxdi_totals(nxdi_result):
 
 
 def test_nxdi_decode_runs_at_the_full_batch_and_one_prompt_a_step(nxdi_result):
-    steps = expanded_steps(nxdi_result.replicas[0].runs)
+    steps = expanded_steps(nxdi_result.replicas[0].runs, "nxdi")
     assert all(d is None or d[0] == 4 for *_, d, _ in steps)  # B = max_num_seqs always
     assert all(p is None or p[0] == 1 for _, _, p, *_ in steps)  # ctx_batch_size 1: one prompt a step
 

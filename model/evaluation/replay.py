@@ -57,7 +57,8 @@ class StepRuns:
     A run of several steps is decode only, on one graph, with the same running batch;
     its later steps start at ``start_ms`` plus the duration added once per step.
     ``prompt_*`` and ``decode_*`` are 0 where the step has no such graph; ``decode_need``
-    is nb (gaudi) or the longest context (nxdi) at the run's first step.
+    is nb (gaudi) or the longest context (nxdi) at the run's first step: within a run nb
+    stays (a run ends before a block boundary), the longest context grows by one a step.
     """
 
     start_ms: np.ndarray
@@ -272,6 +273,8 @@ def replay_replica(prompt: list[int], gen: list[int], arrival_ms: list[float], s
                     col.append(v)
             s += run - 1
         else:
+            if not k and not n:  # check_fits rules this out: without it the clock would stand still forever
+                raise AssertionError(f"request {head} can never be admitted and nothing runs")
             start = t
             duration = pms + dd if n else pms
             if compiles:
