@@ -239,7 +239,8 @@ class _Analytic(_Rules):
         return np.ones(np.broadcast_shapes(np.shape(n), np.shape(s), np.shape(g)), dtype=bool)
 
     def without_compile(self) -> CostModel:
-        """The same model with compiles free (the windowed planner prices the shared compiles once, itself)."""
+        """The same model with compiles free of cost (the windowed planner prices the shared compiles once,
+        itself); the spike's latency stays, since Tshape_compile_ms is time, not cost."""
         return replace(self, params=replace(self.params, Kshape_attn=0.0, Kshape_mlp=0.0))
 
     def decode_regimes(self) -> list[bool]:
@@ -371,7 +372,7 @@ class DeviceCost(_AtDeclaredShape, _Rules):
         return kv_tokens(n, s, g)
 
     def without_compile(self) -> CostModel:
-        """The same model with compiles free."""
+        """The same model with compiles free: compile_ms is both the charge and the spike, so both go."""
         return replace(self, params=replace(self.params, compile_ms=0.0))
 
     def decode_regimes(self) -> list[bool]:
