@@ -37,6 +37,7 @@ from model.base.errors import InfeasibleError, InputError, NoPlanFound
 from model.base.runtime import Deadline
 from model.domain.schema import Planned, Problem, Status
 from model.histogram.cells import build_histogram
+from model.packers import PACKERS
 from model.planning.contract import Candidates, Judge, Judged, select
 from model.planning.device_search import all_shapes, flow_search, shape_levels, shape_relaxation
 from model.planning.diagnose import alone_message, explain_infeasible, single_limit, unmeetable
@@ -46,7 +47,6 @@ from model.planning.reshape import redeclared
 from model.planning.stages import SearchOutcome, greedy_plan, search, shape_setup
 from solvers.backends import get_backend
 from solvers.backends.result import Feature
-from solvers.packers import PACKERS
 
 log = logging.getLogger("shapeplan")
 LAST_RESORT = ("solo", "cells", "pow2", "exp", "baseline")  # analytic modes: tried when nothing else meets the limits
