@@ -24,6 +24,7 @@ from pathlib import Path
 
 from model import pipeline
 from model.base.errors import InputError
+from model.base.numbers import float_flag, int_flag
 from model.cli_common import add_input_args, add_limit_args, build_problem, run_main
 from model.deploy.auditing import audit
 from model.deploy.flags import add_holdout_args, add_window_args, parse_fraction, shapes_from_file
@@ -45,8 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_window_args(parser)
     parser.add_argument("--solver", default=pipeline.MIP, help=f"planner: {', '.join(pipeline.solver_names())}")
     parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
-    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per MIP solve (default 60)")
-    parser.add_argument("--max-batch-size", type=int, default=None, help="at most this many requests per batch")
+    parser.add_argument("--time-limit", type=float_flag("--time-limit"),
+                        default=60.0, help="seconds per MIP solve (default 60)")
+    parser.add_argument("--max-batch-size", type=int_flag("--max-batch-size"),
+                        default=None, help="at most this many requests per batch")
     parser.add_argument("--report", type=Path, help="folder for report.md, report.html and heatmap.png")
     parser.add_argument("--quiet", action="store_true", help="no progress log")
     return parser

@@ -20,13 +20,14 @@ import tomllib
 from pathlib import Path
 
 from model.base.errors import InputError
+from model.base.numbers import float_flag, int_flag, integer_text
 from model.calibration.fit import DEFAULT_COMPILE_MS, Calibration, Split, fit_profile
 from model.calibration.fit_plots import report_pngs
 from model.calibration.measurements import read_measurements
 from model.cli_common import run_main
 from model.cost.device import DeviceProfile
 from model.load.plans import write_together
-from model.load.profile import profile_from_table
+from model.load.profile import MAX_COUNT, profile_from_table
 
 KEY_ORDER = ("name", "prefill", "decode", "decode_large", "decode_large_from", "batch_overhead_ms", "compile_ms",
              "kv_capacity_tokens", "cost_per_device_hour")
@@ -36,12 +37,10 @@ def parse_split(text: str) -> Split:
     """``--decode-split``: auto, none, or the first batch size that runs decode_large."""
     if text in ("auto", "none"):
         return text  # type: ignore[return-value]
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise InputError("--decode-split", None, None, f"must be auto, none or a positive integer, got {text!r}")
+    value = integer_text(text)
+    if value is None or not 1 <= value <= MAX_COUNT:
+        raise InputError("--decode-split", None, None, f"must be auto, none or a positive integer"
+                         f"{'' if value is None or value < 1 else f' up to {MAX_COUNT}'}, got {text!r}")
     return value
 
 
@@ -127,9 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="profile TOML to write")
     parser.add_argument("--report", type=Path, help="folder for prefill.png and decode.png")
     parser.add_argument("--decode-split", default="auto", help="auto (default), none, or the first large batch size")
-    parser.add_argument("--compile-ms", type=float, default=None,
+    parser.add_argument("--compile-ms", type=float_flag("--compile-ms"), default=None,
                         help=f"compile time per shape, not measurable from step times (default {DEFAULT_COMPILE_MS:g})")
-    parser.add_argument("--kv-capacity-tokens", type=int, default=None, help="KV-cache capacity in tokens")
+    parser.add_argument("--kv-capacity-tokens", type=int_flag("--kv-capacity-tokens"), default=None,
+                        help="KV-cache capacity in tokens")
     parser.add_argument("--name", help="profile name (default: 'calibrated from <measurements file>')")
     args = parser.parse_args(argv)
     split = parse_split(args.decode_split)
@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.kv_capacity_tokens is not None and args.kv_capacity_tokens < 1:
         raise InputError("--kv-capacity-tokens", None, None,
                          f"must be a positive integer, got {args.kv_capacity_tokens}")
+    if args.kv_capacity_tokens is not None and args.kv_capacity_tokens > MAX_COUNT:  # what a profile may hold
+        raise InputError("--kv-capacity-tokens", None, None,
+                         f"must be at most {MAX_COUNT} (2**53), got {args.kv_capacity_tokens}")
     name = args.name if args.name is not None else f"calibrated from {args.measurements.name}"
     cal = fit_profile(read_measurements(args.measurements), split, compile_ms, args.kv_capacity_tokens, name)
     note_lines = notes(cal, args.compile_ms is not None)

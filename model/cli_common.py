@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from model.base.errors import InfeasibleError, InputError, NoPlanFound
+from model.base.numbers import float_flag, int_flag
 from model.base.runtime import Interrupted, leave, shielded, signal_handlers
 from model.cost.analytic import CostParams
 from model.cost.common import GRANULARITY, MODES
@@ -33,16 +34,18 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-profile", type=Path,
                         help="device profile TOML ([device] table, see data/profiles/): device mode")
     parser.add_argument("--cost-params", type=Path, help="TOML file overriding cost-model coefficients")
-    parser.add_argument("--limit-shapes", type=int, default=None, help="at most K shapes across all buckets")
-    parser.add_argument("--max-seq-len", type=int, default=None, help="largest shape the accelerator allows")
+    parser.add_argument("--limit-shapes", type=int_flag("--limit-shapes"),
+                        default=None, help="at most K shapes across all buckets")
+    parser.add_argument("--max-seq-len", type=int_flag("--max-seq-len"),
+                        default=None, help="largest shape the accelerator allows")
 
 
 def add_limit_args(parser: argparse.ArgumentParser) -> None:
     """Per-bucket limits given on the command line (they apply to every request file)."""
-    parser.add_argument("--max-cost", type=float)
-    parser.add_argument("--max-pad-ratio", type=float)
-    parser.add_argument("--max-p95-latency-ms", type=float)
-    parser.add_argument("--max-sequential-ms", type=float)
+    parser.add_argument("--max-cost", type=float_flag("--max-cost"))
+    parser.add_argument("--max-pad-ratio", type=float_flag("--max-pad-ratio"))
+    parser.add_argument("--max-p95-latency-ms", type=float_flag("--max-p95-latency-ms"))
+    parser.add_argument("--max-sequential-ms", type=float_flag("--max-sequential-ms"))
 
 
 def cli_limits(args: argparse.Namespace) -> Limits:

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from model.base.errors import InputError
+from model.base.numbers import int_flag
 from model.cli_common import run_main
 from model.cost.metrics import batch_index
 from model.domain.schema import Bucket, Plan
@@ -132,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plans", type=Path, required=True, help="folder of plan_*.jsonl")
     parser.add_argument("--format", required=True, help=f"output format: {', '.join(WRITERS)}")
     parser.add_argument("--out", type=Path, required=True, help="file to write (atomically)")
-    parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE,
+    parser.add_argument("--block-size", type=int_flag("--block-size"), default=DEFAULT_BLOCK_SIZE,
                         help=f"KV block size for Gaudi decode buckets (default {DEFAULT_BLOCK_SIZE})")
-    parser.add_argument("--max-model-len", type=int, default=None, help="the server's max model length")
+    parser.add_argument("--max-model-len", type=int_flag("--max-model-len"),
+                        default=None, help="the server's max model length")
     parser.add_argument("--scenario", type=Path, help="scenario.toml of the plans (gives generation lengths)")
     parser.add_argument("--requests", type=Path, nargs="+", default=[],
                         help="request files of the plans, <name>.jsonl for plan_<name>.jsonl")

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from model import pipeline
 from model.base.errors import InputError
+from model.base.numbers import float_flag, int_flag
 from model.cli_common import (
     add_engine_args,
     add_input_args,
@@ -58,9 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     add_limit_args(parser)
     parser.add_argument("--solver", default="mip", help=f"planner: {', '.join(pipeline.solver_names())}")
     parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
-    parser.add_argument("--time-limit", type=float, default=60.0,
+    parser.add_argument("--time-limit", type=float_flag("--time-limit"), default=60.0,
                         help="seconds for planning: the whole run apart from loading and writing (default 60)")
-    parser.add_argument("--max-batch-size", type=int, default=None, help="at most this many requests per batch")
+    parser.add_argument("--max-batch-size", type=int_flag("--max-batch-size"),
+                        default=None, help="at most this many requests per batch")
     parser.add_argument("--out", type=Path, default=Path("out"), help="folder for plan_<bucket>.jsonl (default out/)")
     parser.add_argument("--compare", action="store_true", help="also run every heuristic packer and compare")
     parser.add_argument("--quiet", action="store_true", help="no progress log")

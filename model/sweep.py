@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from model import pipeline
 from model.base.errors import InputError
+from model.base.numbers import float_flag, int_flag
 from model.cli_common import add_input_args, add_limit_args, build_problem, check_time_limit, run_main
 from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args, parse_fraction, parse_windows
 from model.deploy.holdout import Holdout, Split, split, sweep_checks
@@ -78,9 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--factors", help=f"scale factors for --sweep-limit (default {DEFAULT_FACTORS})")
     parser.add_argument("--solvers", help=f"comma list of planners (default all: {', '.join(pipeline.solver_names())})")
     parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
-    parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per MIP solve (default 20)")
-    parser.add_argument("--max-batch-size", type=int, default=None, help="at most this many requests per batch")
-    parser.add_argument("--tolerance", type=float, default=0.005,
+    parser.add_argument("--time-limit", type=float_flag("--time-limit"),
+                        default=20.0, help="seconds per MIP solve (default 20)")
+    parser.add_argument("--max-batch-size", type=int_flag("--max-batch-size"),
+                        default=None, help="at most this many requests per batch")
+    parser.add_argument("--tolerance", type=float_flag("--tolerance"), default=0.005,
                         help="recommend the smallest K within this share of the cheapest (default 0.005)")
     parser.add_argument("--out", type=Path, help="CSV path (default DIR/sweep.csv with --report, else sweep.csv)")
     parser.add_argument("--report", type=Path, help="folder for report.md, report.html and the PNGs")

@@ -111,6 +111,17 @@ BAD_CSV = [
     ("short-row", HEADER + "prefill,1,128\n", 2, None, "expected 4 fields"),
     ("empty", "", None, None, "empty file"),
     ("header-only", HEADER, 1, None, "no measurements"),
+    # numbers as the one reader reads them: ASCII digits, finite, in range (int()/float() took 1_0 as 10)
+    ("underscore-digits", HEADER + "prefill,1_0,128,30\n", 2, "batch_size", "positive integer, got '1_0'"),
+    ("arabic-indic-digits", HEADER + "prefill,1,\u0661\u0662\u0668,30\n", 2, "seq_len", "positive integer, got"),
+    ("full-width-ms", HEADER + "prefill,1,128,\uff13\uff10\n", 2, "ms", "must be a number"),
+    ("unterminated-quote", HEADER + GOOD_ROWS + 'decode,4,512,"22\ndecode,8,512,23\n', 4, None,
+     "a quote opened on this line is never closed"),
+    ("huge-ms", HEADER + "prefill,1,128,1e308\n", 2, "ms", "must be at most 1e+09, got '1e308'"),
+    ("huge-weight", "phase,batch_size,seq_len,ms,weight\nprefill,1,128,30,1e308\n", 2, "weight",
+     "must be at most 1e+09, got '1e308'"),
+    ("subnormal-ms", HEADER + "prefill,1,128,1e-320\n", 2, "ms", "must be at least 1e-06 (a nanosecond)"),
+    ("overflowing-ms", HEADER + "prefill,1,128,1e400\n", 2, "ms", "got '1e400'"),
 ]
 
 
@@ -192,6 +203,11 @@ def test_cli_argument_errors_and_unwritable_targets(tmp_path: Path, monkeypatch,
         (["--decode-split", "sometimes"], "--decode-split: must be auto, none or a positive integer"),
         (["--compile-ms", "nan"], "--compile-ms: must be a finite non-negative number"),
         (["--kv-capacity-tokens", "0"], "--kv-capacity-tokens: must be a positive integer"),
+        # the flag's own range (a profile holds at most 2**53), not a complaint about the written --out file
+        (["--kv-capacity-tokens", str(2**60)], f"error: --kv-capacity-tokens: must be at most {2**53} (2**53), got"),
+        (["--kv-capacity-tokens", "2^60"], "error: --kv-capacity-tokens: expected an integer, got '2^60'"),
+        (["--compile-ms", "1_0"], "error: --compile-ms: expected a number, got '1_0'"),
+        (["--decode-split", "\u0661"], "--decode-split: must be auto, none or a positive integer"),
     ]
     for extra, message in cases:
         monkeypatch.setattr(sys, "argv", ["calibrate", str(csv), "--out", str(good), *extra])

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from model.base.errors import InputError
+from model.base.numbers import as_float
 from model.cost.metrics import window_index, window_wait_ms
 from model.domain.schema import Bucket, Limits, Problem, Windowing
 
@@ -24,10 +25,9 @@ def parse_window(text: str | float | None, flag: str = "--window") -> float | No
     """``--window SECONDS``: a finite positive number of seconds (None when not given)."""
     if text is None:
         return None
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise InputError(flag, None, None, f"expected a number of seconds, like 60, got {text!r}") from None
+    value = as_float(text, text=True)
+    if value is None:
+        raise InputError(flag, None, None, f"expected a number of seconds, like 60, got {text!r}")
     if not math.isfinite(value) or value <= 0:
         raise InputError(flag, None, None, f"must be a finite positive number of seconds, got {text!r}")
     if value > MAX_WINDOW_S:

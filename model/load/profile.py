@@ -9,12 +9,12 @@ lines the same way.
 
 from __future__ import annotations
 
-import math
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from model.base.errors import InputError
+from model.base.numbers import Where, read_count, read_number, shown
 from model.cost.device import DeviceProfile
 from model.load.toml_lines import toml_error, toml_lines
 
@@ -104,11 +104,14 @@ def profile_from_table(table: object, source: str, text: str, line_of: LineOf = 
     """
     table_line = line_of(text, TABLE)
 
+    def where(key: str, at: str | None = None) -> Where:
+        return Where(source, line_of(text, at or key) or table_line, f"{TABLE}.{key}")
+
     def fail(key: str, message: str, at: str | None = None) -> InputError:
-        return InputError(source, line_of(text, at or key) or table_line, f"{TABLE}.{key}", message)
+        return where(key, at).error(message)
 
     if not isinstance(table, Mapping):
-        raise InputError(source, table_line, TABLE, f"must be a table, got {_show(table)}")
+        raise InputError(source, table_line, TABLE, f"must be a table, got {shown(table)}")
     for key in table:
         if key not in KEYS:
             raise fail(key, f"unknown device-profile key (known: {', '.join(KEYS)})")
@@ -122,18 +125,14 @@ def profile_from_table(table: object, source: str, text: str, line_of: LineOf = 
     for key, value in table.items():
         if key == "name":
             if not isinstance(value, str):
-                raise fail(key, f"must be a string, got {_show(value)}")
+                raise fail(key, f"must be a string, got {shown(value)}")
             values[key] = value
         elif key in COEFFICIENT_KEYS:
-            values[key] = _coefficients(value, COEFFICIENT_KEYS[key], lambda m, k=key: fail(k, m))
+            values[key] = _coefficients(value, COEFFICIENT_KEYS[key], where(key))
         elif key in NUMBER_KEYS:
-            if not _is_number(value):
-                raise fail(key, f"must be a finite non-negative number, got {_show(value)}")
-            values[key] = float(value)
+            values[key] = read_number(value, where(key))
         else:
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
-                raise fail(key, f"must be a positive integer, got {_show(value)}")
-            values[key] = value
+            values[key] = read_count(value, where(key), 1, MAX_COUNT)
     values.setdefault("name", default_name)
     try:
         return DeviceProfile(**values)
@@ -141,26 +140,13 @@ def profile_from_table(table: object, source: str, text: str, line_of: LineOf = 
         raise InputError(source, table_line, TABLE, str(exc)) from None
 
 
-def _is_number(value: object) -> bool:
-    """A finite non-negative TOML number; booleans are not numbers here (``true`` is a typo, not 1)."""
-    return (not isinstance(value, bool) and isinstance(value, (int, float))
-            and math.isfinite(value) and value >= 0)
-
-
-def _coefficients(value: object, form: str, fail: Callable[[str], InputError]) -> tuple[float, float, float]:
-    """Three finite non-negative numbers (step times only ever grow with work)."""
+def _coefficients(value: object, form: str, where: Where) -> tuple[float, float, float]:
+    """Three finite non-negative numbers (step times only ever grow with work); booleans are not numbers here
+    (``true`` is a typo, not 1), and an integer too large for a float is refused like inf."""
     if not isinstance(value, list) or len(value) != 3:
-        got = f"{len(value)} values" if isinstance(value, list) else _show(value)
-        raise fail(f"expected 3 numbers {form}, got {got}")
-    for i, v in enumerate(value):
-        if not _is_number(v):
-            raise fail(f"value {i + 1} of {form} must be a finite non-negative number, got {_show(v)}")
-    return tuple(float(v) for v in value)  # type: ignore[return-value]
+        got = f"{len(value)} values" if isinstance(value, list) else shown(value)
+        raise where.error(f"expected 3 numbers {form}, got {got}")
+    return tuple(read_number(v, where, message=f"value {i + 1} of {form} must be a finite non-negative number, "
+                        "got {got}") for i, v in enumerate(value))  # type: ignore[return-value]
 
 
-def _show(value: object) -> str:
-    """A value as TOML spells it, shortened, for messages (``true`` rather than Python's ``True``)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
