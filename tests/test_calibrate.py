@@ -136,6 +136,14 @@ def test_bad_measurement_rows(tmp_path: Path, text, line, field, message):
     assert message in err.message, err.render()
 
 
+def test_a_byte_that_is_not_utf8_is_named_by_line_and_column(tmp_path: Path):
+    path = tmp_path / "m.csv"
+    path.write_bytes(HEADER.encode() + b"prefill,1,128,30\ndecode,1,128,3\xff\n")
+    with pytest.raises(InputError) as info:
+        read_measurements(path)
+    assert info.value.render() == f"{path}:3: not UTF-8 text (byte 0xff at column 15)"
+
+
 def test_too_few_or_degenerate_rows_name_the_file():
     few = parse_measurements(HEADER + "prefill,1,128,30\nprefill,1,256,40\n" +
                              "".join(f"decode,{n},{c},20\n" for n in (1, 2) for c in (128, 256)), "few.csv")

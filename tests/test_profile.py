@@ -90,7 +90,7 @@ BAD = [
     Bad("no-device", "# nothing\n", None, "device", "missing [device] table"),
     Bad("device-not-table", "device = 3\n", 1, "device", "must be a table, got 3"),
     Bad("device-array", "[[device]]\nprefill = [1, 2, 3]\n", 1, "device", "must be a table"),
-    Bad("not-utf8", GOOD.encode() + b"# \xff\n", None, None, "not UTF-8 text"),
+    Bad("not-utf8", GOOD.encode() + b"# \xff\n", 11, None, "not UTF-8 text (byte 0xff at column 3)"),
     # valid TOML integers no float64 holds: refused like inf (they passed the range check, then float() raised)
     Bad("compile-400-digits", edit(9, "compile_ms = 1" + "0" * 400), 9, "device.compile_ms",
         "must be a finite non-negative number, got 1000"),

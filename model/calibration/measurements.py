@@ -24,6 +24,7 @@ import numpy as np
 
 from model.base.errors import InputError
 from model.base.numbers import Where, as_float, read_count, read_number, shown
+from model.load.files import read_text
 
 PHASES = ("prefill", "decode")
 REQUIRED = ("phase", "batch_size", "seq_len", "ms")
@@ -68,15 +69,7 @@ def read_measurements(path: str | Path) -> Measurements:
     src = str(path)
     if path.is_dir():
         raise InputError(src, None, None, "is a directory, expected a measurements CSV file")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(src, None, None, f"cannot read: {exc.strerror or exc}") from exc
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InputError(src, None, None, f"cannot read: not UTF-8 text ({exc.reason})") from None
-    return parse_measurements(text, src)
+    return parse_measurements(read_text(path, bom=True), src)  # a regular UTF-8 file, recorded as an input
 
 
 def parse_measurements(text: str, source: str) -> Measurements:

@@ -17,7 +17,8 @@ from model.base.errors import InputError
 from model.base.runtime import shielded
 from model.cost.common import GRANULARITY, HEADS, HIDDEN
 from model.domain.schema import Plan
-from model.load.requests import MAX_LEN, JsonFieldError, check_utf8, json_table, line_numbers, strict_json
+from model.load.files import check_utf8, read_input
+from model.load.requests import MAX_LEN, JsonFieldError, json_table, line_numbers, strict_json
 
 SHAPE_KEYS = ("seq_align", "heads_align", "hidden_align")
 RECORD_KEYS = ("request_id", "batch_id", "shape")
@@ -39,27 +40,20 @@ def read_plan(path: str | Path) -> Plan:
     offending line (or, for exotic but valid files, accepts them).
     """
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(str(path), None, None, f"cannot read: {exc.strerror or exc}") from exc
-    except ValueError as exc:  # a NUL in the path
-        raise InputError(str(path), None, None, f"cannot read: {exc}") from None
+    raw = read_input(path)  # a regular file (a FIFO would have blocked), recorded as an input
     lines = line_numbers(raw)
     if len(lines) == 0:
         raise InputError(str(path), None, None, "empty plan")
     check_utf8(path, raw)
-    regular = path.is_file()  # read again by pyarrow, so its bytes (1.2 GB at 10^7) are not held too; a pipe once
-    if regular:
-        raw = b""
-    table = _parse(str(path) if regular else pa.BufferReader(raw), path)
+    del raw  # read again by pyarrow, so its bytes (1.2 GB at 10^7) are not held too
+    table = _parse(str(path), path)
     fast = _read_plan_fast(table, lines, str(path)) if table is not None else None
     if fast is not None:
         del table
         pa.default_memory_pool().release_unused()  # the table's memory, back to the system, not kept pooled
         return fast
     del table
-    return _read_plan_slow(path, path.read_bytes() if regular else raw)
+    return _read_plan_slow(path, read_input(path))
 
 
 def _parse(source, path: Path) -> pa.Table | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from model.base.errors import InputError
 from model.base.numbers import Where, read_count, read_number, shown
 from model.cost.device import DeviceProfile
+from model.load.files import read_text
 from model.load.toml_lines import toml_error, toml_lines
 
 TABLE = "device"
@@ -64,16 +65,7 @@ def load_profile(path: str | Path) -> DeviceProfile:
     src = str(path)
     if path.is_dir():
         raise InputError(src, None, None, "is a directory, expected a device-profile TOML file")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(src, None, None, f"cannot read: {exc.strerror or exc}") from exc
-    except ValueError as exc:  # a NUL in the path (from a scenario's device = "...")
-        raise InputError(src, None, None, f"cannot read: {exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(src, None, None, f"cannot read: not UTF-8 text ({exc.reason})") from None
+    text = read_text(path)  # a regular UTF-8 file (a bad byte named by line), recorded as an input
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

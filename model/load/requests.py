@@ -8,7 +8,6 @@ it is always the FIRST bad line of the file, so fixing errors top to bottom work
 
 from __future__ import annotations
 
-import codecs
 import csv
 import io
 import json
@@ -28,6 +27,7 @@ import pyarrow.parquet as pq
 
 from model.base.errors import InputError
 from model.domain.schema import Bucket
+from model.load.files import check_utf8, read_input
 from model.load.names import check_name
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv",
@@ -136,32 +136,9 @@ def _with_time(columns: Columns, time_column: str | None) -> Columns:
 
 
 def _read_bytes(path: Path) -> bytes:
-    """The whole file; one read serves line numbering, sniffing and parsing."""
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise InputError(str(path), None, None, f"cannot read: {exc.strerror or exc}") from exc
-    except ValueError as exc:  # a NUL in the path (from a scenario: the command line cannot carry one)
-        raise InputError(str(path), None, None, f"cannot read: {exc}") from None
-
-
-def check_utf8(path: Path | str, raw: bytes, chunk: int = 1 << 24) -> None:
-    """Text input must be UTF-8: the first bad byte is named with its line and column.
-
-    Checked in chunks by an incremental decoder, so a large file costs no more memory
-    than one chunk (pyarrow would otherwise pass bad bytes on to crash later, or replace them).
-    """
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    for lo in range(0, len(raw), chunk):
-        held = len(decoder.getstate()[0])  # bytes of a character left unfinished by the previous chunk
-        try:
-            decoder.decode(raw[lo:lo + chunk], final=lo + chunk >= len(raw))
-        except UnicodeDecodeError as exc:
-            at = min(lo - held + exc.start, len(raw) - 1)
-            line = raw.count(b"\n", 0, at) + 1
-            column = at - (raw.rfind(b"\n", 0, at) + 1) + 1
-            raise InputError(str(path), line, None,
-                             f"not UTF-8 text (byte 0x{raw[at]:02x} at column {column})") from None
+    """The whole file (``read_input``: a regular file, recorded as an input); one read serves line numbering,
+    sniffing and parsing."""
+    return read_input(path)
 
 
 def _auto_columns(names: list[str]) -> Columns:

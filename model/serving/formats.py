@@ -73,6 +73,7 @@ import numpy as np
 
 from model.base.errors import InputError
 from model.cost.common import GRANULARITY
+from model.load.files import read_input
 from model.load.requests import MAX_LEN
 
 MAX_BUCKETS = 100_000  # values a ladder, range or Cartesian product may expand to
@@ -229,11 +230,7 @@ def read_text(path: Path) -> str:
     src = str(path)
     if path.is_dir():
         raise InputError(src, None, None, "is a folder, expected a file")
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise InputError(src, None, None, f"cannot read: {exc.strerror or exc}") from None
+    raw = read_input(path, MAX_FILE_BYTES)  # the one place inputs are opened: a FIFO is refused, not waited on
     if len(raw) > MAX_FILE_BYTES:
         raise InputError(src, None, None, f"larger than {MAX_FILE_BYTES >> 20} MiB; a shape configuration "
                          "is a few lines")
