@@ -147,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{sum(len(h) for h in hists)} cells; cost model {problem.mode}")
     points = sweep_points(ks, settings.sweep_limit, factors)
     windows = parse_windows(args.windows)
+    for w in windows or ():  # every length's window count, before the first is swept
+        windowed(problem, w, "--windows")
     out = args.out or ((args.report / "sweep.csv") if args.report else Path("sweep.csv"))
     check_outputs(out, args.report)
     if windows is not None:
@@ -188,7 +190,7 @@ def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str
                 bar.set_postfix_str(f"window {w:g} s {point.label()} {name}", refresh=False)
                 bar.update()
 
-            by_window[w] = run_sweep(windowed(problem, w), points, solvers, args.backend, args.time_limit,
+            by_window[w] = run_sweep(windowed(problem, w, "--windows"), points, solvers, args.backend, args.time_limit,
                                      step).rows
     try:
         if args.report:

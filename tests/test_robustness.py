@@ -101,3 +101,99 @@ def test_a_device_file_is_refused_too(inputs: Path, capsys):
     status, _, err = exit_of(solve.main, ["/dev/null", "--format", "jsonl", "--solver", "greedy", "--out", "out"],
                              capsys)
     assert (status, err) == (2, "error: /dev/null: cannot read: a character device, not a regular file\n")
+
+
+# -------------------------------------------------------------- arrival times: one parser, and a window-count check
+
+
+def timed(path: Path, times: list) -> None:
+    """Three requests with the given arrival times in column ``t``, as JSONL (Python values as JSON)."""
+    import json
+
+    path.write_text("".join(json.dumps({"request_id": i, "prompt_len": 10 + 50 * i, "gen_len": 5, "t": t}) + "\n"
+                            for i, t in enumerate(times)))
+
+
+WINDOWED = ["--time-column", "t", "--window", "60", "--solver", "greedy", "--out", "out", "--quiet"]
+FAR = "must lie within 9223372036 s of 1970-01-01 (the years 1677 to 2262; seconds, not milliseconds), got"
+
+
+@pytest.mark.parametrize("times, line, got", [
+    ([0, 10**30, 5], 2, str(10**30)),  # was exit 0 with a batch id ending -w-9223372036854775808
+    ([0, 5, 1e300], 3, "1e+300"),                             # was a traceback in the devices table
+    ([0, "3000-01-01T00:00:00", 5], 2, "'3000-01-01T00:00:00'"),  # was OutOfBoundsDatetime
+    ([0, "0001-01-01T00:00:00", 5], 2, "'0001-01-01T00:00:00'"),
+    ([-1e10, 0, 5], 1, "-10000000000.0"),
+])
+def test_arrival_times_beyond_the_time_library_are_one_line(inputs: Path, capsys, times, line, got):
+    timed(inputs / "t.jsonl", times)
+    status, _, err = exit_of(solve.main, ["t.jsonl", *WINDOWED], capsys)
+    assert (status, err) == (2, f"error: t.jsonl:{line}: field 't': {FAR} {got}\n")
+    assert not (inputs / "out").exists()
+
+
+def test_a_typed_parquet_time_in_the_year_3000_is_one_line(inputs: Path, capsys):
+    import datetime as dt
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    stamps = pa.array([dt.datetime(2024, 1, 1), dt.datetime(3000, 1, 1), dt.datetime(2024, 1, 2)], pa.timestamp("s"))
+    pq.write_table(pa.table({"request_id": ["a", "b", "c"], "prompt_len": [10, 20, 30], "gen_len": [5, 5, 5],
+                             "t": stamps}), inputs / "t.parquet")
+    status, _, err = exit_of(solve.main, ["t.parquet", *WINDOWED], capsys)
+    assert (status, err) == (2, f"error: t.parquet:2: field 't': {FAR} 32503680000.0\n")
+
+
+def test_typed_times_are_seconds_in_any_unit(tmp_path: Path):
+    import datetime as dt
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from model.load.requests import load_requests
+
+    cols = {"request_id": ["a", "b"], "prompt_len": [10, 20], "gen_len": [5, 5]}
+    for name, values in {"ms": pa.array([dt.datetime(2024, 1, 1), dt.datetime(2024, 1, 1, 0, 0, 1)], pa.timestamp("ms",
+                                                                                                                  "UTC")),
+                         "date": pa.array([dt.date(1970, 1, 2), dt.date(1970, 1, 3)], pa.date32()),
+                         "elapsed": pa.array([1500, 2500], pa.duration("ms"))}.items():
+        pq.write_table(pa.table({**cols, "t": values}), tmp_path / f"{name}.parquet")
+        arrival = load_requests(tmp_path / f"{name}.parquet", time_column="t").arrival_s
+        assert arrival.tolist() == {"ms": [1704067200.0, 1704067201.0], "date": [86400.0, 172800.0],
+                                    "elapsed": [1.5, 2.5]}[name]
+
+
+def test_text_times_follow_the_number_grammar(inputs: Path, capsys):
+    timed(inputs / "t.jsonl", [0, "1_0", 5])
+    status, _, err = exit_of(solve.main, ["t.jsonl", *WINDOWED], capsys)
+    assert (status, err) == (2, "error: t.jsonl:2: field 't': expected a time in seconds or an ISO 8601 timestamp, "
+                                "got '1_0'\n")
+
+
+@pytest.mark.parametrize("times, window, count", [
+    ([0, 50, 100], "1e-9", "1e+11"),         # a nanosecond window on a 100 s trace: the per-window tables would not fit
+    ([0, 5, 9e9], "60", "1.5e+08"),          # two arrivals 285 years apart
+    ([0, 50, 100], "5e-324", "inf"),         # the index itself would overflow int64
+])
+def test_an_absurd_window_count_is_refused_naming_the_flag_and_numbers(inputs: Path, capsys, times, window, count):
+    timed(inputs / "t.jsonl", times)
+    argv = ["t.jsonl", *WINDOWED]
+    argv[argv.index("60")] = window
+    status, _, err = exit_of(solve.main, argv, capsys)
+    span = f"{times[-1] - times[0]:g}"
+    assert (status, err) == (2, f"error: --window: windows of {float(window):g} s from the first arrival to the last "
+                                f"({span} s later) make {count} windows; at most 1000000 are allowed: give a longer "
+                                "window\n")
+
+
+def test_the_sweep_checks_every_window_length_before_sweeping_any(inputs: Path, capsys, monkeypatch):
+    from model import sweep
+    from model.sweeping import runner
+
+    timed(inputs / "t.jsonl", [0, 50, 100])
+    calls = []
+    monkeypatch.setattr(runner, "run_sweep", lambda *a, **k: calls.append(a))
+    status, _, err = exit_of(sweep.main, ["t.jsonl", "--time-column", "t", "--windows", "60,1e-9", "--k", "1",
+                                          "--solvers", "greedy", "--quiet"], capsys)
+    assert status == 2 and err.startswith("error: --windows: windows of 1e-09 s") and calls == []
