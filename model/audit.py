@@ -25,10 +25,11 @@ from pathlib import Path
 from model import pipeline
 from model.base.errors import InputError
 from model.base.numbers import float_flag, int_flag
-from model.cli_common import add_input_args, add_limit_args, build_problem, run_main
+from model.cli_common import add_input_args, add_limit_args, build_problem, given_inputs, run_main
 from model.deploy.auditing import audit
 from model.deploy.flags import add_holdout_args, add_window_args, parse_fraction, shapes_from_file
-from model.deploy.present import audit_blocks, write_audit_report
+from model.deploy.present import AUDIT_REPORT_FILES, audit_blocks, write_audit_report
+from model.load.outputs import Target, check_targets, files_in
 from model.report.document import to_text
 from model.serving.formats import READERS
 
@@ -67,10 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         raise InputError("--solver", None, None,
                          f"unknown solver {args.solver!r} ({', '.join(pipeline.solver_names())})")
     fraction = parse_fraction(args.holdout)
+    targets = [Target("--report", args.report, "folder", "give a folder for report.md, report.html and heatmap.png"),
+               *files_in("--report", args.report, AUDIT_REPORT_FILES)] if args.report else []
+    check_targets(targets, given_inputs(args))  # before anything is read or planned
     config, warning = shapes_from_file(args.config, args.config_format)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO)
+    check_targets(targets)  # against every file the loaders read
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
     result = audit(problem, config, args.limit_shapes, args.solver, args.backend, args.time_limit, fraction)
     print(to_text(audit_blocks(result, source, str(args.config))))

@@ -21,12 +21,13 @@ from pathlib import Path
 
 from model.base.errors import InputError
 from model.base.numbers import float_flag, int_flag, integer_text
+from model.calibration import fit_plots
 from model.calibration.fit import DEFAULT_COMPILE_MS, Calibration, Split, fit_profile
-from model.calibration.fit_plots import report_pngs
+from model.calibration.fit_plots import REPORT_FILES
 from model.calibration.measurements import read_measurements
 from model.cli_common import run_main
 from model.cost.device import DeviceProfile
-from model.load.plans import write_together
+from model.load.outputs import Target, check_targets, files_in, write_together
 from model.load.profile import MAX_COUNT, profile_from_table
 
 KEY_ORDER = ("name", "prefill", "decode", "decode_large", "decode_large_from", "batch_overhead_ms", "compile_ms",
@@ -132,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="KV-cache capacity in tokens")
     parser.add_argument("--name", help="profile name (default: 'calibrated from <measurements file>')")
     args = parser.parse_args(argv)
+    targets = [Target("--out", args.out, "file", "give the path of the profile TOML to write")]
+    if args.report is not None:
+        targets += [Target("--report", args.report, "folder", "give a folder for prefill.png and decode.png"),
+                    *files_in("--report", args.report, REPORT_FILES)]
+    check_targets(targets, [args.measurements])  # before anything is read or fitted
     split = parse_split(args.decode_split)
     compile_ms = DEFAULT_COMPILE_MS if args.compile_ms is None else args.compile_ms
     if not (math.isfinite(compile_ms) and compile_ms >= 0):
@@ -149,10 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     check_loads_back(text, cal.profile, args.out)
     files = {args.out: text.encode("utf-8")}
     if args.report is not None:
-        pngs = {args.report / file: data for file, data in report_pngs(cal).items()}
-        if any(p.resolve() == args.out.resolve() for p in pngs):
-            raise InputError(str(args.out), None, None, "is also a report picture; choose another --out or --report")
-        files.update(pngs)
+        files.update({args.report / file: data for file, data in fit_plots.report_pngs(cal).items()})
     write_together({path: [data] for path, data in files.items()})
     print("\n".join(fit_lines(cal) + note_lines))
     print("wrote " + ", ".join(str(p) for p in files))

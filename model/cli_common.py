@@ -15,6 +15,7 @@ from model.cost.common import GRANULARITY, MODES
 from model.deploy.flags import allowed_from_args
 from model.domain.schema import LIMIT_KEYS, Limits, Problem, Scenario
 from model.domain.windowing import parse_window
+from model.load.files import recorded_inputs
 from model.load.params import cost_params_from_toml
 from model.load.profile import load_profile
 from model.load.scenario import MAX_BATCH, MAX_SEQ_LEN, MAX_SHAPES
@@ -148,6 +149,20 @@ def dask_settings(args: argparse.Namespace):
                     columns=args.columns, fmt=args.format)
 
 
+INPUT_FLAGS = ("requests", "pairs", "scenario", "device_profile", "cost_params", "shapes_from", "config",
+               "measurements")  # the argparse destinations that name input files
+
+
+def given_inputs(args: argparse.Namespace) -> list[Path]:
+    """Every input path the command line names (what outputs must not overwrite before anything is read; the
+    files a scenario names are added as the loaders read them, ``model.load.files``)."""
+    out: list[Path] = []
+    for name in INPUT_FLAGS:
+        value = getattr(args, name, None)
+        out += [Path(v) for v in value] if isinstance(value, list) else [Path(value)] if value is not None else []
+    return out
+
+
 def check_time_limit(seconds: float) -> float:
     """``--time-limit``: a positive, finite number of seconds (negative, zero, NaN or inf is bad input)."""
     if not (seconds > 0 and math.isfinite(seconds)):
@@ -166,7 +181,7 @@ def run_main(main, hard_exit: bool = False) -> None:
     its stop is still running (``model.base.runtime.leave``); in-process callers get SystemExit.
     """
     code = 1
-    with signal_handlers():
+    with signal_handlers(), recorded_inputs():
         try:
             code = main()
         except InputError as exc:

@@ -34,7 +34,8 @@ from model.cli_common import run_main
 from model.cost.metrics import batch_index
 from model.domain.schema import Bucket, Plan
 from model.evaluation.validate import plan_rows
-from model.load.plans import read_plan, write_together
+from model.load.outputs import Target, check_targets, write_together
+from model.load.plans import read_plan
 from model.load.requests import MAX_LEN, load_requests
 from model.load.scenario import load_scenario
 from model.pipeline import check_unique_names
@@ -115,9 +116,7 @@ def shape_uses(plans: list[Plan], buckets: list[Bucket | None]) -> tuple[ShapeUs
 
 
 def write_atomic(target: Path, text: str) -> None:
-    """Write the export through the project's all-or-nothing writer (a folder target is named as such)."""
-    if target.is_dir():
-        raise InputError(str(target), None, None, "is a folder; --out names the file to write")
+    """Write the export through the project's all-or-nothing writer (its target checked by ``main`` first)."""
     write_together({target: [text.encode("utf-8")]})
 
 
@@ -145,9 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         raise InputError("--format", None, None, f"unknown format {args.format!r} ({', '.join(WRITERS)})")
     block_size = positive_option("--block-size", args.block_size)
     max_model_len = positive_option("--max-model-len", args.max_model_len)
+    target = [Target("--out", args.out, "file", "give the path of the file to write")]
+    check_targets(target, [*args.requests, *([args.scenario] if args.scenario else [])])  # before any reading
     files = plan_files(args.plans)
     plans = [read_plan(f) for f in files]
     by_name = request_buckets(args.scenario, args.requests)
+    check_targets(target)  # not one of the plans or requests just read
     buckets: list[Bucket | None] = [None] * len(files)
     if by_name is not None:
         for i, f in enumerate(files):

@@ -28,12 +28,13 @@ from tqdm import tqdm
 from model import pipeline
 from model.base.errors import InputError
 from model.base.numbers import float_flag, int_flag
-from model.cli_common import add_input_args, add_limit_args, build_problem, check_time_limit, run_main
+from model.cli_common import add_input_args, add_limit_args, build_problem, check_time_limit, given_inputs, run_main
 from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args, parse_fraction, parse_windows
 from model.deploy.holdout import Holdout, Split, split, sweep_checks
 from model.deploy.present import sweep_holdout_blocks
 from model.domain.windowing import windowed
 from model.histogram.cells import build_histogram
+from model.load.outputs import Target, check_targets, files_in, write_together
 from model.load.scenario import LIMIT_KEYS
 from model.report.document import to_text
 from model.sweeping.grid import (
@@ -47,9 +48,9 @@ from model.sweeping.grid import (
 )
 from model.sweeping.recommend import recommend
 from model.sweeping.runner import SweepResult, run_sweep
-from model.sweeping.sweep_report import k_table, recommendation_paragraphs, write_report
-from model.sweeping.table import planner_totals, write_csv
-from model.sweeping.window_view import window_blocks, write_window_report
+from model.sweeping.sweep_report import k_table, recommendation_paragraphs, report_files, report_names
+from model.sweeping.table import csv_bytes, planner_totals
+from model.sweeping.window_view import WINDOW_REPORT_FILES, window_blocks, window_report
 
 log = logging.getLogger("shapeplan")
 DEFAULT_FACTORS = "0.8,0.9,1.0,1.1"
@@ -94,15 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_outputs(out: Path | None, report: Path | None) -> None:
-    """--out names a file and --report a folder: refuse the wrong kind before any work is done."""
-    if out is not None and out.is_dir():
-        raise InputError("--out", None, None, f"{out} is a folder; give the path of the CSV file to write")
-    if out is not None and out.parent.exists() and not out.parent.is_dir():
-        raise InputError("--out", None, None, f"{out.parent} is not a folder")
-    if report is not None and report.exists() and not report.is_dir():
-        raise InputError("--report", None, None,
-                         f"{report} is a file; give a folder for report.md, report.html and the PNGs")
+def csv_path(args: argparse.Namespace) -> Path:
+    """Where the CSV goes: --out, else DIR/sweep.csv with --report, else sweep.csv."""
+    return args.out or ((args.report / "sweep.csv") if args.report else Path("sweep.csv"))
+
+
+def output_targets(args: argparse.Namespace) -> list[Target]:
+    """Every path the sweep writes: the CSV, and the report folder with each file it will hold."""
+    targets = [Target("--out", csv_path(args), "file", "give the path of the CSV file to write")]
+    if args.report is not None:
+        names = WINDOW_REPORT_FILES if args.windows is not None else report_names(bool(args.sweep_limit))
+        targets += [Target("--report", args.report, "folder", "give a folder for report.md, report.html and the PNGs"),
+                    *files_in("--report", args.report, names)]
+    return targets
 
 
 def check_settings(args: argparse.Namespace) -> None:
@@ -117,7 +122,7 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.windows is not None and args.holdout is not None:
         raise InputError("--windows", None, None, "the hold-out check runs at one window length: use --window")
     parse_windows(args.windows)
-    check_outputs(args.out, args.report)
+    check_targets(output_targets(args), given_inputs(args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     windows = parse_windows(args.windows)
     for w in windows or ():  # every length's window count, before the first is swept
         windowed(problem, w, "--windows")
-    out = args.out or ((args.report / "sweep.csv") if args.report else Path("sweep.csv"))
-    check_outputs(out, args.report)
+    out = csv_path(args)
+    check_targets(output_targets(args))  # against every file the loaders read (a scenario's requests too)
     if windows is not None:
         return window_sweep(problem, windows, points, solvers, args, out, source)
     with tqdm(total=len(points) * len(solvers), disable=args.quiet, unit="solve", dynamic_ncols=True) as bar:
@@ -162,19 +167,18 @@ def main(argv: list[str] | None = None) -> int:
     totals = planner_totals(result.rows)
     text = to_text([k_table(totals, base_factor(t.point for t in totals)),
                     *recommendation_paragraphs(recommend(result.rows, args.tolerance))])
-    try:
-        write_csv(result.rows, out)
-        print(text)
-        print(f"wrote {out}")
-        extra = []
-        if part is not None:
-            extra = sweep_holdout_blocks(holdout_checks(part, result, args))
-            print(to_text(extra))
-        if args.report:
-            md, page = write_report(args.report, problem, hists, result, settings, extra)
-            print(f"wrote {md}, {page}")
-    except OSError as exc:
-        raise InputError(str(exc.filename or out), None, None, f"cannot write: {exc.strerror or exc}") from None
+    print(text)
+    extra = sweep_holdout_blocks(holdout_checks(part, result, args)) if part is not None else []
+    # the CSV, the report and its pictures: every file made in memory first, then all put down together
+    files = {out: csv_bytes(result.rows)}
+    if args.report:
+        files.update(report_files(args.report, problem, hists, result, settings, extra))
+    write_together({path: [data] for path, data in files.items()})
+    print(f"wrote {out}")
+    if extra:
+        print(to_text(extra))
+    if args.report:
+        print(f"wrote {args.report / 'report.md'}, {args.report / 'report.html'}")
     return 0
 
 
@@ -192,23 +196,19 @@ def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str
 
             by_window[w] = run_sweep(windowed(problem, w, "--windows"), points, solvers, args.backend, args.time_limit,
                                      step).rows
-    try:
-        if args.report:
-            written = write_window_report(args.report, by_window, args.tolerance,
-                                          f"Batching window sweep: {source}", out)
-        else:
-            write_csv([r for rows in by_window.values() for r in rows], out)
-            written = ()
-        for w, rows in by_window.items():
-            totals = planner_totals(rows)
-            print(f"windows of {w:g} s")
-            print(to_text([k_table(totals, base_factor(t.point for t in totals))]))
-        print(to_text(window_blocks(by_window, args.tolerance)))
-        print(f"wrote {out}")
-        if written:
-            print(f"wrote {', '.join(map(str, written))}")
-    except OSError as exc:
-        raise InputError(str(exc.filename or out), None, None, f"cannot write: {exc.strerror or exc}") from None
+    if args.report:
+        files = window_report(args.report, by_window, args.tolerance, f"Batching window sweep: {source}", out)
+    else:
+        files = {out: csv_bytes([r for rows in by_window.values() for r in rows])}
+    write_together({path: [data] for path, data in files.items()})  # all of them, or none
+    for w, rows in by_window.items():
+        totals = planner_totals(rows)
+        print(f"windows of {w:g} s")
+        print(to_text([k_table(totals, base_factor(t.point for t in totals))]))
+    print(to_text(window_blocks(by_window, args.tolerance)))
+    print(f"wrote {out}")
+    if args.report:
+        print(f"wrote {', '.join(str(p) for p in files if p != out)}")
     return 0
 
 

@@ -81,7 +81,7 @@ TWO_BUCKETS = 'max_shapes = 8\n[[bucket]]\nname = "a"\nrequests = "req.jsonl"\n[
 
 @pytest.mark.parametrize("where", ["load", "write", "second-rename", "sweep"])
 def test_ctrl_c_outside_the_solver_is_one_line_and_exit_130(inputs: Path, capsys, monkeypatch, where: str):
-    from model.load import plans, requests
+    from model.load import outputs, plans, requests
     from model.sweeping import runner as engine
 
     (inputs / "s.toml").write_text(TWO_BUCKETS)
@@ -93,7 +93,7 @@ def test_ctrl_c_outside_the_solver_is_one_line_and_exit_130(inputs: Path, capsys
     if where == "load":
         monkeypatch.setattr(requests, "_read_bytes", interrupt)
     elif where == "write":
-        monkeypatch.setattr(plans, "_stage", interrupt)
+        monkeypatch.setattr(outputs, "_stage", interrupt)
     elif where == "second-rename":
         real, calls = plans.os.replace, []
 

@@ -197,3 +197,201 @@ def test_the_sweep_checks_every_window_length_before_sweeping_any(inputs: Path, 
     status, _, err = exit_of(sweep.main, ["t.jsonl", "--time-column", "t", "--windows", "60,1e-9", "--k", "1",
                                           "--solvers", "greedy", "--quiet"], capsys)
     assert status == 2 and err.startswith("error: --windows: windows of 1e-09 s") and calls == []
+
+
+# -------------------------------------------------------------- one result, written all or nothing
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file below root with its bytes (hidden temporaries included)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def old_report(inputs: Path) -> Path:
+    """A report folder holding an earlier sweep's files."""
+    rep = inputs / "rep"
+    rep.mkdir()
+    for name in ("sweep.csv", "report.md", "report.html", "heatmap.png"):
+        (rep / name).write_text(f"old {name}\n")
+    return rep
+
+
+SWEEP = ["req.jsonl", "--k", "1-2", "--solvers", "greedy,pow2", "--report", "rep", "--quiet"]
+
+
+def test_a_sweep_report_file_that_cannot_be_written_leaves_every_old_file(inputs: Path, old_report: Path, capsys,
+                                                                          monkeypatch):
+    """One target of the report fails at its rename: the CSV and the files renamed before it go back."""
+    from model import sweep
+
+    before = tree(inputs)
+    real = os.replace
+
+    def failing(src, dst):
+        if Path(dst).name == "heatmap.png":
+            raise OSError(28, "No space left on device")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing)
+    status, _, err = exit_of(sweep.main, SWEEP, capsys)
+    assert (status, err) == (2, f"error: {Path('rep') / 'heatmap.png'}: cannot write: No space left on device\n")
+    assert tree(inputs) == before
+
+
+def test_ctrl_c_while_the_pictures_are_drawn_leaves_the_old_sweep(inputs: Path, old_report: Path, capsys,
+                                                                 monkeypatch):
+    """"nothing written" is true: the CSV is not replaced before the pictures exist."""
+    from model import sweep
+    from model.sweeping import sweep_report
+
+    def interrupt(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    before = tree(inputs)
+    monkeypatch.setattr(sweep_report, "plot_breakdown", interrupt)
+    status, _, err = exit_of(sweep.main, SWEEP, capsys)
+    assert (status, err) == (130, "interrupted by SIGINT; nothing written\n")
+    assert tree(inputs) == before
+
+
+WINDOWED_DEVICE = ["t.jsonl", "--time-column", "t", "--window", "60", "--device-profile", "p.toml", "--solver",
+                   "dpfill", "--quiet", "--report", "rep"]
+
+
+def test_solve_writes_the_devices_report_with_its_plans_or_not_at_all(inputs: Path, old_report: Path, capsys,
+                                                                      monkeypatch):
+    (inputs / "p.toml").write_text(PROFILE)
+    timed(inputs / "t.jsonl", [0, 5, 70])
+    (inputs / "out").write_text("a file where the plans' folder must go\n")
+    before = tree(inputs)
+    status, _, err = exit_of(solve.main, [*WINDOWED_DEVICE, "--out", "out"], capsys)
+    assert (status, err) == (2, "error: --out: out is a file; give a folder for plan_<bucket>.jsonl\n")
+    assert tree(inputs) == before  # was: the report replaced, then the plans failed
+    (inputs / "out").unlink()
+    before = tree(inputs)
+    real = os.replace
+
+    def failing(src, dst):  # the plan is the last file put down: the report renamed before it goes back
+        if Path(dst).name == "plan_t.jsonl":
+            raise OSError(28, "No space left on device")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing)
+    status, _, err = exit_of(solve.main, [*WINDOWED_DEVICE, "--out", "plans"], capsys)
+    assert (status, err) == (2, f"error: {Path('plans') / 'plan_t.jsonl'}: cannot write: No space left on device\n")
+    assert tree(inputs) == before and not (inputs / "plans").exists()
+    monkeypatch.setattr(os, "replace", real)
+    status, out, err = exit_of(solve.main, [*WINDOWED_DEVICE, "--out", "plans"], capsys)
+    assert (status, err) == (0, "")
+    assert out.endswith("wrote rep/report.md, rep/report.html, rep/devices.png, rep/devices.csv\n"
+                        "wrote plans/plan_t.jsonl\n")
+    assert sorted(p.name for p in old_report.iterdir()) == ["devices.csv", "devices.png", "heatmap.png", "report.html",
+                                                           "report.md", "sweep.csv"]
+
+
+# -------------------------------------------------------------- no output may overwrite an input
+
+
+def test_sweep_out_naming_its_requests_is_refused_before_any_work(inputs: Path, capsys):
+    from model import sweep
+
+    before = tree(inputs)
+    status, _, err = exit_of(sweep.main, ["req.jsonl", "--k", "1", "--solvers", "greedy", "--out", "req.jsonl",
+                                          "--quiet"], capsys)
+    assert (status, err) == (2, f"error: --out: req.jsonl is an input of this run ({inputs / 'req.jsonl'}): writing "
+                                "it would destroy it; choose another path\n")
+    assert tree(inputs) == before
+
+
+def test_a_symlink_to_an_input_is_that_input(inputs: Path, capsys):
+    (inputs / "m.csv").write_text(MEASUREMENTS)
+    (inputs / "link.toml").symlink_to(inputs / "m.csv")
+    before = tree(inputs)
+    status, _, err = exit_of(calibrate.main, ["m.csv", "--out", "link.toml"], capsys)
+    assert (status, err) == (2, f"error: --out: link.toml is an input of this run ({inputs / 'm.csv'}): writing it "
+                                "would destroy it; choose another path\n")
+    assert tree(inputs) == before
+
+
+def test_calibrate_out_naming_its_measurements_is_refused(inputs: Path, capsys):
+    (inputs / "m.csv").write_text(MEASUREMENTS)
+    status, _, err = exit_of(calibrate.main, ["m.csv", "--out", "m.csv"], capsys)
+    assert status == 2 and err.startswith("error: --out: m.csv is an input of this run")
+    assert (inputs / "m.csv").read_text() == MEASUREMENTS
+
+
+def test_export_out_naming_a_plan_it_reads_is_refused(inputs: Path, capsys):
+    from model import export
+
+    (inputs / "plans").mkdir()
+    (inputs / "plans" / "plan_x.jsonl").write_text(PLAN)
+    status, _, err = exit_of(export.main, ["--plans", "plans", "--format", "json", "--out", "plans/plan_x.jsonl"],
+                             capsys)
+    assert (status, err) == (2, f"error: --out: plans/plan_x.jsonl is an input of this run "
+                                f"({inputs / 'plans' / 'plan_x.jsonl'}): writing it would destroy it; choose another "
+                                "path\n")
+    assert (inputs / "plans" / "plan_x.jsonl").read_text() == PLAN
+    status, _, err = exit_of(export.main, ["--plans", "plans", "--format", "json", "--out", "plans/shapes.json"],
+                             capsys)
+    assert status == 0, err  # beside the plans is fine: only what is read is protected
+
+
+def test_a_plan_that_would_replace_a_file_the_scenario_names_is_refused_before_planning(inputs: Path, capsys,
+                                                                                      monkeypatch):
+    """The scenario's request file is only known once the scenario is read: checked before anything is planned."""
+    from model import pipeline
+
+    (inputs / "out").mkdir()
+    (inputs / "out" / "plan_a.jsonl").write_text(GOOD)
+    (inputs / "s.toml").write_text(SCENARIO.replace('"req.jsonl"', '"out/plan_a.jsonl"'))
+    monkeypatch.setattr(pipeline, "run", lambda *a, **k: pytest.fail("planned before the outputs were checked"))
+    status, _, err = exit_of(solve.main, ["--scenario", "s.toml", "--out", "out", "--quiet"], capsys)
+    assert (status, err) == (2, f"error: --out: out/plan_a.jsonl is an input of this run "
+                                f"({inputs / 'out' / 'plan_a.jsonl'}): writing it would destroy it; choose another "
+                                "path\n")
+    assert (inputs / "out" / "plan_a.jsonl").read_text() == GOOD
+
+
+def test_the_guard_itself(tmp_path: Path):
+    from model.base.errors import InputError
+    from model.load.outputs import Target, check_targets
+
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    (folder / "p0.parquet").write_bytes(b"x")
+    with pytest.raises(InputError, match="p0.parquet is not a folder"):  # below a file: the kind check says so
+        check_targets([Target("--out", folder / "p0.parquet" / "x")], [folder / "p0.parquet"])
+    with pytest.raises(InputError, match="lies inside the input"):
+        check_targets([Target("--out", folder / "new.csv")], [folder])
+    with pytest.raises(InputError, match="holds the input .*replacing it would destroy it"):
+        check_targets([Target("--out", folder, "dataset")], [folder / "p0.parquet"])
+    check_targets([Target("--out", folder, "folder")], [folder / "p0.parquet"])  # files written into it are checked
+    with pytest.raises(InputError, match=r"is also the output of --out"):
+        check_targets([Target("--out", tmp_path / "a.toml"), Target("--report", tmp_path / "." / "a.toml")])
+
+
+# -------------------------------------------------------------- every output path checked before any work
+
+
+def test_audit_report_file_is_refused_before_any_work(inputs: Path, capsys, monkeypatch):
+    from model import audit, pipeline
+
+    (inputs / "shapes.txt").write_text("320\n")
+    (inputs / "rep.txt").write_text("a file\n")
+    monkeypatch.setattr(pipeline, "run", lambda *a, **k: pytest.fail("planned before the outputs were checked"))
+    status, _, err = exit_of(audit.main, ["req.jsonl", "--shapes-from", "shapes.txt", "--report", "rep.txt",
+                                          "--quiet"], capsys)
+    assert (status, err) == (2, "error: --report: rep.txt is a file; give a folder for report.md, report.html and "
+                                "heatmap.png\n")
+
+
+def test_calibrate_report_file_is_refused_before_any_work(inputs: Path, capsys, monkeypatch):
+    from model.calibration import fit
+
+    (inputs / "m.csv").write_text(MEASUREMENTS)
+    (inputs / "rep.txt").write_text("a file\n")
+    monkeypatch.setattr(fit, "fit_rows", lambda *a, **k: pytest.fail("fitted before the outputs were checked"))
+    status, _, err = exit_of(calibrate.main, ["m.csv", "--out", "p.toml", "--report", "rep.txt"], capsys)
+    assert (status, err) == (2, "error: --report: rep.txt is a file; give a folder for prefill.png and decode.png\n")
+    assert not (inputs / "p.toml").exists()
