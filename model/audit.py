@@ -22,19 +22,17 @@ import logging
 import sys
 from pathlib import Path
 
-from model import pipeline
 from model.base.errors import InputError
 from model.base.numbers import float_flag, int_flag
 from model.cli_common import add_input_args, add_limit_args, build_problem, given_inputs, run_main
-from model.deploy.auditing import audit
-from model.deploy.flags import add_holdout_args, add_window_args, parse_fraction, shapes_from_file
-from model.deploy.present import AUDIT_REPORT_FILES, audit_blocks, write_audit_report
 from model.load.outputs import Target, check_targets, files_in
-from model.report.document import to_text
-from model.serving.formats import READERS
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from model import pipeline
+    from model.deploy.flags import add_holdout_args, add_window_args
+    from model.serving.formats import READERS
+
     parser = argparse.ArgumentParser(prog="python -m model.audit", description=__doc__.split("\n")[0])
     parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each (or --scenario)")
     add_input_args(parser)
@@ -57,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    from model import pipeline
+    from model.deploy.auditing import audit
+    from model.deploy.flags import parse_fraction, shapes_from_file
+    from model.deploy.present import AUDIT_REPORT_FILES, audit_blocks, write_audit_report
+    from model.report.document import to_text
+
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="[%(relativeCreated)6.0f ms] %(message)s")

@@ -18,17 +18,16 @@ import json
 import math
 import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from model.base.errors import InputError
 from model.base.numbers import float_flag, int_flag, integer_text
-from model.calibration import fit_plots
-from model.calibration.fit import DEFAULT_COMPILE_MS, Calibration, Split, fit_profile
-from model.calibration.fit_plots import REPORT_FILES
-from model.calibration.measurements import read_measurements
 from model.cli_common import run_main
-from model.cost.device import DeviceProfile
 from model.load.outputs import Target, check_targets, files_in, write_together
-from model.load.profile import MAX_COUNT, profile_from_table
+
+if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
+    from model.calibration.fit import Calibration, Split
+    from model.cost.device import DeviceProfile
 
 KEY_ORDER = ("name", "prefill", "decode", "decode_large", "decode_large_from", "batch_overhead_ms", "compile_ms",
              "kv_capacity_tokens", "cost_per_device_hour")
@@ -36,6 +35,8 @@ KEY_ORDER = ("name", "prefill", "decode", "decode_large", "decode_large_from", "
 
 def parse_split(text: str) -> Split:
     """``--decode-split``: auto, none, or the first batch size that runs decode_large."""
+    from model.load.profile import MAX_COUNT
+
     if text in ("auto", "none"):
         return text  # type: ignore[return-value]
     value = integer_text(text)
@@ -116,12 +117,21 @@ def profile_toml(cal: Calibration, note_lines: list[str]) -> str:
 
 def check_loads_back(text: str, profile: DeviceProfile, target: Path) -> None:
     """The written text must load (with the loader's own checks) to exactly the fitted profile."""
+    from model.load.profile import profile_from_table
+
     loaded = profile_from_table(tomllib.loads(text)["device"], str(target), text)
     if loaded != profile:
         raise AssertionError(f"profile text does not load back: {loaded} != {profile}")
 
 
 def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    from model.calibration import fit_plots
+    from model.calibration.fit import DEFAULT_COMPILE_MS, fit_profile
+    from model.calibration.fit_plots import REPORT_FILES
+    from model.calibration.measurements import read_measurements
+    from model.load.profile import MAX_COUNT
+
     parser = argparse.ArgumentParser(prog="python -m model.calibrate", description=__doc__.split("\n")[0])
     parser.add_argument("measurements", type=Path, help="CSV: phase,batch_size,seq_len,ms[,weight]")
     parser.add_argument("--out", type=Path, required=True, help="profile TOML to write")

@@ -25,21 +25,18 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from model.base.errors import InputError
 from model.base.numbers import int_flag
 from model.cli_common import run_main
-from model.cost.metrics import batch_index
-from model.domain.schema import Bucket, Plan
-from model.evaluation.validate import plan_rows
 from model.load.outputs import Target, check_targets, write_together
-from model.load.plans import read_plan
-from model.load.requests import MAX_LEN, load_requests
-from model.load.scenario import load_scenario
-from model.pipeline import check_unique_names
-from model.serving.formats import DEFAULT_BLOCK_SIZE, WRITERS, ExportSpec, ShapeUse, render
+
+if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
+    import numpy as np
+
+    from model.domain.schema import Bucket, Plan
+    from model.serving.formats import ShapeUse
 
 PLAN_PREFIX = "plan_"
 
@@ -61,6 +58,10 @@ def bucket_name(plan_file: Path) -> str:
 
 def request_buckets(scenario: Path | None, requests: list[Path]) -> dict[str, Bucket] | None:
     """The requests behind the plans, by bucket name; None when neither option is given."""
+    from model.load.requests import load_requests
+    from model.load.scenario import load_scenario
+    from model.pipeline import check_unique_names
+
     if scenario is not None and requests:
         raise InputError("<command line>", None, None, "give --scenario or --requests, not both")
     if scenario is not None:
@@ -79,6 +80,11 @@ def plan_batches(plan: Plan, bucket: Bucket | None) -> tuple[np.ndarray, np.ndar
     A batch declaring two shapes is an error naming its line; with requests, the plan
     must cover them exactly once (model.validate's rule) so every generation is known.
     """
+    import numpy as np
+
+    from model.cost.metrics import batch_index
+    from model.evaluation.validate import plan_rows
+
     codes, ids = batch_index(plan.batch_ids)
     first = np.unique(codes, return_index=True)[1]
     shape = plan.seq_align[first]
@@ -103,6 +109,8 @@ def plan_batches(plan: Plan, bucket: Bucket | None) -> tuple[np.ndarray, np.ndar
 
 def shape_uses(plans: list[Plan], buckets: list[Bucket | None]) -> tuple[ShapeUse, ...]:
     """Per shape across all plans: the batch sizes used at it and its longest context."""
+    from model.serving.formats import ShapeUse
+
     sizes: dict[int, set[int]] = {}
     context: dict[int, int] = {}
     known = all(b is not None for b in buckets)
@@ -122,12 +130,18 @@ def write_atomic(target: Path, text: str) -> None:
 
 def positive_option(name: str, value: int | None) -> int | None:
     """A positive integer option up to 2**20 (or None when not given)."""
+    from model.load.requests import MAX_LEN
+
     if value is not None and not 1 <= value <= MAX_LEN:
         raise InputError(name, None, None, f"must be a positive integer up to {MAX_LEN}, got {value}")
     return value
 
 
 def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    from model.load.plans import read_plan
+    from model.serving.formats import DEFAULT_BLOCK_SIZE, WRITERS, ExportSpec, render
+
     parser = argparse.ArgumentParser(prog="python -m model.export", description=__doc__.split("\n")[0])
     parser.add_argument("--plans", type=Path, required=True, help="folder of plan_*.jsonl")
     parser.add_argument("--format", required=True, help=f"output format: {', '.join(WRITERS)}")

@@ -26,7 +26,6 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from model import pipeline
 from model.base.errors import InputError
 from model.base.numbers import float_flag, int_flag
 from model.cli_common import (
@@ -41,21 +40,24 @@ from model.cli_common import (
     given_inputs,
     run_main,
 )
-from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args, parse_fraction
-from model.deploy.holdout import holdout
-from model.deploy.present import holdout_blocks
-from model.deploy.window_devices import DEVICE_REPORT_FILES, device_blocks, device_comparison, devices_report
-from model.evaluation.validate import time_text
 from model.load.files import note_input
 from model.load.outputs import Target, check_targets, files_in
-from model.report.compare import compare_table
-from model.report.document import to_text
-from model.report.tables import bucket_table, device_units, fmt, verdict
 
 log = logging.getLogger("shapeplan")
 
 
 def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    from model import pipeline
+    from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args, parse_fraction
+    from model.deploy.holdout import holdout
+    from model.deploy.present import holdout_blocks
+    from model.deploy.window_devices import device_blocks, device_comparison, devices_report
+    from model.evaluation.validate import time_text
+    from model.report.compare import compare_table
+    from model.report.document import to_text
+    from model.report.tables import bucket_table, device_units, fmt, verdict
+
     parser = argparse.ArgumentParser(prog="python -m model.solve", description=__doc__.split("\n")[0])
     parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each")
     add_input_args(parser)
@@ -162,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
 def output_targets(args: argparse.Namespace, plans: bool) -> list[Target]:
     """Every output path of an in-memory solve: the plans' folder (unless nothing is written, as with
     --holdout) and the report folder with the four files it will hold."""
+    from model.deploy.window_devices import DEVICE_REPORT_FILES
+
     targets = [Target("--out", args.out, "folder", "give a folder for plan_<bucket>.jsonl")] if plans else []
     if args.report is not None:
         targets += [Target("--report", args.report, "folder", "give a folder for the report"),
@@ -176,11 +180,13 @@ DASK_UNSUPPORTED = ("--scenario", "--holdout", "--window", "--time-column", "--s
 
 def main_dask(args: argparse.Namespace) -> int:
     """``--engine dask``: each input a folder or glob of partitions; plans written as partitioned datasets."""
+    from model import pipeline
     from model.distributed import require_dask
     from model.distributed.cluster import connect
     from model.distributed.engine import load, solve, write
     from model.distributed.read import partitions
     from model.distributed.write import dataset_path
+    from model.report.tables import bucket_table, fmt, verdict
 
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="[%(relativeCreated)6.0f ms] %(message)s")

@@ -21,36 +21,16 @@ import logging
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-from tqdm import tqdm
-
-from model import pipeline
 from model.base.errors import InputError
 from model.base.numbers import float_flag, int_flag
 from model.cli_common import add_input_args, add_limit_args, build_problem, check_time_limit, given_inputs, run_main
-from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args, parse_fraction, parse_windows
-from model.deploy.holdout import Holdout, Split, split, sweep_checks
-from model.deploy.present import sweep_holdout_blocks
-from model.domain.windowing import windowed
-from model.histogram.cells import build_histogram
 from model.load.outputs import Target, check_targets, files_in, write_together
-from model.load.scenario import LIMIT_KEYS
-from model.report.document import to_text
-from model.sweeping.grid import (
-    SweepSettings,
-    base_factor,
-    check_sweep_limit,
-    parse_factors,
-    parse_ks,
-    sweep_points,
-    useful_ks,
-)
-from model.sweeping.recommend import recommend
-from model.sweeping.runner import SweepResult, run_sweep
-from model.sweeping.sweep_report import k_table, recommendation_paragraphs, report_files, report_names
-from model.sweeping.table import csv_bytes, planner_totals
-from model.sweeping.window_view import WINDOW_REPORT_FILES, window_blocks, window_report
+
+if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
+    from model.deploy.holdout import Holdout, Split
+    from model.sweeping.runner import SweepResult
 
 log = logging.getLogger("shapeplan")
 DEFAULT_FACTORS = "0.8,0.9,1.0,1.1"
@@ -58,6 +38,8 @@ DEFAULT_FACTORS = "0.8,0.9,1.0,1.1"
 
 def parse_solvers(spec: str | None) -> tuple[str, ...]:
     """``--solvers``: a comma list of planner names (default: the MIP and every packer), in registry order."""
+    from model import pipeline
+
     known = pipeline.solver_names()
     if spec is None:
         return tuple(known)
@@ -71,6 +53,10 @@ def parse_solvers(spec: str | None) -> tuple[str, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The sweep's options: the solve CLI's input options plus the grid, the planners and the outputs."""
+    from model import pipeline
+    from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args
+    from model.load.scenario import LIMIT_KEYS
+
     parser = argparse.ArgumentParser(prog="python -m model.sweep", description=__doc__.split("\n")[0])
     parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each (or --scenario)")
     add_input_args(parser)
@@ -102,6 +88,9 @@ def csv_path(args: argparse.Namespace) -> Path:
 
 def output_targets(args: argparse.Namespace) -> list[Target]:
     """Every path the sweep writes: the CSV, and the report folder with each file it will hold."""
+    from model.sweeping.sweep_report import report_names
+    from model.sweeping.window_view import WINDOW_REPORT_FILES
+
     targets = [Target("--out", csv_path(args), "file", "give the path of the CSV file to write")]
     if args.report is not None:
         names = WINDOW_REPORT_FILES if args.windows is not None else report_names(bool(args.sweep_limit))
@@ -112,6 +101,8 @@ def output_targets(args: argparse.Namespace) -> list[Target]:
 
 def check_settings(args: argparse.Namespace) -> None:
     """Every flag that needs no input, checked before anything is loaded, solved or written."""
+    from model.deploy.flags import parse_windows
+
     check_time_limit(args.time_limit)
     if not 0 <= args.tolerance < math.inf:
         raise InputError("--tolerance", None, None, f"must be a finite non-negative share, got {args.tolerance}")
@@ -127,6 +118,30 @@ def check_settings(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Load once, sweep, write the CSV (and report), print the K table and the recommendation."""
+    import numpy as np
+    from tqdm import tqdm
+
+    from model import pipeline
+    from model.deploy.flags import parse_fraction, parse_windows
+    from model.deploy.holdout import split
+    from model.deploy.present import sweep_holdout_blocks
+    from model.domain.windowing import windowed
+    from model.histogram.cells import build_histogram
+    from model.report.document import to_text
+    from model.sweeping.grid import (
+        SweepSettings,
+        base_factor,
+        check_sweep_limit,
+        parse_factors,
+        parse_ks,
+        sweep_points,
+        useful_ks,
+    )
+    from model.sweeping.recommend import recommend
+    from model.sweeping.runner import run_sweep
+    from model.sweeping.sweep_report import k_table, recommendation_paragraphs, report_files
+    from model.sweeping.table import csv_bytes, planner_totals
+
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     check_settings(args)
@@ -186,6 +201,16 @@ def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str
                  out: Path, source: str) -> int:
     """The sweep once per window length: all rows in one CSV, each length's K table, and what a longer
     window buys (cost, P95 with the wait, devices needed)."""
+    from tqdm import tqdm
+
+    from model.domain.windowing import windowed
+    from model.report.document import to_text
+    from model.sweeping.grid import base_factor
+    from model.sweeping.runner import run_sweep
+    from model.sweeping.sweep_report import k_table
+    from model.sweeping.table import csv_bytes, planner_totals
+    from model.sweeping.window_view import window_blocks, window_report
+
     by_window = {}
     with tqdm(total=len(windows) * len(points) * len(solvers), disable=args.quiet, unit="solve",
               dynamic_ncols=True) as bar:
@@ -214,6 +239,13 @@ def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str
 
 def holdout_checks(part: Split, result: SweepResult, args: argparse.Namespace) -> list[Holdout]:
     """Each K's MIP shapes (chosen on the first part, at the base limits) checked on the held-out part."""
+    from tqdm import tqdm
+
+    from model import pipeline
+    from model.deploy.holdout import sweep_checks
+    from model.sweeping.grid import base_factor
+    from model.sweeping.table import planner_totals
+
     totals = [t for t in planner_totals(result.rows) if t.planner == pipeline.MIP]
     if not totals:
         print("note: the hold-out check uses the MIP's shapes; add mip to --solvers")

@@ -395,3 +395,70 @@ def test_calibrate_report_file_is_refused_before_any_work(inputs: Path, capsys, 
     status, _, err = exit_of(calibrate.main, ["m.csv", "--out", "p.toml", "--report", "rep.txt"], capsys)
     assert (status, err) == (2, "error: --report: rep.txt is a file; give a folder for prefill.png and decode.png\n")
     assert not (inputs / "p.toml").exists()
+
+
+# -------------------------------------------------------------- Ctrl-C during start-up: exit 130, one line
+
+
+BLOCKED_START = '''
+import runpy, sys, time
+
+class HoldNumpy:
+    """Holds the first import of numpy (the first heavy module of every command line) until a signal."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy":
+            sys.meta_path.remove(self)
+            sys.stderr.write("importing numpy\\n")
+            sys.stderr.flush()
+            while True:
+                time.sleep(60)  # a signal handler that raises ends this; the default SIGTERM kills the process
+        return None
+
+sys.meta_path.insert(0, HoldNumpy())
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+'''
+
+
+@pytest.mark.skipif(os.name != "posix", reason="needs POSIX signals")
+@pytest.mark.parametrize("module, sig", [("model.solve", "SIGINT"), ("model.solve", "SIGTERM"),
+                                         ("model.evaluate", "SIGINT"), ("model.sweep", "SIGINT"),
+                                         ("model.audit", "SIGINT"), ("model.export", "SIGINT"),
+                                         ("model.calibrate", "SIGTERM")])
+def test_a_signal_during_start_up_is_exit_130_or_143_with_one_line(tmp_path: Path, module: str, sig: str):
+    """The signal lands while the first heavy module is being imported -- held there by an import hook, so the
+    test waits on that event, not on the clock: the entry point's handler must already be in place."""
+    import signal
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p))
+    proc = subprocess.Popen([sys.executable, "-c", BLOCKED_START, module, "--help"], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr.readline() == "importing numpy\n"
+        proc.send_signal(getattr(signal, sig))
+        err = proc.stderr.read()
+        code = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    want = 130 if sig == "SIGINT" else 143
+    assert (code, err) == (want, f"interrupted by {sig}; nothing written\n")
+
+
+@pytest.mark.parametrize("module", ["solve", "evaluate", "sweep", "audit", "export", "calibrate"])
+def test_command_line_modules_import_nothing_heavy_before_their_entry_point(module: str):
+    """What the signal test relies on, checked directly: importing a command line loads no numpy, pandas,
+    pyarrow or solver, so entry() runs (and installs its handlers) within a blink of the start."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p))
+    heavy = ("numpy", "pandas", "pyarrow", "matplotlib", "highspy", "ortools", "pulp", "model.pipeline")
+    done = subprocess.run([sys.executable, "-c", f"import sys, model.{module}; "
+                           f"print(sorted(m for m in {heavy!r} if m in sys.modules))"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "[]\n"), done.stderr

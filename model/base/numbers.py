@@ -20,11 +20,10 @@ as the input spelled it (shortened past ``SHOWN_CHARS``), so the message is one 
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import numpy as np
 
 from model.base.errors import InputError
 
@@ -49,12 +48,17 @@ class Where:
         return InputError(self.file, self.line, self.field, message)
 
 
+def _boolean(value: object) -> bool:
+    """Python's or numpy's boolean (numpy's is no ``numbers.Integral``, but is no number here either)."""
+    return isinstance(value, bool) or type(value).__name__ in ("bool_", "bool")
+
+
 def shown(value: object) -> str:
-    """A value as the input spelled it, for messages: TOML booleans as ``true``/``false``, text quoted, long
-    values cut to ``SHOWN_CHARS`` characters."""
-    if isinstance(value, (bool, np.bool_)):
+    """A value as the input spelled it, for messages: TOML booleans as ``true``/``false``, text quoted, numpy
+    scalars as the Python value they hold, long values cut to ``SHOWN_CHARS`` characters."""
+    if _boolean(value):
         text = "true" if value else "false"
-    elif isinstance(value, np.generic):
+    elif type(value).__module__ == "numpy" and hasattr(value, "item"):
         text = repr(value.item())
     else:
         text = repr(value)
@@ -79,9 +83,9 @@ def as_integer(value: object, text: bool = False) -> int | None:
     """A count from a parsed file (a TOML or JSON integer, numpy integer; with ``text``, ASCII text as a CSV cell
     holds it), or None.  Booleans and floats are not counts: ``true`` or ``8.0`` is a typo, not 1 or 8; and in a
     typed format (TOML) ``"8"`` is text, not a count."""
-    if isinstance(value, (bool, np.bool_)):
+    if _boolean(value):
         return None
-    if isinstance(value, (int, np.integer)):
+    if isinstance(value, numbers.Integral):  # int and numpy's integers
         return int(value)
     return integer_text(value) if text and isinstance(value, str) else None
 
@@ -90,14 +94,14 @@ def as_float(value: object, text: bool = False) -> float | None:
     """A number from a parsed file (TOML/JSON integer or float, numpy number; with ``text``, ASCII text) as a
     float64, or None if it is no number.  An integer too large for a float becomes inf (refused by the range
     check) rather than an OverflowError."""
-    if isinstance(value, (bool, np.bool_)):
+    if _boolean(value):
         return None
-    if isinstance(value, (int, np.integer)):
+    if isinstance(value, numbers.Integral):  # int and numpy's integers
         try:
-            return float(value)
+            return float(int(value))
         except OverflowError:
             return math.inf if value > 0 else -math.inf
-    if isinstance(value, (float, np.floating)):
+    if isinstance(value, numbers.Real):  # float and numpy's floats
         return float(value)
     return decimal_text(value) if text and isinstance(value, str) else None
 
