@@ -26,7 +26,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from model.base.errors import InputError
+from model.base.errors import InfeasibleError, InputError
 from model.base.numbers import float_flag, int_flag
 from model.cli_common import (
     add_engine_args,
@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     if fraction is not None:
         check, train = holdout(problem, fraction, args.solver, args.backend, args.time_limit)
         print(to_text(holdout_blocks(check)))
+        if check.fixed is None:  # proven: as model.audit says it (exit 3, not "a plan breaks a limit")
+            raise InfeasibleError("hold-out: the shapes chosen on the first part cannot plan the held-out part: "
+                                  + "; ".join(check.messages))
         print("hold-out check only: no plans written")
         return 0 if train.evaluation.ok and check.ok else 1
     run = pipeline.run(problem, args.solver, args.backend, args.time_limit)

@@ -462,3 +462,39 @@ def test_command_line_modules_import_nothing_heavy_before_their_entry_point(modu
                            f"print(sorted(m for m in {heavy!r} if m in sys.modules))"], env=env, capture_output=True,
                           text=True, timeout=120)
     assert (done.returncode, done.stdout) == (0, "[]\n"), done.stderr
+
+
+# -------------------------------------------------------------- a hold-out with nothing to compare is bad input
+
+
+LONG_LAST = "".join(f'{{"request_id": "r{i}", "prompt_len": {p}, "gen_len": 5}}\n'
+                    for i, p in enumerate((10, 20, 30, 1000)))  # the held-out last quarter: one prompt no shape fits
+NOTHING = ("error: --holdout: every held-out request of bucket long (1) is longer than the largest shape chosen on "
+           "the first part (64): nothing to compare; hold out a smaller fraction\n")
+
+
+@pytest.mark.parametrize("cli", ["solve", "sweep", "audit"])
+def test_a_hold_out_with_nothing_to_compare_is_exit_2_everywhere(inputs: Path, capsys, cli: str):
+    """Was exit 1 from solve ("a plan breaks a rule or limit"), 0 from the sweep and 3 from the audit."""
+    from model import audit, sweep
+
+    (inputs / "long.jsonl").write_text(LONG_LAST)
+    (inputs / "shapes.txt").write_text("1024\n")
+    main, extra = {"solve": (solve.main, ["--solver", "greedy"]),
+                   "sweep": (sweep.main, ["--k", "1", "--solvers", "mip", "--time-limit", "5", "--out", "s.csv"]),
+                   "audit": (audit.main, ["--shapes-from", "shapes.txt", "--solver", "greedy"])}[cli]
+    before = tree(inputs)
+    status, _, err = exit_of(main, ["long.jsonl", "--holdout", "0.25", "--quiet", *extra], capsys)
+    assert (status, err) == (2, NOTHING)
+    assert tree(inputs) == before
+
+
+def test_a_held_out_part_proven_unplannable_under_the_chosen_shapes_is_exit_3_as_in_the_audit(inputs: Path, capsys):
+    """Not exit 1: no plan breaks a limit, the limits are proven unmeetable (the audit already said so, exit 3)."""
+    (inputs / "pad.jsonl").write_text("".join(f'{{"request_id": "r{i}", "prompt_len": {p}, "gen_len": 5}}\n'
+                                              for i, p in enumerate((64, 64, 64, 10))))
+    status, out, err = exit_of(solve.main, ["pad.jsonl", "--holdout", "0.25", "--max-pad-ratio", "0.1", "--quiet",
+                                            "--time-limit", "5"], capsys)
+    assert status == 3 and err.count("\n") == 1
+    assert err.startswith("infeasible: hold-out: the shapes chosen on the first part cannot plan the held-out part: ")
+    assert "Out of sample (K = 8)" in out and "no plans written" not in out
