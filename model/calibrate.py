@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     from model.calibration.fit import DEFAULT_COMPILE_MS, fit_profile
     from model.calibration.fit_plots import REPORT_FILES
     from model.calibration.measurements import read_measurements
-    from model.load.profile import MAX_COUNT
+    from model.load.profile import MAX_COUNT, MAX_VALUE
 
     parser = argparse.ArgumentParser(prog="python -m model.calibrate", description=__doc__.split("\n")[0])
     parser.add_argument("measurements", type=Path, help="CSV: phase,batch_size,seq_len,ms[,weight]")
@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     compile_ms = DEFAULT_COMPILE_MS if args.compile_ms is None else args.compile_ms
     if not (math.isfinite(compile_ms) and compile_ms >= 0):
         raise InputError("--compile-ms", None, None, f"must be a finite non-negative number, got {compile_ms}")
+    if compile_ms > MAX_VALUE:  # what a profile may hold (else the written file would not load back)
+        raise InputError("--compile-ms", None, None, f"must be at most {MAX_VALUE:g}, got {compile_ms:g}")
     if args.kv_capacity_tokens is not None and args.kv_capacity_tokens < 1:
         raise InputError("--kv-capacity-tokens", None, None,
                          f"must be a positive integer, got {args.kv_capacity_tokens}")

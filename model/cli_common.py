@@ -101,9 +101,12 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
     from model.domain.windowing import parse_window
     from model.load.params import cost_params_from_toml
     from model.load.profile import load_profile
+    from model.load.requests import Columns
     from model.pipeline import InputSpec, load_problem
 
     check_sizes(args)
+    if args.columns is not None:
+        Columns.parse(args.columns)  # an empty --columns is bad input, not "no mapping"
     window_s = parse_window(getattr(args, "window", None))
     limits = limits if limits is not None else cli_limits(args)
     params = cost_params_from_toml(args.cost_params) if args.cost_params else None

@@ -43,7 +43,11 @@ PLAN_PREFIX = "plan_"
 
 def plan_files(folder: Path) -> list[Path]:
     """Every plan_*.jsonl in folder, sorted (the export must not depend on listing order)."""
-    if not folder.is_dir():
+    try:
+        is_folder = folder.is_dir()
+    except (OSError, ValueError) as exc:  # a NUL byte, a name longer than the file system allows
+        raise InputError(str(folder), None, None, f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    if not is_folder:
         raise InputError(str(folder), None, None, "not a folder (--plans names the folder of plan_*.jsonl)")
     files = sorted(p for p in folder.glob(f"{PLAN_PREFIX}*.jsonl") if p.is_file())
     if not files:

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     check_settings(args)
     ks = parse_ks(args.k) if args.k is not None else (args.limit_shapes,) if args.limit_shapes else tuple(range(1, 17))
-    factors = parse_factors(args.factors or DEFAULT_FACTORS) if args.sweep_limit else (1.0,)
+    factors = parse_factors(DEFAULT_FACTORS if args.factors is None else args.factors) if args.sweep_limit else (1.0,)
     solvers = parse_solvers(args.solvers)
     fraction = parse_fraction(args.holdout)
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO)

@@ -216,6 +216,7 @@ def test_cli_argument_errors_and_unwritable_targets(tmp_path: Path, monkeypatch,
         (["--kv-capacity-tokens", str(2**60)], f"error: --kv-capacity-tokens: must be at most {2**53} (2**53), got"),
         (["--kv-capacity-tokens", "2^60"], "error: --kv-capacity-tokens: expected an integer, got '2^60'"),
         (["--compile-ms", "1_0"], "error: --compile-ms: expected a number, got '1_0'"),
+        (["--compile-ms", "1e13"], "error: --compile-ms: must be at most 1e+12, got 1e+13"),  # not the --out file's
         (["--decode-split", "\u0661"], "--decode-split: must be auto, none or a positive integer"),
     ]
     for extra, message in cases:

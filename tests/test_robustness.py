@@ -164,11 +164,14 @@ def test_typed_times_are_seconds_in_any_unit(tmp_path: Path):
                                     "elapsed": [1.5, 2.5]}[name]
 
 
-def test_text_times_follow_the_number_grammar(inputs: Path, capsys):
-    timed(inputs / "t.jsonl", [0, "1_0", 5])
+@pytest.mark.parametrize("text, got", [("1_0", "'1_0'"),
+                                       ("1" + "0" * 400, "'1" + "0" * 55 + "..."),  # was OverflowError (hostile pass)
+                                       ("x" * 500, "'" + "x" * 56 + "...")])       # a message stays short
+def test_text_times_follow_the_number_grammar(inputs: Path, capsys, text: str, got: str):
+    timed(inputs / "t.jsonl", [0, text, 5])
     status, _, err = exit_of(solve.main, ["t.jsonl", *WINDOWED], capsys)
     assert (status, err) == (2, "error: t.jsonl:2: field 't': expected a time in seconds or an ISO 8601 timestamp, "
-                                "got '1_0'\n")
+                                f"got {got}\n")
 
 
 @pytest.mark.parametrize("times, window, count", [
@@ -498,3 +501,25 @@ def test_a_held_out_part_proven_unplannable_under_the_chosen_shapes_is_exit_3_as
     assert status == 3 and err.count("\n") == 1
     assert err.startswith("infeasible: hold-out: the shapes chosen on the first part cannot plan the held-out part: ")
     assert "Out of sample (K = 8)" in out and "no plans written" not in out
+
+
+@pytest.mark.parametrize("flag", ["--out", "--report"])
+@pytest.mark.parametrize("name, message", [("a\x00b", "'a\\x00b' holds a NUL byte; no file can have that name"),
+                                           ("n" * 300, f"cannot write {'n' * 300}: File name too long")])
+def test_an_output_no_file_can_have_is_one_line(inputs: Path, capsys, flag: str, name: str, message: str):
+    """Found by the hostile pass: os.stat raised ValueError / ENAMETOOLONG out of the output check."""
+    from model import sweep
+
+    status, _, err = exit_of(sweep.main, ["req.jsonl", "--k", "1", "--solvers", "greedy", "--quiet", flag, name],
+                             capsys)
+    assert (status, err) == (2, f"error: {flag}: {message}\n")
+
+
+def test_an_input_no_file_can_have_is_one_line(inputs: Path, capsys):
+    from model import export
+
+    for main, argv in ((solve.main, ["req.jsonl", "--device-profile", "p" * 300, "--solver", "greedy", "--quiet"]),
+                       (export.main, ["--plans", "p" * 300, "--format", "json", "--out", "e.json"]),
+                       (calibrate.main, ["m" * 300, "--out", "c.toml"])):
+        status, _, err = exit_of(main, argv, capsys)
+        assert status == 2 and err.count("\n") == 1 and err.endswith("File name too long\n"), err

@@ -123,7 +123,7 @@ def read_number(value: object, where: Where, low: float = 0.0, high: float = mat
     ``text``: the value may be ASCII text (a CSV cell), else only a typed number (TOML) is one.
     """
     f = as_float(value, text)
-    if too_big is not None and f is not None and not math.isnan(f) and f > high:
+    if too_big is not None and f is not None and math.isfinite(f) and f > high:  # inf is "not finite", not "too big"
         raise where.error(too_big.format(got=shown(value), high=f"{high:g}"))
     if not finite(f, low, high, above):
         raise where.error(message.format(got=shown(value)))

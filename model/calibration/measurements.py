@@ -67,9 +67,8 @@ def read_measurements(path: str | Path) -> Measurements:
     """Parse a measurement CSV; the first bad row (or a bad header) is an InputError with its line."""
     path = Path(path)
     src = str(path)
-    if path.is_dir():
-        raise InputError(src, None, None, "is a directory, expected a measurements CSV file")
-    return parse_measurements(read_text(path, bom=True), src)  # a regular UTF-8 file, recorded as an input
+    return parse_measurements(read_text(path, bom=True, folder="is a directory, expected a measurements CSV file"),
+                              src)  # a regular UTF-8 file, recorded as an input
 
 
 def parse_measurements(text: str, source: str) -> Measurements:

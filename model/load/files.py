@@ -75,10 +75,10 @@ def kind_of(mode: int) -> str | None:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
-def read_input(path: str | Path, limit: int | None = None) -> bytes:
+def read_input(path: str | Path, limit: int | None = None, folder: str | None = None) -> bytes:
     """The bytes of an input file (the first ``limit + 1`` bytes when ``limit`` is given, so a caller can tell a
-    file that is too long); an InputError for a missing or unreadable file, a folder, or anything that is not
-    a regular file.  The file is recorded as an input of the run."""
+    file that is too long); an InputError for a missing or unreadable file, a folder (``folder``: what to say
+    then), or anything that is not a regular file.  The file is recorded as an input of the run."""
     src = str(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -89,7 +89,7 @@ def read_input(path: str | Path, limit: int | None = None) -> bytes:
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
-            raise InputError(src, None, None, f"cannot read: {os.strerror(errno.EISDIR)}")
+            raise InputError(src, None, None, folder or f"cannot read: {os.strerror(errno.EISDIR)}")
         kind = kind_of(mode)
         if kind is not None:
             raise InputError(src, None, None, f"cannot read: {kind}, not a regular file")
@@ -123,9 +123,9 @@ def check_utf8(path: Path | str, raw: bytes, chunk: int = 1 << 24) -> None:
                              f"not UTF-8 text (byte 0x{raw[at]:02x} at column {column})") from None
 
 
-def read_text(path: str | Path, bom: bool = False) -> str:
+def read_text(path: str | Path, bom: bool = False, folder: str | None = None) -> str:
     """An input file as UTF-8 text (``read_input``'s checks; a byte that is not UTF-8 named by line and column).
     ``bom``: a leading byte-order mark is dropped (spreadsheets write one before a CSV header)."""
-    raw = read_input(path)
+    raw = read_input(path, folder=folder)
     check_utf8(path, raw)
     return raw.decode("utf-8-sig" if bom else "utf-8")

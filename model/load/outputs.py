@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -80,16 +81,34 @@ def check_targets(targets: Iterable[Target], inputs: Iterable[str | Path] = ()) 
     check_not_inputs(targets, {resolved(p) for p in inputs} | input_paths())
 
 
+def kind_on_disk(target: Target, path: Path) -> str | None:
+    """"folder", "file" (anything else that exists) or None (nothing there) -- or the target's InputError for a
+    path no file can have (a NUL byte, a name longer than the file system allows)."""
+    try:
+        mode = os.stat(path).st_mode
+    except ValueError:  # a NUL byte
+        raise target.error(f"{str(path)!r} holds a NUL byte; no file can have that name") from None
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:  # a file somewhere above it: said by the ancestor check
+        return None
+    except OSError as exc:
+        raise target.error(f"cannot write {path}: {exc.strerror or exc}") from None
+    return "folder" if stat.S_ISDIR(mode) else "file"
+
+
 def check_kind(target: Target) -> None:
     """A file target is not a folder, a folder target not a file, and the nearest existing ancestor is a folder."""
     path = target.path
-    if target.kind == "file" and path.is_dir():
+    kind = kind_on_disk(target, path)
+    if target.kind == "file" and kind == "folder":
         raise target.error(f"{path} is a folder; {target.hint or 'give the path of the file to write'}")
-    if target.kind != "file" and path.exists() and not path.is_dir():
+    if target.kind != "file" and kind == "file":
         raise target.error(f"{path} is a file; {target.hint or 'give a folder'}")
     for above in path.parents:
-        if above.exists():
-            if not above.is_dir():
+        kind = kind_on_disk(target, above)
+        if kind is not None:
+            if kind != "folder":
                 raise target.error(f"{above} is not a folder")
             break
 

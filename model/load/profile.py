@@ -27,6 +27,10 @@ KEYS = ("name", *COEFFICIENT_KEYS, *NUMBER_KEYS, *COUNT_KEYS)
 REQUIRED = ("prefill", "decode", "compile_ms")
 PAIRED = ("decode_large", "decode_large_from")
 MAX_COUNT = 2**53  # counts are compared with int64 token totals; anything larger is a typo
+# A time (ms) or price above a trillion is a unit mistake; the cap also keeps every plan's total finite in float64
+# (the largest batch, 2**31 members at 2**20 tokens, takes p2 * 2**71 ms), where 1e308 made it inf and numpy warn.
+MAX_VALUE = 1e12
+TOO_BIG = "must be at most {high}, got {got}"
 
 LineOf = Callable[[str, str], "int | None"]
 
@@ -63,9 +67,8 @@ def load_profile(path: str | Path) -> DeviceProfile:
     """
     path = Path(path)
     src = str(path)
-    if path.is_dir():
-        raise InputError(src, None, None, "is a directory, expected a device-profile TOML file")
-    text = read_text(path)  # a regular UTF-8 file (a bad byte named by line), recorded as an input
+    # a regular UTF-8 file (a bad byte named by line), recorded as an input
+    text = read_text(path, folder="is a directory, expected a device-profile TOML file")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -122,7 +125,7 @@ def profile_from_table(table: object, source: str, text: str, line_of: LineOf = 
         elif key in COEFFICIENT_KEYS:
             values[key] = _coefficients(value, COEFFICIENT_KEYS[key], where(key))
         elif key in NUMBER_KEYS:
-            values[key] = read_number(value, where(key))
+            values[key] = read_number(value, where(key), high=MAX_VALUE, too_big=TOO_BIG)
         else:
             values[key] = read_count(value, where(key), 1, MAX_COUNT)
     values.setdefault("name", default_name)
@@ -138,7 +141,8 @@ def _coefficients(value: object, form: str, where: Where) -> tuple[float, float,
     if not isinstance(value, list) or len(value) != 3:
         got = f"{len(value)} values" if isinstance(value, list) else shown(value)
         raise where.error(f"expected 3 numbers {form}, got {got}")
-    return tuple(read_number(v, where, message=f"value {i + 1} of {form} must be a finite non-negative number, "
-                        "got {got}") for i, v in enumerate(value))  # type: ignore[return-value]
+    return tuple(read_number(v, where, high=MAX_VALUE, message=f"value {i + 1} of {form} must be a finite non-negative "
+                             "number, got {got}", too_big=f"value {i + 1} of {form} {TOO_BIG}")
+                 for i, v in enumerate(value))  # type: ignore[return-value]
 
 

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from model.base.errors import InputError
 from model.base.numbers import DECIMAL_TEXT, NONFINITE_TEXT, as_float
+from model.base.numbers import shown as spelled
 from model.domain.schema import Bucket
 from model.load.files import check_utf8, read_input
 from model.load.names import check_name
@@ -132,7 +133,9 @@ def load_requests(path: str | Path, name: str | None = None, columns: Columns | 
 
 
 def _with_time(columns: Columns, time_column: str | None) -> Columns:
-    """The mapping with its time column replaced by the one asked for (if any)."""
+    """The mapping with its time column replaced by the one asked for (if any; an empty name is no column)."""
+    if time_column is not None and not time_column:
+        raise InputError("--time-column", None, None, "expected a column name, got ''")
     return columns if time_column is None else replace(columns, time=time_column)
 
 
@@ -594,9 +597,9 @@ def _time_column(col: pd.Series, field: str) -> tuple[np.ndarray | None, _Proble
         far = ~missing & ~bad & ~(np.abs(seconds) <= MAX_ARRIVAL_S)
     problem = _first_problem(field, [
         (missing, lambda k: "missing"),
-        (bad, lambda k: f"expected a time in seconds or an ISO 8601 timestamp, got {_plain(col.iloc[k])!r}"),
+        (bad, lambda k: f"expected a time in seconds or an ISO 8601 timestamp, got {spelled(col.iloc[k])}"),
         (far, lambda k: f"must lie within {MAX_ARRIVAL_S:.0f} s of 1970-01-01 (the years 1677 to 2262; seconds, "
-                        f"not milliseconds), got {_plain(col.iloc[k])!r}"),
+                        f"not milliseconds), got {spelled(col.iloc[k])}"),
     ])
     return (seconds, None) if problem is None else (None, problem)
 
@@ -629,7 +632,7 @@ def _object_times(col: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     at, text = at[~blank], text[~blank]
     decimal = text.str.fullmatch(NUMBER_TEXT).to_numpy(dtype=bool)
     if decimal.any():
-        seconds[at[decimal]] = pd.to_numeric(text[decimal]).to_numpy(np.float64)
+        seconds[at[decimal]] = text[decimal].astype(np.float64).to_numpy()  # float(): 400 digits are inf, no error
     if (~decimal).any():
         seconds[at[~decimal]] = _epoch_seconds(pd.to_datetime(text[~decimal], format="ISO8601", utc=True,
                                                               errors="coerce"))

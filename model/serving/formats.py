@@ -228,9 +228,8 @@ def check_spec(spec: ExportSpec) -> None:
 def read_text(path: Path) -> str:
     """The file as text: never a traceback for a folder, a missing, huge, binary or non-UTF-8 file."""
     src = str(path)
-    if path.is_dir():
-        raise InputError(src, None, None, "is a folder, expected a file")
-    raw = read_input(path, MAX_FILE_BYTES)  # the one place inputs are opened: a FIFO is refused, not waited on
+    # the one place inputs are opened: a FIFO is refused, not waited on
+    raw = read_input(path, MAX_FILE_BYTES, folder="is a folder, expected a file")
     if len(raw) > MAX_FILE_BYTES:
         raise InputError(src, None, None, f"larger than {MAX_FILE_BYTES >> 20} MiB; a shape configuration "
                          "is a few lines")
