@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.resources
 import importlib.util
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -259,12 +260,14 @@ def plan_path(out_dir: Path, bucket_name: str) -> Path:
     return out_dir / f"plan_{bucket_name}.jsonl"
 
 
-def write(out_dir: Path, problem: Problem, plans: tuple[Plan, ...]) -> tuple[Path, ...]:
-    """Write every bucket's plan into ``out_dir`` together: all replaced, or none changed.
+def write(out_dir: Path, problem: Problem, plans: tuple[Plan, ...],
+          also: Mapping[Path, Iterable[bytes]] | None = None) -> tuple[Path, ...]:
+    """Write every bucket's plan into ``out_dir`` -- and ``also`` the other files of the result, a report -- together:
+    all replaced, or none changed.
 
     Nothing is ever written outside ``out_dir``: the loaders refuse names that are not plain, and
     ``write_plans`` checks again that every target lies directly inside the folder.
     """
     paths = tuple(plan_path(out_dir, b.name) for b in problem.buckets)
-    write_plans(dict(zip(paths, plans, strict=True)), inside=out_dir)
+    write_plans(dict(zip(paths, plans, strict=True)), inside=out_dir, also=also)
     return paths

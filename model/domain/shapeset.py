@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from model.base.errors import InfeasibleError, InputError
+from model.base.numbers import integer_text
 from model.cost.common import GRANULARITY, align
 from model.domain.schema import Problem
 
@@ -43,11 +44,10 @@ def parse_shapes(text: str, source: str = "--shapes") -> tuple[int, ...]:
         token = token.strip()
         if not token:
             raise InputError(source, None, None, f"expected shapes like 128,256,512, got an empty element in {text!r}")
-        try:
-            values.append(int(token, 10))
-        except ValueError:
-            raise InputError(source, None, None,
-                             f"expected shapes like 128,256,512 (integers), got {token!r}") from None
+        value = integer_text(token)
+        if value is None:
+            raise InputError(source, None, None, f"expected shapes like 128,256,512 (integers), got {token!r}")
+        values.append(value)
     return checked(values, source)
 
 
