@@ -25,27 +25,29 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from model.base.errors import InputError
+from model.base.numbers import int_flag
 from model.cli_common import run_main
-from model.cost.metrics import batch_index
-from model.domain.schema import Bucket, Plan
-from model.evaluation.validate import plan_rows
-from model.load.plans import read_plan, write_together
-from model.load.requests import MAX_LEN, load_requests
-from model.load.scenario import load_scenario
-from model.pipeline import check_unique_names
-from model.serving.formats import WRITERS, render
-from model.serving.spec import DEFAULT_BLOCK_SIZE, ExportSpec, ShapeUse
+from model.load.outputs import Target, check_targets, write_together
+
+if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
+    import numpy as np
+
+    from model.domain.schema import Bucket, Plan
+    from model.serving.spec import ShapeUse
 
 PLAN_PREFIX = "plan_"
 
 
 def plan_files(folder: Path) -> list[Path]:
     """Every plan_*.jsonl in folder, sorted (the export must not depend on listing order)."""
-    if not folder.is_dir():
+    try:
+        is_folder = folder.is_dir()
+    except (OSError, ValueError) as exc:  # a NUL byte, a name longer than the file system allows
+        raise InputError(str(folder), None, None, f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    if not is_folder:
         raise InputError(str(folder), None, None, "not a folder (--plans names the folder of plan_*.jsonl)")
     files = sorted(p for p in folder.glob(f"{PLAN_PREFIX}*.jsonl") if p.is_file())
     if not files:
@@ -60,6 +62,10 @@ def bucket_name(plan_file: Path) -> str:
 
 def request_buckets(scenario: Path | None, requests: list[Path]) -> dict[str, Bucket] | None:
     """The requests behind the plans, by bucket name; None when neither option is given."""
+    from model.load.requests import load_requests
+    from model.load.scenario import load_scenario
+    from model.pipeline import check_unique_names
+
     if scenario is not None and requests:
         raise InputError("<command line>", None, None, "give --scenario or --requests, not both")
     if scenario is not None:
@@ -78,6 +84,11 @@ def plan_batches(plan: Plan, bucket: Bucket | None) -> tuple[np.ndarray, np.ndar
     A batch declaring two shapes is an error naming its line; with requests, the plan
     must cover them exactly once (model.validate's rule) so every generation is known.
     """
+    import numpy as np
+
+    from model.cost.metrics import batch_index
+    from model.evaluation.validate import plan_rows
+
     codes, ids = batch_index(plan.batch_ids)
     first = np.unique(codes, return_index=True)[1]
     shape = plan.seq_align[first]
@@ -102,6 +113,8 @@ def plan_batches(plan: Plan, bucket: Bucket | None) -> tuple[np.ndarray, np.ndar
 
 def shape_uses(plans: list[Plan], buckets: list[Bucket | None]) -> tuple[ShapeUse, ...]:
     """Per shape across all plans: the batch sizes used at it and its longest context."""
+    from model.serving.spec import ShapeUse
+
     sizes: dict[int, set[int]] = {}
     context: dict[int, int] = {}
     known = all(b is not None for b in buckets)
@@ -115,27 +128,33 @@ def shape_uses(plans: list[Plan], buckets: list[Bucket | None]) -> tuple[ShapeUs
 
 
 def write_atomic(target: Path, text: str) -> None:
-    """Write the export through the project's all-or-nothing writer (a folder target is named as such)."""
-    if target.is_dir():
-        raise InputError(str(target), None, None, "is a folder; --out names the file to write")
+    """Write the export through the project's all-or-nothing writer (its target checked by ``main`` first)."""
     write_together({target: [text.encode("utf-8")]})
 
 
 def positive_option(name: str, value: int | None) -> int | None:
     """A positive integer option up to 2**20 (or None when not given)."""
+    from model.load.requests import MAX_LEN
+
     if value is not None and not 1 <= value <= MAX_LEN:
         raise InputError(name, None, None, f"must be a positive integer up to {MAX_LEN}, got {value}")
     return value
 
 
 def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    from model.load.plans import read_plan
+    from model.serving.formats import WRITERS, render
+    from model.serving.spec import DEFAULT_BLOCK_SIZE, ExportSpec
+
     parser = argparse.ArgumentParser(prog="python -m model.export", description=__doc__.split("\n")[0])
     parser.add_argument("--plans", type=Path, required=True, help="folder of plan_*.jsonl")
     parser.add_argument("--format", required=True, help=f"output format: {', '.join(WRITERS)}")
     parser.add_argument("--out", type=Path, required=True, help="file to write (atomically)")
-    parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE,
+    parser.add_argument("--block-size", type=int_flag("--block-size"), default=DEFAULT_BLOCK_SIZE,
                         help=f"KV block size for Gaudi decode buckets (default {DEFAULT_BLOCK_SIZE})")
-    parser.add_argument("--max-model-len", type=int, default=None, help="the server's max model length")
+    parser.add_argument("--max-model-len", type=int_flag("--max-model-len"),
+                        default=None, help="the server's max model length")
     parser.add_argument("--scenario", type=Path, help="scenario.toml of the plans (gives generation lengths)")
     parser.add_argument("--requests", type=Path, nargs="+", default=[],
                         help="request files of the plans, <name>.jsonl for plan_<name>.jsonl")
@@ -144,9 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         raise InputError("--format", None, None, f"unknown format {args.format!r} ({', '.join(WRITERS)})")
     block_size = positive_option("--block-size", args.block_size)
     max_model_len = positive_option("--max-model-len", args.max_model_len)
+    target = [Target("--out", args.out, "file", "give the path of the file to write")]
+    check_targets(target, [*args.requests, *([args.scenario] if args.scenario else [])])  # before any reading
     files = plan_files(args.plans)
     plans = [read_plan(f) for f in files]
     by_name = request_buckets(args.scenario, args.requests)
+    check_targets(target)  # not one of the plans or requests just read
     buckets: list[Bucket | None] = [None] * len(files)
     if by_name is not None:
         for i, f in enumerate(files):

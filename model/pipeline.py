@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.resources
 import importlib.util
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,17 +33,17 @@ from model.domain.schema import (
     Problem,
     Scenario,
 )
-from model.domain.shapeset import check_fits
+from model.domain.shapeset import check_fits, check_kv_fits
 from model.domain.windowing import windowed
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble_all
 from model.load.plans import write_plans
 from model.load.requests import Columns, load_requests
 from model.load.scenario import load_scenario
+from model.packers import PACKERS
 from model.planning.contract import Candidates, Judged, select
 from model.planning.mip import plan_mip
 from model.planning.windowed import plan_windowed
-from solvers.packers import PACKERS
 
 # The embedded default scenario: pyproject.toml installs the repository's data/ as the package model._data (no
 # top-level ``data`` in site-packages), found with importlib.resources in a wheel and an editable install; a source
@@ -192,8 +193,10 @@ def judge(problem: Problem, name: str, batchings: tuple[Batching, ...]) -> Judge
 
 def plan(problem: Problem, solver: str = MIP, backend: str = "highs", time_limit: float = 60.0) -> Planned:
     """Run one planner by name: batchings for every bucket with a typed report (``contract.select``'s)."""
+    check_kv_fits(problem)
     if solver == MIP:
         if problem.windowing is not None:
+
             return plan_windowed(problem, backend=backend, time_limit=time_limit, judge=judge)
         return plan_mip(problem, backend=backend, time_limit=time_limit, judge=judge)
     if solver not in PACKERS:
@@ -257,12 +260,14 @@ def plan_path(out_dir: Path, bucket_name: str) -> Path:
     return out_dir / f"plan_{bucket_name}.jsonl"
 
 
-def write(out_dir: Path, problem: Problem, plans: tuple[Plan, ...]) -> tuple[Path, ...]:
-    """Write every bucket's plan into ``out_dir`` together: all replaced, or none changed.
+def write(out_dir: Path, problem: Problem, plans: tuple[Plan, ...],
+          also: Mapping[Path, Iterable[bytes]] | None = None) -> tuple[Path, ...]:
+    """Write every bucket's plan into ``out_dir`` -- and ``also`` the other files of the result, a report -- together:
+    all replaced, or none changed.
 
     Nothing is ever written outside ``out_dir``: the loaders refuse names that are not plain, and
     ``write_plans`` checks again that every target lies directly inside the folder.
     """
     paths = tuple(plan_path(out_dir, b.name) for b in problem.buckets)
-    write_plans(dict(zip(paths, plans, strict=True)), inside=out_dir)
+    write_plans(dict(zip(paths, plans, strict=True)), inside=out_dir, also=also)
     return paths

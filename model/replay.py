@@ -27,25 +27,26 @@ import math
 import sys
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from model.base.errors import InputError, NoPlanFound
+from model.base.numbers import float_flag, int_flag
 from model.base.runtime import Deadline, DeadlineExceeded
 from model.cli_common import check_time_limit, run_main
-from model.cost.serving import ServingCost
-from model.domain.server import SERVER_KEYS
-from model.evaluation.replay_metrics import Slo, summarize
-from model.evaluation.replay_run import check_fits, replay, trace_of
-from model.load.plans import write_together
-from model.load.profile import load_profile_file
-from model.load.requests import Columns, load_requests
-from model.load.server import flag_name, server_settings
-from model.report.serving import settings_text, summary_json, summary_lines
-from model.report.serving_plots import report_files
-from model.serving.graphs import GRAPH_FORMATS, oversized_prompt_graphs, read_graphs
+from model.load.outputs import Target, check_targets, files_in, write_together
+
+if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
+    from model.evaluation.replay_metrics import Slo
+    from model.evaluation.replay_run import Trace
 
 DEFAULT_TIME_FIELD = "arrival_s"
 MAX_REPLICAS = 1 << 16
 MAX_RATE_SCALE = 1e9
+GRAPH_FORMATS = ("json", "gaudi-file", "gaudi-env", "nxdi")  # model.serving.graphs.GRAPH_FORMATS
+# the [server] keys (model.domain.server.SERVER_KEYS) and the report's files (model.report.serving_plots)
+SERVER_KEYS = ("stack", "max_num_seqs", "max_num_batched_tokens", "block_size", "max_prefill_seqs",
+               "ctx_batch_size")
+REPORT_FILES = ("timeline.png", "latency.png")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,17 +61,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--time-column", help=f"arrival-time column (seconds or ISO 8601; default: {DEFAULT_TIME_FIELD} "
                                          "when present, Azure's TIMESTAMP with --columns azure)")
     for key in SERVER_KEYS:
-        p.add_argument(flag_name(key), type=str if key == "stack" else int, default=None,
+        flag = "--" + key.replace("_", "-")
+        p.add_argument(flag, type=str if key == "stack" else int_flag(flag), default=None,
                        help=f"replaces [server] {key}")
-    p.add_argument("--replicas", type=int, default=1, help="replicas serving the trace, dealt round-robin")
-    p.add_argument("--rate-scale", type=float, default=1.0, help="divide arrival times by this (2: twice the rate)")
-    p.add_argument("--slo-ttft-ms", type=float, help="TTFT objective (ms)")
-    p.add_argument("--slo-tpot-ms", type=float, help="TPOT objective (ms)")
+    p.add_argument("--replicas", type=int_flag("--replicas"), default=1,
+                   help="replicas serving the trace, dealt round-robin")
+    p.add_argument("--rate-scale", type=float_flag("--rate-scale"), default=1.0,
+                   help="divide arrival times by this (2: twice the rate)")
+    p.add_argument("--slo-ttft-ms", type=float_flag("--slo-ttft-ms"), help="TTFT objective (ms)")
+    p.add_argument("--slo-tpot-ms", type=float_flag("--slo-tpot-ms"), help="TPOT objective (ms)")
     p.add_argument("--slo-quantile", help="the quantile the objectives are judged at (default 0.95)")
     p.add_argument("--json", help="write the numbers as JSON to this file ('-': stdout)")
     p.add_argument("--report", type=Path, help="folder for report pictures (running requests and step graphs over "
                                                "time, TTFT and TPOT distributions)")
-    p.add_argument("--time-limit", type=float, help="seconds for the replay itself (default: no limit)")
+    p.add_argument("--time-limit", type=float_flag("--time-limit"),
+                   help="seconds for the replay itself (default: no limit)")
     return p
 
 
@@ -84,6 +89,8 @@ def positive_number(flag: str, value: float, most: float = math.inf) -> float:
 
 def parse_slo(args: argparse.Namespace) -> Slo | None:
     """The SLO flags: bounds finite and non-negative, the quantile a decimal in (0, 1]."""
+    from model.evaluation.replay_metrics import Slo
+
     for flag, value in (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms)):
         if value is not None and not (0 <= value < math.inf):
             raise InputError(flag, None, None, f"must be a finite non-negative number of ms, got {value}")
@@ -103,25 +110,22 @@ def parse_slo(args: argparse.Namespace) -> Slo | None:
     return Slo(args.slo_ttft_ms, args.slo_tpot_ms, quantile)
 
 
-def check_outputs(args: argparse.Namespace, inputs: list[Path]) -> Path | None:
-    """The --json target (None: stdout or no file); no output may replace an input."""
-    target = None if args.json in (None, "-") else Path(args.json)
-    seen = {p.resolve() for p in inputs}
-    if target is not None:
-        if target.is_dir():
-            raise InputError("--json", None, None, f"{target} is a folder; give a file name")
-        if target.resolve() in seen:
-            raise InputError("--json", None, None, f"{target} is an input of this run; choose another file")
+def output_targets(args: argparse.Namespace) -> list[Target]:
+    """Every path the flags ask to write (``--json -`` is stdout, no file)."""
+    targets = []
+    if args.json not in (None, "-"):
+        targets.append(Target("--json", Path(args.json), "file", "give the path of the JSON file to write"))
     if args.report is not None:
-        if args.report.exists() and not args.report.is_dir():
-            raise InputError("--report", None, None, f"{args.report} is a file; give a folder for the report")
-        if any(p.parent == args.report.resolve() for p in seen):
-            raise InputError("--report", None, None, f"{args.report} holds an input of this run; choose another folder")
-    return target
+        targets += [Target("--report", args.report, "folder", "give a folder for the report pictures"),
+                    *files_in("--report", args.report, REPORT_FILES)]
+    return targets
 
 
-def load_trace(args: argparse.Namespace):
+def load_trace(args: argparse.Namespace) -> Trace:
     """The request files, read with their arrival times, as one trace."""
+    from model.evaluation.replay_run import trace_of
+    from model.load.requests import Columns, load_requests
+
     columns = Columns.parse(args.columns) if args.columns else None
     buckets = [load_requests(f, f.name, columns, args.format, time_column=args.time_column,
                              time_default=DEFAULT_TIME_FIELD) for f in args.requests]
@@ -129,6 +133,15 @@ def load_trace(args: argparse.Namespace):
 
 
 def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    from model.cost.serving import ServingCost
+    from model.evaluation.replay_metrics import summarize
+    from model.evaluation.replay_run import check_fits, replay
+    from model.load.profile import load_profile_file
+    from model.load.server import server_settings
+    from model.report.serving import settings_text, summary_json, summary_lines
+    from model.serving.graphs import oversized_prompt_graphs, read_graphs
+
     args = parser().parse_args(argv)
     if not 1 <= args.replicas <= MAX_REPLICAS:
         raise InputError("--replicas", None, None, f"must be an integer from 1 to {MAX_REPLICAS}, got {args.replicas}")
@@ -136,11 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.time_limit is not None:
         check_time_limit(args.time_limit)
     slo = parse_slo(args)
+    targets = output_targets(args)
+    check_targets(targets, [*args.requests, args.device_profile, args.graphs])  # before anything is read
     profile, table = load_profile_file(args.device_profile)
     settings = server_settings(table, {key: getattr(args, key) for key in SERVER_KEYS}, str(args.device_profile))
     graphs = read_graphs(args.graphs, args.shapes_format, settings.stack)
-    target = check_outputs(args, [*args.requests, args.device_profile, args.graphs, Path(graphs.source)])
     trace = load_trace(args)
+    check_targets(targets)  # against every file the loaders read (a bucket file a gaudi-env names, say)
     check_fits(trace, settings, graphs, profile.kv_capacity_tokens)
     dropped = oversized_prompt_graphs(graphs, settings.max_num_batched_tokens) if settings.stack == "gaudi" else []
     out = sys.stderr if args.json == "-" else sys.stdout
@@ -163,9 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(summary_lines(summary, graphs)), file=out)
     files: dict[Path, list[bytes]] = {}
     text = summary_json(summary, settings, graphs)
-    if target is not None:
-        files[target] = [text.encode()]
+    if args.json not in (None, "-"):
+        files[Path(args.json)] = [text.encode()]
     if args.report is not None:
+        from model.report.serving_plots import report_files
+
         files.update({args.report / name: [data] for name, data in report_files(result, summary).items()})
     if files:
         write_together(files)

@@ -90,7 +90,15 @@ BAD = [
     Bad("no-device", "# nothing\n", None, "device", "missing [device] table"),
     Bad("device-not-table", "device = 3\n", 1, "device", "must be a table, got 3"),
     Bad("device-array", "[[device]]\nprefill = [1, 2, 3]\n", 1, "device", "must be a table"),
-    Bad("not-utf8", GOOD.encode() + b"# \xff\n", None, None, "not UTF-8 text"),
+    Bad("not-utf8", GOOD.encode() + b"# \xff\n", 11, None, "not UTF-8 text (byte 0xff at column 3)"),
+    # valid TOML integers no float64 holds: refused like inf (they passed the range check, then float() raised)
+    Bad("compile-400-digits", edit(9, "compile_ms = 1" + "0" * 400), 9, "device.compile_ms",
+        "must be a finite non-negative number, got 1000"),
+    Bad("compile-1e308", edit(9, "compile_ms = 1e308"), 9, "device.compile_ms", "must be at most 1e+12, got 1e+308"),
+    Bad("coeff-1e300", edit(4, "prefill = [1.0, 0.1, 1e300]"), 4, "device.prefill",
+        "value 3 of [p0, p1, p2] must be at most 1e+12, got 1e+300"),
+    Bad("coeff-400-digits", edit(5, f"decode = [1, 1{'0' * 400}, 1]"), 5, "device.decode",
+        "value 2 of [d0, d1, d2] must be a finite non-negative number, got 1000"),
 ]
 
 

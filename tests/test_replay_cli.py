@@ -13,6 +13,7 @@ from helpers import cli
 from replay_helpers import PROFILE_TOML, REQUESTS, write_example
 
 import model.replay as replay_cli
+from model.evaluation import replay_run
 
 
 def run(folder: Path, *extra: str, graphs: str = "gaudi.json", requests: str = "requests.jsonl"):
@@ -162,7 +163,7 @@ def test_ctrl_c_exits_130_and_writes_nothing(example, monkeypatch):
         os.kill(os.getpid(), signal.SIGINT)
         raise AssertionError("the signal should have stopped the replay")
 
-    monkeypatch.setattr(replay_cli, "replay", interrupted)
+    monkeypatch.setattr(replay_run, "replay", interrupted)  # model.replay imports it inside main()
     done = run(example, "--json", "keep.json", "--report", "pictures")
     assert done.returncode == 130 and "interrupted by SIGINT" in done.stderr
     assert (example / "keep.json").read_text() == "old\n" and not (example / "pictures").exists()
@@ -188,3 +189,15 @@ def test_the_slo_quantile_is_exact():
     assert replay_cli.parse_slo(replay_cli.parser().parse_args(
         ["r", "--device-profile", "p", "--graphs", "g", "--slo-ttft-ms", "1", "--slo-quantile", "0.999"])).quantile \
         == Fraction(999, 1000)
+
+
+def test_the_command_lines_spell_the_shared_names_as_their_modules_do():
+    """model.replay and model.calibrate name the [server] keys, graph formats and report files without importing
+    their modules before run_main (see model.cli_common): the copies must agree."""
+    from model import calibrate
+    from model.domain.server import SERVER_KEYS
+    from model.report.serving_plots import REPORT_FILES
+    from model.serving.graphs import GRAPH_FORMATS
+
+    assert replay_cli.SERVER_KEYS == calibrate.SERVER_KEYS == SERVER_KEYS
+    assert (replay_cli.GRAPH_FORMATS, replay_cli.REPORT_FILES) == (GRAPH_FORMATS, REPORT_FILES)

@@ -22,8 +22,6 @@ from model.deploy.holdout import Holdout, holdout
 from model.domain.schema import Problem
 from model.domain.shapeset import check_fits, checked
 
-DEVICE = "device"  # the cost mode whose cost is device milliseconds (model.cost.device)
-
 
 @dataclass(frozen=True)
 class Side:

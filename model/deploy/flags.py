@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from model.base.errors import InputError
+from model.base.numbers import decimal_text
 from model.domain.shapeset import parse_shapes
 from model.domain.windowing import parse_window
 from model.serving.formats import READERS, read_shapes
@@ -86,10 +87,9 @@ def parse_fraction(text: str | None, flag: str = "--holdout") -> float | None:
     """``--holdout``: a number strictly between 0 and 1 (None when not given)."""
     if text is None:
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise InputError(flag, None, None, f"expected a fraction between 0 and 1, like 0.3, got {text!r}") from None
+    value = decimal_text(text)
+    if value is None:
+        raise InputError(flag, None, None, f"expected a fraction between 0 and 1, like 0.3, got {text!r}")
     if not (math.isfinite(value) and 0 < value < 1):
         raise InputError(flag, None, None, f"must lie strictly between 0 and 1, got {text!r}")
     return value

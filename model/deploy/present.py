@@ -2,7 +2,7 @@
 
 The command lines print ``to_text`` of these blocks; ``--report`` writes the same blocks
 as report.md and report.html (with the heatmap of both shape sets), every file put
-down together by ``model.load.plans.write_together``: all of them, or none.
+down together by ``model.load.outputs.write_together``: all of them, or none.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from model.cost.device import device_hours
 from model.deploy.auditing import AuditResult, Side
 from model.deploy.holdout import Holdout
 from model.histogram.cells import build_histogram
-from model.load.plans import write_together
+from model.load.outputs import write_together
 from model.report.document import Block, Heading, Image, Paragraph, Table, to_html, to_markdown
 from model.report.plots import heatmap_figure, png_bytes
 from model.report.tables import fmt
@@ -135,6 +135,9 @@ def saving_sentence(result: AuditResult) -> str:
     verb = "save" if result.saving >= 0 else "cost"
     return (f"{opt.label} would {verb} {fmt(abs(result.saving))}{unit}, {abs(result.saving_share or 0):.2%} of "
             f"today's cost {fmt(today.cost)}, with {opt.n_shapes} compiled shapes against today's {today.n_shapes}.")
+
+
+AUDIT_REPORT_FILES = ("report.md", "report.html", "heatmap.png")
 
 
 def write_audit_report(folder: Path, result: AuditResult, source: str, config_source: str) -> tuple[Path, Path]:

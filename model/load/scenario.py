@@ -12,11 +12,11 @@ scenario, or an inline ``[device]`` table; implies ``mode = "device"``).  Each
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 
 from model.base.errors import InputError
+from model.base.numbers import Where, read_count, read_number
 from model.cost.analytic import CostParams
 from model.cost.common import GRANULARITY, MODES
 from model.cost.metrics import Coefficients
@@ -42,11 +42,8 @@ BUCKET_KEYS = {"name", "requests", "format", "prompt_column", "gen_column", "id_
 
 def _positive_int(path: str, text: str, key: str, value, most: int) -> int:
     """A top-level count such as max_shapes: an integer from 1 to ``most`` (booleans are not counts)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(path, key_line(text, key), key, f"must be a positive integer, got {value!r}")
-    if value > most:
-        raise InputError(path, key_line(text, key), key, f"must be at most {most}, got {value}")
-    return value
+    return read_count(value, Where(path, key_line(text, key), key), 1, most,
+                      too_big="must be at most {high}, got {got}")
 
 
 def load_scenario(path: str | Path, load: bool = True) -> Scenario:
@@ -107,11 +104,8 @@ def _limits(src: str, text: str, index: int, raw: dict) -> Limits:
     values = {}
     for key in LIMIT_KEYS:
         if key in raw:
-            v = raw[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
-                raise InputError(src, key_line(text, key, index) or table_line(text, index), f"bucket.{key}",
-                                 f"must be a finite non-negative number, got {v!r}")
-            values[key] = float(v)
+            values[key] = read_number(raw[key], Where(src, key_line(text, key, index) or table_line(text, index),
+                                                      f"bucket.{key}"))
     return Limits(**values)
 
 

@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 
 from model.base.errors import InputError
+from model.load.files import read_text
 
 
 def toml_lines(text: str) -> list[tuple[int, int | str | None, str, str]]:
@@ -94,11 +95,7 @@ def toml_error(path: Path, exc: tomllib.TOMLDecodeError) -> InputError:
 
 def read_toml(path: Path) -> tuple[str, dict]:
     """The text and the parsed table of a TOML file; unreadable or malformed files are InputErrors."""
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path, or bytes that are not UTF-8
-        reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or str(exc)
-        raise InputError(str(path), None, None, f"cannot read: {reason}") from None
+    text = read_text(path)  # a regular UTF-8 file (a bad byte named by line), recorded as an input
     try:
         return text, tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 DPI = 100
+REPORT_FILES = ("timeline.png", "latency.png")
 MAX_POINTS = 20_000  # runs drawn per line: beyond this a line is a smear, and the PNG grows for nothing
 
 
@@ -112,5 +113,6 @@ def report_files(result: ReplayResult, summary: ReplaySummary) -> dict[str, byte
     runs = result.replicas[0].runs
     if runs is None:
         raise ValueError("the replay ran without recording its steps")
-    return {"timeline.png": _png(timeline_figure(runs, summary.stack, summary.replicas)),
-            "latency.png": _png(latency_figure(result, summary))}
+    timeline, latency = REPORT_FILES
+    return {timeline: _png(timeline_figure(runs, summary.stack, summary.replicas)),
+            latency: _png(latency_figure(result, summary))}
