@@ -235,15 +235,14 @@ def replay_replica(prompt: list[int], gen: list[int], arrival_ms: list[float], s
                         compiled.append(RuntimeCompile(s + 1, t, "decode", found))
                         compiles += 1
                     dgraph, dctx = found, found[1] * bs
+                    dd = _time_of(decode_time, dgraph, dctx, cost)
             else:
                 need = s - longest[0][0]
                 if dirty or need > hi:
                     hi = tkg[bisect_left(tkg, need)]
                     dgraph, dctx = (big_m, hi), big_m * hi
+                    dd = _time_of(decode_time, dgraph, dctx, cost)
             dirty = False
-            dd = decode_time.get(dgraph)
-            if dd is None:
-                dd = decode_time[dgraph] = cost.decode_ms(dgraph[0], dctx)
         if n and not k and not compiles:
             # a stretch of equal decode-only steps: up to the next finish, crossing or bucket change
             most = fin[0][0] - s + 1
@@ -329,6 +328,14 @@ def replay_replica(prompt: list[int], gen: list[int], arrival_ms: list[float], s
         s += 1
     return ReplicaRun(np.asarray(first), np.asarray(finish), steps, psteps, dsteps, busy, ptok, ppad, dtok, dpad,
                       tuple(compiled), _runs(runs) if record else None)
+
+
+def _time_of(times: dict[Graph, float], graph: Graph, context_tokens: int, cost: ServingCost) -> float:
+    """A decode graph's step time, priced once per graph (the replay asks again only when the graph changes)."""
+    found = times.get(graph)
+    if found is None:
+        found = times[graph] = cost.decode_ms(graph[0], context_tokens)
+    return found
 
 
 def _runs(columns: list[array.array]) -> StepRuns:
