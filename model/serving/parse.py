@@ -32,6 +32,8 @@ def read_text(path: Path) -> str:
     src = str(path)
     if path.is_dir():
         raise InputError(src, None, None, "is a folder, expected a file")
+    if path.exists() and not path.is_file():  # opening a FIFO would wait for a writer forever
+        raise InputError(src, None, None, "not a regular file (a FIFO, device or socket), expected a file")
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_FILE_BYTES + 1)
