@@ -26,7 +26,14 @@ from model import pipeline
 from model.base.errors import InputError
 from model.cli_common import add_input_args, add_limit_args, build_problem, run_main
 from model.deploy.auditing import audit
-from model.deploy.flags import add_holdout_args, add_window_args, parse_fraction, shapes_from_file
+from model.deploy.flags import (
+    add_holdout_args,
+    add_server_settings_arg,
+    add_window_args,
+    import_config,
+    parse_fraction,
+    warning_text,
+)
 from model.deploy.present import audit_blocks, write_audit_report
 from model.report.document import to_text
 from model.serving.formats import READERS
@@ -41,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the serving config whose shapes are today's")
     parser.add_argument("--shapes-format", dest="config_format", default="list",
                         help=f"format of the config: {', '.join(READERS)} (default list)")
+    add_server_settings_arg(parser, "config_settings")
     add_holdout_args(parser)
     add_window_args(parser)
     parser.add_argument("--solver", default=pipeline.MIP, help=f"planner: {', '.join(pipeline.solver_names())}")
@@ -64,12 +72,14 @@ def main(argv: list[str] | None = None) -> int:
         raise InputError("--solver", None, None,
                          f"unknown solver {args.solver!r} ({', '.join(pipeline.solver_names())})")
     fraction = parse_fraction(args.holdout)
-    config, warning = shapes_from_file(args.config, args.config_format)
+    imported = import_config(args.config, args.config_format, args.config_settings)
+    config, warning = imported.shapes, warning_text(imported)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO)
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
-    result = audit(problem, config, args.limit_shapes, args.solver, args.backend, args.time_limit, fraction)
+    result = audit(problem, config, args.limit_shapes, args.solver, args.backend, args.time_limit, fraction,
+                   args.config_format, None if imported.graphs is None else len(imported.graphs))
     print(to_text(audit_blocks(result, source, str(args.config))))
     if args.report:
         md, page = write_audit_report(args.report, result, source, str(args.config))
