@@ -131,14 +131,14 @@ def lin_plan(spec: ExportSpec) -> dict[str, tuple[int, int, int]]:
     values = server_values(spec)
     prompt = {g.dims[:2] for g in graphs if g.kind == "prompt"}
     decode = {(g.dims[0], g.dims[2]) for g in graphs if g.kind == "decode"}
-    cfg = {"bs": _exact([n for n, _ in prompt], "the prompt batch sizes"), "query": query,
-           "decode_bs": _exact([n for n, _ in decode], "the decode batch sizes"),
-           "block": _exact([k for _, k in decode], "the decode block counts")}
+    cfg = {"bs": _exact([n for n, _ in prompt], "the prompt batch sizes"), "query": query}
     made = {(b, q) for b in lin_ladder(*cfg["bs"]) for q in lin_ladder(*query)
             if b * q <= values["MAX_NUM_BATCHED_TOKENS"]}
     if made != prompt:
         raise _refuse(f"these prompt graphs: lin crosses every batch size with every length, so it would also "
                       f"compile {_shown(made - prompt)}, which the plans never run")
+    cfg["decode_bs"] = _exact([n for n, _ in decode], "the decode batch sizes")
+    cfg["block"] = _exact([k for _, k in decode], "the decode block counts")
     cap = -(-values["MAX_MODEL_LEN"] // spec.block_size)
     made = {(b, min(k, b * cap)) for b in lin_ladder(*cfg["decode_bs"]) for k in lin_ladder(*cfg["block"]) if b <= k}
     if made != decode:

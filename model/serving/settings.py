@@ -93,9 +93,9 @@ def canonical(raw: str, src: str, line: int | None) -> str:
 
 
 def most(name: str) -> int:
-    """The largest value a setting may take: a length or a count of sequences up to 2**20, a KV block count
-    up to 2**40 (batch x blocks per sequence)."""
-    return MAX_SETTING if name == "num_gpu_blocks_override" else MAX_LEN
+    """The largest value a setting may take: a length or a count of sequences up to 2**20; a token budget or
+    a KV block count up to 2**40 (a batch of up to 2**20 sequences, each up to 2**20 tokens)."""
+    return MAX_SETTING if name in ("num_gpu_blocks_override", "max_num_batched_tokens") else MAX_LEN
 
 
 def setting_value(text: str, src: str, line: int | None, name: str) -> Setting:
