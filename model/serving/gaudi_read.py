@@ -268,6 +268,9 @@ def lin_graphs(env: dict[str, EnvValue], server: GaudiServer, settings: Settings
         got = [lin_param(env, src, phase, dim, p) for p in _PARAMS]
         cfg[key] = tuple(v for v, _ in got)
         names[key] = [n for _, n in got]
+    for key, (lo, _, hi) in cfg.items():
+        if lo is not None and hi is not None and lo > hi:
+            raise InputError(src, env[names[key][2]].line, names[key][2], f"{hi} is below MIN {lo}")
     q_max = cfg["query"][2]
     q_min, q_step = (v if v is not None else server.block_size for v in cfg["query"][:2])
     if q_max is not None and lin_range_count(q_min, q_step, q_max) > MAX_BUCKETS:
