@@ -2,7 +2,7 @@
 
 No serving stack reads these directly; they are the neutral form a tool or a person
 edits.  ``list`` is one length a line (or comma separated) with ``#`` comments: its
-graphs are its shapes, the batch left free.  ``json`` is exactly ``{"shapes": [...],
+graphs are its shapes, the batch left free.  ``json`` is exactly ``{"comment": "...", "shapes": [...],
 "batch_sizes": [...], "buckets": {name: [...]}, "graphs": {"prompt": [[batch, shape],
 ...], "decode": [[batch, context bucket], ...]}}``, the graphs optional (without them a
 json's graphs are its shapes, like a list's).
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from model.base.errors import InputError
-from model.serving.graphs import Compiled, Graph, count_text, graph_set
+from model.serving.graphs import FREE_BATCH_NOTE, Compiled, Graph, count_text, graph_set
 from model.serving.parse import MAX_BUCKET_NAMES, MAX_BUCKETS, check_range, parse_int, shown, text_lines
 from model.serving.parse_json import JsonLineIndex, json_int_list, json_text, key_line, load_json_object
 from model.serving.settings import Settings
@@ -62,9 +62,11 @@ def read_json(path: Path, text: str) -> tuple[list[Given], tuple[Graph, ...] | N
     src = str(path)
     top = load_json_object(text, src)
     for key in top:
-        if key not in ("shapes", "batch_sizes", "buckets", "graphs"):
+        if key not in ("comment", "shapes", "batch_sizes", "buckets", "graphs"):
             raise InputError(src, key_line(text, key), key, "unknown key (expected shapes, batch_sizes, buckets, "
-                             "graphs)")
+                             "graphs, comment)")
+    if not isinstance(top.get("comment", ""), str):
+        raise InputError(src, key_line(text, "comment"), "comment", f"expected a string, got {shown(top['comment'])}")
     buckets = top.get("buckets", {})
     names = list(buckets) if isinstance(buckets, dict) and len(buckets) <= MAX_BUCKET_NAMES else []
     index = JsonLineIndex(text, ("shapes", "batch_sizes", "buckets", "graphs", *GRAPH_KINDS, *names))
@@ -142,6 +144,9 @@ def write_json(spec: ExportSpec) -> str:
     """``json``: shapes, the batch sizes used, the context buckets when requests were given, and the graphs."""
     buckets = {"context": contexts(spec)} if spec.has_contexts else {}
     graphs = planned_json(spec)
-    return json_text({"shapes": list(spec.shapes), "batch_sizes": list(spec.batch_sizes), "buckets": buckets,
+    note = f" ({FREE_BATCH_NOTE})" if spec.compile_ms is None else ""
+    comment = f"shapeplan export: the plans run {count_text(graphs, spec.compile_ms)}{note}."
+    return json_text({"comment": comment, "shapes": list(spec.shapes), "batch_sizes": list(spec.batch_sizes),
+                      "buckets": buckets,
                       "graphs": {kind: [list(g.dims) for g in graphs if g.kind == kind] for kind in GRAPH_KINDS}})
 
