@@ -32,17 +32,17 @@ from model.domain.schema import (
     Problem,
     Scenario,
 )
-from model.domain.shapeset import check_fits
+from model.domain.shapeset import check_fits, check_kv_fits
 from model.domain.windowing import windowed
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble_all
 from model.load.plans import write_plans
 from model.load.requests import Columns, load_requests
 from model.load.scenario import load_scenario
+from model.packers import PACKERS
 from model.planning.contract import Candidates, Judged, select
 from model.planning.mip import plan_mip
 from model.planning.windowed import plan_windowed
-from solvers.packers import PACKERS
 
 # The embedded default scenario: pyproject.toml installs the repository's data/ as the package model._data (no
 # top-level ``data`` in site-packages), found with importlib.resources in a wheel and an editable install; a source
@@ -192,8 +192,10 @@ def judge(problem: Problem, name: str, batchings: tuple[Batching, ...]) -> Judge
 
 def plan(problem: Problem, solver: str = MIP, backend: str = "highs", time_limit: float = 60.0) -> Planned:
     """Run one planner by name: batchings for every bucket with a typed report (``contract.select``'s)."""
+    check_kv_fits(problem)
     if solver == MIP:
         if problem.windowing is not None:
+
             return plan_windowed(problem, backend=backend, time_limit=time_limit, judge=judge)
         return plan_mip(problem, backend=backend, time_limit=time_limit, judge=judge)
     if solver not in PACKERS:

@@ -44,6 +44,7 @@ import numpy as np
 
 from model import pipeline
 from model.cost.device import device_hours
+from model.cost.model import DeviceCost, StrictCost
 from model.domain.schema import Limits, Problem
 from model.evaluation.validate import evaluate_plans
 from model.histogram.cells import build_histogram
@@ -88,7 +89,7 @@ def trace_problem(data: Path) -> Problem:
     columns = Columns.parse("azure")
     buckets = tuple(load_requests(data / "traces" / f"AzureLLMInferenceTrace_{name}.csv", name, columns)
                     for name in TRACES)
-    return Problem(buckets, tuple(Limits() for _ in buckets), 8, mode="strict")
+    return Problem(buckets, tuple(Limits() for _ in buckets), 8, StrictCost())
 
 
 def quality_rows(problem: Problem, time_limit: float) -> list[PlannerTotal]:
@@ -100,7 +101,8 @@ def quality_rows(problem: Problem, time_limit: float) -> list[PlannerTotal]:
 def print_quality(name: str, problem: Problem, totals: Sequence[PlannerTotal]) -> None:
     """One scenario's table: cost, ratio to the MIP, limits met, wall time, status and gap."""
     n = sum(len(b) for b in problem.buckets)
-    print(f"\n{name}: {len(problem.buckets)} buckets, {n:,} requests, K = {problem.max_shapes}, {problem.mode} mode")
+    print(f"\n{name}: {len(problem.buckets)} buckets, {n:,} requests, K = {problem.max_shapes}, "
+          f"{problem.cost.name} mode")
     print(f"  {'planner':<10}{'total cost':>14}{'ratio':>9}  {'limits met':<11}{'wall s':>8}  status")
     for t in totals:
         cost = f"{t.cost:.4e}" if t.cost is not None else "-"
@@ -116,7 +118,7 @@ DEVICE_PLANNERS = ("mip", "dpfill", "pow2", "exp", "greedy", "cells")
 def device_problem(data: Path, trace: str, profile: Path) -> Problem:
     """One Azure trace alone in device mode with the given profile, K = 8, no limits."""
     bucket = load_requests(data / "traces" / f"AzureLLMInferenceTrace_{trace}.csv", trace, Columns.parse("azure"))
-    return Problem((bucket,), (Limits(),), 8, load_profile(profile), "device")
+    return Problem((bucket,), (Limits(),), 8, DeviceCost(load_profile(profile)))
 
 
 def strict_k_table(data: Path, time_limit: float) -> None:
@@ -127,7 +129,7 @@ def strict_k_table(data: Path, time_limit: float) -> None:
         bucket = load_requests(data / "traces" / f"AzureLLMInferenceTrace_{trace}.csv", trace,
                                Columns.parse("azure"))
         for k in (4, 8, 16):
-            problem = Problem((bucket,), (Limits(),), k, mode="strict")
+            problem = Problem((bucket,), (Limits(),), k, StrictCost())
             t0 = time.perf_counter()
             rep = pipeline.plan(problem, "mip", time_limit=time_limit).report
             gap = f"{rep.gap:.2%}" if rep.gap is not None else "-"

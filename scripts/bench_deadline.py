@@ -44,6 +44,7 @@ def long_context_traffic():
 
 def case_problem(case: str):
     """The Problem of a case, built in memory (no files: loading is not what is measured)."""
+    from model.cost.model import cost_model
     from model.domain.schema import Bucket, Limits, Problem
     from model.load.scenario import load_scenario
     from model.load.synth import CHAT, SHORT, bucket_arrays
@@ -54,7 +55,8 @@ def case_problem(case: str):
 
     if case in ("synth-ref", "synth-strict"):
         buckets = (bucket("chat", CHAT, 200_000, 1), bucket("short", SHORT, 200_000, 2))
-        return Problem(buckets, (Limits(), Limits()), 8, mode="strict" if case == "synth-strict" else "reference")
+        return Problem(buckets, (Limits(), Limits()), 8,
+                       cost_model("strict" if case == "synth-strict" else "reference"))
     if case == "long":
         return Problem((bucket("long", long_context_traffic(), 20_000, 9),), (Limits(),), 8)
     if case == "twin-1":

@@ -56,7 +56,7 @@ def solo_batching(bucket: Bucket) -> Batching:
 
 def pack(problem: Problem, name: str) -> tuple[Batching, str]:
     """The named packer's batching of the single bucket, or the solo batching if none is registered."""
-    from solvers.packers import PACKERS
+    from model.packers import PACKERS
 
     if name in PACKERS:
         return PACKERS[name](problem)[0], name
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ratio load/pandas    {t_load / t_pandas:6.2f}")
     problem = Problem(buckets=(bucket,), limits=(Limits(),), max_shapes=8)
     (batching, used), t_pack = timed(lambda: pack(problem, args.packer))
-    plan, t_expand = timed(lambda: assemble(bucket, batching, problem.params, problem.mode))
+    plan, t_expand = timed(lambda: assemble(bucket, batching, problem.cost))
     (results, global_problems), t_eval = timed(lambda: evaluate_plans(problem, (plan,)))
     m = results[0].metrics
     print(f"packer {used:<13} {t_pack:6.2f} s  ({m.n_batches:,} batches, shapes {list(m.shapes)})")

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from model import pipeline
+from model.cost.model import cost_model, needs_profile
 from model.domain.schema import Bucket, Limits, Problem
 from model.load.profile import load_profile
 
@@ -41,10 +42,8 @@ def long_bucket(n: int, seed: int) -> Bucket:
 
 def problem_for(bucket: Bucket, mode: str) -> Problem:
     """One bucket, K = 8, no limits, in the given cost model."""
-    if mode == "device":
-        prof = replace(load_profile(PROFILE), kv_capacity_tokens=LONG_KV)
-        return Problem((bucket,), (Limits(),), 8, params=prof, mode="device")
-    return Problem((bucket,), (Limits(),), 8, mode=mode)
+    prof = replace(load_profile(PROFILE), kv_capacity_tokens=LONG_KV) if needs_profile(mode) else None
+    return Problem((bucket,), (Limits(),), 8, cost_model(mode, prof))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,9 +20,9 @@ import numpy as np
 
 from model import pipeline
 from model.cli_common import run_main
-from model.cost.analytic import compile_cost
 from model.cost.common import align
-from model.cost.metrics import Metrics, plan_metrics
+from model.cost.metrics import Metrics
+from model.cost.model import CostModel, cost_model, needs_profile
 from model.domain.schema import Batching, Bucket, Limits, Planned, Problem, SolveReport, Status
 from model.evaluation.validate import BucketResult, evaluate_plans, limit_checks
 from model.formulation.arrays import Restriction, build_model, restriction
@@ -75,9 +75,20 @@ def bucket(prompts: list[int], gens: list[int], name: str = "b") -> Bucket:
                   np.array(prompts, dtype=np.int64), np.array(gens, dtype=np.int64), np.arange(1, n + 1))
 
 
-def problem(*buckets: Bucket, k: int = 8, limits: Limits = Limits(), **kw) -> Problem:
-    """A problem over the given buckets, every bucket under the same limits."""
+def problem(*buckets: Bucket, k: int = 8, limits: Limits = Limits(), mode: str | None = None, params=None,
+            **kw) -> Problem:
+    """A problem over the given buckets, every bucket under the same limits; ``mode`` and ``params`` (or
+    ``cost`` itself) give its cost model (``cost_model(mode, params)``, reference by default)."""
+    if mode is not None or params is not None:
+        assert "cost" not in kw, "give mode/params or cost, not both"
+        kw["cost"] = cost_model(mode or "reference", params)
     return Problem(buckets, tuple(limits for _ in buckets), k, **kw)
+
+
+def mode_cost(mode: str, profile=None, params=None) -> CostModel:
+    """The cost model of a mode named in a parametrisation: ``profile`` where the mode prices with a device
+    profile, else ``params`` (None: the seed's coefficients)."""
+    return cost_model(mode, profile if needs_profile(mode) else params)
 
 
 def planned(batchings: tuple[Batching, ...]) -> Planned:
@@ -136,7 +147,7 @@ def one_shape_per_bucket(prob: Problem) -> list[int]:
             if picks[-1] < max(need):
                 continue
             shapes = [min(v for v in picks if v >= n) for n in need]
-            total = float(compile_cost(np.array(shapes), prob.params).sum())
+            total = float(prob.cost.shape_charge(np.array(shapes)).sum())
             if best is None or total < best[0]:
                 best = (total, shapes)
     return best[1]
@@ -148,15 +159,15 @@ def full_model(prob: Problem) -> FullModel:
     No gen coarsening, so each cell's smallest gen is its gen.
     """
     hists = [build_histogram(b) for b in prob.buckets]
-    bms = [bucket_model(h, h.G, lim, prob.params, prob.mode) for h, lim in zip(hists, prob.limits, strict=True)]
+    bms = [bucket_model(h, h.G, lim, prob.cost) for h, lim in zip(hists, prob.limits, strict=True)]
     shapes, ref = None, None
-    if prob.mode == "strict":
+    if prob.cost.pads_to_shape:
         shapes = np.unique(np.concatenate([h.S for h in hists]))
         if prob.max_seq_len is not None:
             shapes = shapes[shapes <= prob.max_seq_len]
     else:
         ref = one_shape_per_bucket(prob)
-        bms = [replace(bm, const_cost=bm.const_cost + float(compile_cost(s, prob.params))) for bm, s in zip(bms, ref, strict=True)]
+        bms = [replace(bm, const_cost=bm.const_cost + float(prob.cost.shape_charge(s))) for bm, s in zip(bms, ref, strict=True)]
     res = []
     for bm in bms:
         grid = candidate_grid(bm, shapes)
@@ -222,7 +233,7 @@ def layouts(b: Bucket, values: list[int], k: int, max_batch: int | None):
 
 def layout_metrics(b: Bucket, lay: Layout, prob: Problem, recipients: dict[int, int] | None = None) -> Metrics:
     rows, ids, seq = lay.arrays(recipients)
-    return plan_metrics(b.prompt_len[rows], b.gen_len[rows], ids, seq, prob.params, prob.mode)
+    return prob.cost.plan_metrics(b.prompt_len[rows], b.gen_len[rows], ids, seq)
 
 
 def meets_limits(b: Bucket, lay: Layout, prob: Problem, limits: Limits) -> bool:
@@ -247,10 +258,10 @@ class Optimum:
 
 @functools.cache
 def _ranked_layouts(prompts: tuple[int, ...], gens: tuple[int, ...], values: tuple[int, ...], k: int,
-                    max_batch: int | None, mode: str, params) -> tuple[tuple[float, Layout], ...]:
+                    max_batch: int | None, cost) -> tuple[tuple[float, Layout], ...]:
     """Every layout of one bucket with its cost, cheapest first (limits aside, so reusable across limits)."""
     b = bucket(list(prompts), list(gens))
-    prob = Problem((b,), (Limits(),), k, params, mode, max_batch)
+    prob = Problem((b,), (Limits(),), k, cost, max_batch)
     return tuple(sorted(((layout_metrics(b, lay, prob).cost, lay) for lay in layouts(b, list(values), k, max_batch)),
                         key=lambda c: c[0]))
 
@@ -268,7 +279,7 @@ def brute_force(prob: Problem) -> Optimum:
     if prob.max_seq_len is not None:
         values = [v for v in values if v <= prob.max_seq_len]
     per_bucket = [_ranked_layouts(tuple(b.prompt_len.tolist()), tuple(b.gen_len.tolist()), tuple(values),
-                                  prob.max_shapes, prob.max_batch_size, prob.mode, prob.params)
+                                  prob.max_shapes, prob.max_batch_size, prob.cost)
                   for b in prob.buckets]
     combos = sorted(itertools.product(*per_bucket), key=lambda combo: sum(c for c, _ in combo))
     feasible: dict[tuple[int, Layout], bool] = {}
@@ -283,3 +294,28 @@ def brute_force(prob: Problem) -> Optimum:
         if ok:
             return Optimum(sum(c for c, _ in combo), tuple(lay for _, lay in combo))
     return Optimum(float("inf"), None)
+
+
+def plan_mip(prob: Problem, *args, **kw) -> Planned:
+    """The MIP planner as the pipeline runs it: given the pipeline's judge (expand, then evaluate)."""
+    from model.planning import mip
+    return mip.plan_mip(prob, *args, judge=pipeline.judge, **kw)
+
+
+def plan_windowed(prob: Problem, *args, **kw) -> Planned:
+    """The windowed planner as the pipeline runs it (with the pipeline's judge)."""
+    from model.planning import windowed
+    return windowed.plan_windowed(prob, *args, judge=pipeline.judge, **kw)
+
+
+def plan_cells(prob: Problem, *args, **kw):
+    """The planner on histograms as the Dask engine runs it (judging runs by cells)."""
+    from model.evaluation.cell_judge import evaluate_runs
+    from model.planning import cellplan
+    return cellplan.plan_cells(prob, *args, judge_runs=evaluate_runs, **kw)
+
+
+def explain_infeasible(prob: Problem, *args, **kw) -> str:
+    """The infeasibility diagnosis with the pipeline's judge for its probes."""
+    from model.planning import diagnose
+    return diagnose.explain_infeasible(prob, pipeline.judge, *args, **kw)

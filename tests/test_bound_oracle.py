@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import brute_force, bucket, problem
+from helpers import brute_force, bucket, mode_cost, plan_mip, problem
 
 from model.cost.device import DeviceProfile
-from model.planning.mip import plan_mip
 
 TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
                     decode_large=(3.0, 1e-4, 0.05), decode_large_from=3, compile_ms=40.0)
@@ -21,9 +20,8 @@ def instance(seed: int, mode: str):
     rng = np.random.default_rng(seed)
     buckets = [bucket(rng.integers(1, 700, n).tolist(), rng.integers(1, 400, n).tolist(), name=name)
                for name, n in (("a", int(rng.integers(2, 4))), ("b", int(rng.integers(2, 4))))]
-    extra = {"params": TOY} if mode == "device" else {}
     cap = [None, None, 2][seed % 3]
-    return problem(*buckets, k=int(rng.integers(1, 4)), mode=mode, max_batch_size=cap, **extra)
+    return problem(*buckets, k=int(rng.integers(1, 4)), cost=mode_cost(mode, TOY), max_batch_size=cap)
 
 
 @pytest.mark.parametrize("mode", ["reference", "strict", "device"])

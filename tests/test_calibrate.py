@@ -231,6 +231,7 @@ def test_failed_rename_rolls_back_every_file(tmp_path: Path, monkeypatch):
 def test_a_plan_chosen_with_the_fitted_profile_costs_within_one_percent_of_the_true_profiles_plan():
     """Both plans judged by the true profile: calibration error must not move the planner's choice much."""
     from model import pipeline
+    from model.cost.model import DeviceCost
     from model.domain.schema import Bucket, Limits, Problem
     from model.load.synth import CHAT, bucket_arrays
 
@@ -241,8 +242,8 @@ def test_a_plan_chosen_with_the_fitted_profile_costs_within_one_percent_of_the_t
     bucket = Bucket("chat", "<chat>", ids.astype(object), prompt, gen, np.arange(1, 401))
 
     def judged_by_truth(prof) -> float:
-        chosen = pipeline.plan(Problem((bucket,), (Limits(),), 8, prof, "device"), time_limit=8)
-        true_problem = Problem((bucket,), (Limits(),), 8, truth, "device")
+        chosen = pipeline.plan(Problem((bucket,), (Limits(),), 8, DeviceCost(prof)), time_limit=8)
+        true_problem = Problem((bucket,), (Limits(),), 8, DeviceCost(truth))
         return pipeline.evaluate(true_problem, pipeline.expand(true_problem, chosen)).total_cost
 
     with_truth, with_fit = judged_by_truth(truth), judged_by_truth(fitted)

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import plan_cells, plan_mip
 
-from model.cost.analytic import CostParams
 from model.cost.device import DeviceProfile
+from model.cost.model import DeviceCost, StrictCost
 from model.domain.schema import Batching, Bucket, CellRuns, Limits
 from model.evaluation.cell_judge import evaluate_runs, run_metrics
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble_all
 from model.histogram.cells import Histogram, build_histogram, coarsen, from_counts
 from model.planning.cell_runs import batching_of_runs, box_runs, deal
-from model.planning.cellplan import plan_cells
-from model.planning.mip import plan_mip
-from tests.helpers import bucket, problem
+from tests.helpers import bucket, mode_cost, problem
 
 DEVICE = DeviceProfile(name="t", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02), decode_large=(4.0, 2e-4, 0.01),
                        decode_large_from=4, batch_overhead_ms=3.0, compile_ms=900.0, kv_capacity_tokens=400_000)
@@ -80,13 +79,13 @@ def test_deal_sends_short_gens_to_small_boxes_and_checks_totals():
 def test_box_runs_cut_by_cap_and_by_batches():
     fine = from_counts("b", [64, 128, 128], [4, 4, 8], [3, 2, 2], [150, 200, 220])
     cell, box, count = np.array([0, 1, 2]), np.array([0, 0, 0]), np.array([3, 2, 2])
-    capped = box_runs(fine, cell, box, count, np.full(3, 128), "strict", 3)
+    capped = box_runs(fine, cell, box, count, np.full(3, 128), StrictCost(), 3)
     assert capped.shape_of.tolist() == [128, 128, 128]
     assert np.bincount(capped.batch, weights=capped.count).tolist() == [3, 3, 1]
-    dev = box_runs(fine, cell, box, count, np.full(3, 128), "device", None, np.full(3, 2))
+    dev = box_runs(fine, cell, box, count, np.full(3, 128), DeviceCost(DEVICE), None, np.full(3, 2))
     assert np.bincount(dev.batch, weights=dev.count).tolist() == [4, 3]  # gens ascending: 4,4,4,4,4 | 8,8
     with pytest.raises(ValueError, match="does not cover"):
-        box_runs(fine, cell, box, count, np.full(3, 64), "strict", None)
+        box_runs(fine, cell, box, count, np.full(3, 64), StrictCost(), None)
 
 
 @pytest.mark.parametrize("mode", ["reference", "strict", "device"])
@@ -102,13 +101,13 @@ def test_run_metrics_equal_the_expanded_plan(mode, seed):
     nb = int(batch_of.max()) + 1
     need = np.zeros(nb, np.int64)
     np.maximum.at(need, batch_of, hist.S[hist.cell_of])
-    shape_of = need + 64 * rng.integers(0, 2, nb) if mode != "reference" else np.full(nb, need.max())
-    params = DEVICE if mode == "device" else CostParams()
+    cost = mode_cost(mode, DEVICE)
+    shape_of = need + 64 * rng.integers(0, 2, nb) if cost.pads_to_shape else np.full(nb, need.max())
     lat = float(rng.choice([1e3, 3e3, 1e5]))
     limits = Limits(max_p95_latency_ms=lat, max_sequential_ms=float(rng.choice([1e4, 1e7])))
-    prob = problem(b, k=8, limits=limits, params=params, mode=mode)
+    prob = problem(b, k=8, limits=limits, cost=cost)
     runs = runs_of_batching(hist, Batching(batch_of, shape_of))
-    metrics, _, takes = run_metrics(hist, runs, params, mode, limits)
+    metrics, _, takes = run_metrics(hist, runs, cost, limits)
     assert takes.sum() == len(np.unique(shape_of))
     plans = assemble_all(prob, (batching_of_runs(hist.cell_of, runs),))
     want = evaluate_plans(prob, plans)[0][0].metrics

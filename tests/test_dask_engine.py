@@ -22,15 +22,14 @@ from helpers import REPO, cli
 
 distributed = pytest.importorskip("distributed")
 
-from model.cost.analytic import CostParams  # noqa: E402
 from model.cost.common import align  # noqa: E402
 from model.cost.metrics import (  # noqa: E402
     batch_index,
     p95_of_counts,  # noqa: E402
     p95_rank,
-    plan_metrics,
     spike_members,
 )
+from model.cost.model import cost_model  # noqa: E402
 from model.distributed.assign import apply_quotas, quotas  # noqa: E402
 from model.distributed.judge import judge_bucket  # noqa: E402
 from model.distributed.read import PartHistogram, cell_key, partitions, request_frame  # noqa: E402
@@ -125,13 +124,13 @@ def test_same_plans_and_metrics_as_in_memory(tmp_path, scheduler, chat, mode, so
     assert spiked(mem_plan) == spiked(dsk_plan)
     # the metrics: the in-memory evaluator on each plan, the Dask judge, and the manifest all agree
     rows = pd.Index(chat["request_id"]).get_indexer(recs["request_id"])
-    params = load_profile(PROFILE) if "--device-profile" in mode else CostParams()
-    cmode = "device" if "--device-profile" in mode else ("strict" if "strict" in mode else "reference")
+    cost = (cost_model("device", load_profile(PROFILE)) if "--device-profile" in mode
+            else cost_model("strict" if "strict" in mode else "reference"))
     m_mem_rows = pd.Index(chat["request_id"]).get_indexer(mem_plan.request_ids.astype(str))
-    m_mem = plan_metrics(chat["prompt_len"].to_numpy()[m_mem_rows], chat["gen_len"].to_numpy()[m_mem_rows],
-                         mem_plan.batch_ids, mem_plan.seq_align, params, cmode)
-    m_dsk = plan_metrics(chat["prompt_len"].to_numpy()[rows], chat["gen_len"].to_numpy()[rows],
-                         dsk_plan.batch_ids, dsk_plan.seq_align, params, cmode)
+    m_mem = cost.plan_metrics(chat["prompt_len"].to_numpy()[m_mem_rows], chat["gen_len"].to_numpy()[m_mem_rows],
+                              mem_plan.batch_ids, mem_plan.seq_align)
+    m_dsk = cost.plan_metrics(chat["prompt_len"].to_numpy()[rows], chat["gen_len"].to_numpy()[rows],
+                              dsk_plan.batch_ids, dsk_plan.seq_align)
     manifest = json.loads((tmp_path / "dsk" / "plan_reqs" / "manifest.json").read_text())
     if solver == "mip" and not mode:  # the command line once; the judge's numbers below for every case
         judged = cli("model.evaluate", "--engine", "dask", "--scheduler", scheduler, str(reqs),
@@ -140,7 +139,7 @@ def test_same_plans_and_metrics_as_in_memory(tmp_path, scheduler, chat, mode, so
     with distributed.Client(scheduler, set_as_default=False) as client:
         src = partitions(reqs)
         res = judge_bucket(client, "reqs", src, request_frame(client, src, None),
-                           partitions(tmp_path / "dsk" / "plan_reqs", "parquet", what="plan"), Limits(), 4, None, params, cmode)
+                           partitions(tmp_path / "dsk" / "plan_reqs", "parquet", what="plan"), Limits(), 4, None, cost)
     assert res.ok and res.metrics.n_batches == m_mem.n_batches and res.metrics.shapes == m_mem.shapes
     assert res.metrics.pad_tokens == m_mem.pad_tokens
     for name in METRICS:

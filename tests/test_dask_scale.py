@@ -15,14 +15,13 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from helpers import REPO, cli
+from helpers import REPO, cli, mode_cost
 
 distributed = pytest.importorskip("distributed")
 
 import model.distributed.judge as judge  # noqa: E402
 import model.distributed.read as read  # noqa: E402
 from model.base.errors import InputError  # noqa: E402
-from model.cost.analytic import CostParams  # noqa: E402
 from model.cost.metrics import plan_metrics  # noqa: E402
 from model.distributed.read import check_unique_ids, partitions, request_frame  # noqa: E402
 from model.domain.schema import Limits  # noqa: E402
@@ -76,10 +75,10 @@ def judged(client, reqs: Path, plan: Path, mode: str = "reference", general: boo
         return layout
 
     monkeypatch.setattr(judge, "aligned_layout", spy)
-    params = load_profile(PROFILE) if mode == "device" else CostParams()
+    cost = mode_cost(mode, load_profile(PROFILE))
     src = partitions(reqs)
     res = judge.judge_bucket(client, "reqs", src, request_frame(client, src, None, persist=False),
-                             partitions(plan, "parquet", what="plan"), limits, 4, None, params, mode)
+                             partitions(plan, "parquet", what="plan"), limits, 4, None, cost)
     monkeypatch.undo()
     return res, used == [True]
 

@@ -35,7 +35,7 @@ REFERENCE = DEFAULT / "reference.toml"  # the seed's contract: the same requests
 def test_solve_reads_the_committed_default():
     assert pipeline.DEFAULT_SCENARIO == DEFAULT / "scenario.toml"
     scenario = load_scenario(pipeline.DEFAULT_SCENARIO)
-    assert scenario.mode == "device" and scenario.params.compile_ms == 20000.0
+    assert scenario.cost.name == "device" and scenario.cost.params.compile_ms == 20000.0
     assert [lim.max_p95_latency_ms is not None for lim in scenario.limits] == [True, True]
     scenario = load_scenario(REFERENCE)
     assert scenario.max_shapes == 8 and scenario.names == ("chat", "short")

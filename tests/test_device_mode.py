@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, brute_force, bucket, check_valid, cli, problem
+from helpers import REPO, brute_force, bucket, check_valid, cli, plan_mip, problem
 
 from model import pipeline
 from model.base.errors import InfeasibleError
@@ -20,11 +20,10 @@ from model.base.runtime import Deadline
 from model.cost.device import DeviceProfile, batch_time
 from model.domain.schema import Limits, Problem
 from model.histogram.cells import build_histogram
+from model.packers import PACKERS
 from model.planning.device_search import shape_relaxation
 from model.planning.exact_runs import IntervalRuns, device_start, improve_shapes, optimal_runs
-from model.planning.mip import plan_mip
 from model.planning.window_bound import whole_trace_bound
-from solvers.packers import PACKERS
 
 TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
                     decode_large=(3.0, 1e-4, 0.05), decode_large_from=3, compile_ms=40.0)
@@ -175,6 +174,40 @@ def test_a_request_too_long_for_the_kv_cache_is_named():
         PACKERS["dpfill"](prob)
 
 
+@pytest.mark.parametrize("solver", ["mip", "dpfill"])
+def test_every_planner_names_a_request_the_kv_cache_cannot_hold(solver):
+    """The MIP raised ValueError from its exact-runs DP ("a request does not fit one batch at shape ..."): the
+    capacity is checked once, before any planner runs, and the answer is a proof naming the request."""
+    prof = DeviceProfile(name="tiny", prefill=TOY.prefill, decode=TOY.decode, compile_ms=1.0, kv_capacity_tokens=100)
+    prob = device(bucket([60, 10], [10, 20]), prof=prof)  # the first: 64 + 10 fits; the second: 64 + 20 fits
+    pipeline.plan(prob, solver, time_limit=5)
+    tight = device(bucket([60, 90], [10, 50]), prof=prof)  # 128 + 50 > 100
+    with pytest.raises(InfeasibleError, match=r"request 'b-r1' .* does not fit one batch at its smallest shape 128"):
+        pipeline.plan(tight, solver, time_limit=5)
+
+
+@pytest.mark.parametrize("extra", [[], ["--window", "1"]])
+def test_cli_kv_capacity_below_a_request_exits_3_with_one_line(tmp_path: Path, extra):
+    reqs = tmp_path / "r.jsonl"
+    reqs.write_text('{"request_id": "a", "prompt_len": 900, "gen_len": 200, "arrival_s": 0}\n'
+                    '{"request_id": "b", "prompt_len": 50, "gen_len": 20, "arrival_s": 0.5}\n')
+    prof = tmp_path / "p.toml"
+    prof.write_text(PROFILE.read_text().replace("kv_capacity_tokens = 66144", "kv_capacity_tokens = 1000"))
+    assert "kv_capacity_tokens = 1000" in prof.read_text()
+    for module in ("model.solve", "model.sweep"):
+        argv = [str(reqs), "--device-profile", str(prof), "--time-limit", "5", *extra]
+        if extra:
+            argv += ["--time-column", "arrival_s"]
+        argv += ["--out", str(tmp_path / ("o.csv" if module == "model.sweep" else "o")), "--quiet"]
+        if module == "model.sweep":
+            argv += ["--k", "1", "--solvers", "mip"]
+        done = cli(module, *argv, cwd=tmp_path)
+        assert "Traceback" not in done.stderr, done.stderr
+        if module == "model.solve":
+            assert done.returncode == 3 and "request 'a'" in done.stderr and "KV capacity 1000" in done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
 
 def test_cli_device_mode_solve_then_evaluate(tmp_path: Path):
     reqs = tmp_path / "r.jsonl"
@@ -233,7 +266,7 @@ def test_scenario_device_profile_by_path_or_inline_table(tmp_path: Path):
                       + PROFILE.read_text().split("[device]", 1)[1])
     for scenario in (by_path, inline):
         prob, _ = pipeline.load_problem(pipeline.InputSpec(scenario=scenario))
-        assert prob.mode == "device" and prob.params.compile_ms == 20000.0
+        assert prob.cost.name == "device" and prob.cost.params.compile_ms == 20000.0
     bad = tmp_path / "s3.toml"
     bad.write_text('max_shapes = 2\nmode = "strict"\ndevice = "dev.toml"\n\n[[bucket]]\nname = "r"\n'
                    'requests = "r.jsonl"\n')

@@ -17,19 +17,16 @@ import re
 
 import numpy as np
 import pytest
-from helpers import DATA, bucket, layout_metrics, layouts, problem
+from helpers import DATA, bucket, explain_infeasible, layout_metrics, layouts, mode_cost, plan_mip, problem
 from test_device_mode import TOY
 from test_mip_known import SIX
 from test_runtime import failing_mip
 
 from model import pipeline
 from model.base.errors import InfeasibleError, NoPlanFound
-from model.cost.analytic import CostParams
 from model.cost.common import align
-from model.cost.metrics import fastest_latency
 from model.domain.schema import Limits, Problem, Status
-from model.planning.diagnose import at_best, explain_infeasible
-from model.planning.mip import plan_mip
+from model.planning.diagnose import at_best
 
 METRICS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms")
 
@@ -61,7 +58,7 @@ def small_problems(count: int, seed: int, modes=("reference", "strict")):
             top = int(align(b.prompt_len).max()) + 128
             allowed = tuple(sorted({int(x) for x in rng.choice(np.arange(1, 12) * 64, 4, replace=False)} | {top}))
         mode = modes[i % len(modes)]
-        yield Problem((b,), (Limits(),), int(rng.integers(1, 4)), TOY if mode == "device" else CostParams(), mode,
+        yield Problem((b,), (Limits(),), int(rng.integers(1, 4)), mode_cost(mode, TOY),
                       max_batch_size=[None, 1, 2][int(rng.integers(0, 3))], allowed_shapes=allowed)
 
 
@@ -82,7 +79,7 @@ def test_max_batch_size_1_names_the_exact_least_sequential_time():
     prob, _ = pipeline.load_problem(pipeline.InputSpec(scenario=DATA / "default" / "reference.toml",
                                                        max_batch_size=1))
     chat = prob.buckets[0]
-    least = float(fastest_latency(align(chat.prompt_len), chat.gen_len, prob.params, "reference").sum()) + 1500.0
+    least = float(prob.cost.fastest_latency(align(chat.prompt_len), chat.gen_len).sum()) + 1500.0
     with pytest.raises(InfeasibleError) as stop:
         plan_mip(prob, time_limit=20)
     said = re.search(r"chat: sequential_ms <= \S+ can never be met: no plan goes below (\S+?)[;)]?(\s|$)",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import TRACES, bucket, check_valid, problem
+from helpers import TRACES, bucket, check_valid, plan_mip, problem
 from test_device_mode import TOY
 
 from model import pipeline
@@ -19,8 +19,9 @@ from model.base.runtime import Deadline
 from model.cost.analytic import compile_cost, decode_cost, prefill_cost
 from model.domain.schema import Batching, Limits, Problem, Status
 from model.evaluation.validate import evaluate_plans
+from model.pipeline import judge
 from model.planning import mip
-from model.planning.mip import final_shapes, judge, plan_mip
+from model.planning.mip import final_shapes
 from model.planning.reshape import redeclared
 from model.planning.stages import SearchOutcome, greedy_plan
 
@@ -78,7 +79,7 @@ def test_strict_merges_a_shape_level_whose_compile_exceeds_what_its_batches_save
     extra = float(prefill_cost(128) - prefill_cost(64) + decode_cost(128, 1) - decode_cost(64, 1))
     assert extra < float(compile_cost(64))
     judged = judge(prob, "greedy", APART)
-    new, note = final_shapes(prob, judged, Deadline.never(), 0.0)
+    new, note = final_shapes(prob, judge, judged, Deadline.never(), 0.0)
     assert [bt.shape_of.tolist() for bt in new.batchings] == [[128, 128]]
     assert new.cost == pytest.approx(judged.cost - float(compile_cost(64)) + extra, rel=1e-12)
     assert note and "2 -> 1 shapes" in note
@@ -89,7 +90,7 @@ def test_strict_lowers_a_batch_declared_above_what_it_needs():
     make a shape level worth far more than its compile charge, so both levels stay)."""
     prob = problem(bucket([60, 120, 180], [1000, 1000, 1000]), k=3, mode="strict", max_batch_size=1)
     judged = judge(prob, "greedy", (Batching(np.array([0, 1, 2]), np.array([192, 128, 192])),))
-    new, _ = final_shapes(prob, judged, Deadline.never(), 0.0)
+    new, _ = final_shapes(prob, judge, judged, Deadline.never(), 0.0)
     assert new.batchings[0].shape_of.tolist() == [128, 128, 192] and new.cost < judged.cost
 
 
@@ -101,7 +102,7 @@ def test_a_redeclaration_that_breaks_a_limit_is_not_taken():
     prob = problem(PAIR, k=2, mode="strict", max_batch_size=1, limits=Limits(max_pad_ratio=pad))
     judged = judge(prob, "greedy", APART)
     assert judged.acceptable
-    new, note = final_shapes(prob, judged, Deadline.never(), 0.0)
+    new, note = final_shapes(prob, judge, judged, Deadline.never(), 0.0)
     assert new is judged and note is None
 
 
@@ -125,5 +126,5 @@ def test_device_mode_lowers_and_merges_too():
     """Device mode (toy profile, compile 40 ms): a batch declared at 256 that needs 64 moves down."""
     prob = problem(bucket([60, 60], [10, 10]), k=2, params=TOY, mode="device", max_batch_size=1)
     judged = judge(prob, "dpfill", (Batching(np.array([0, 1]), np.array([64, 256])),))
-    new, note = final_shapes(prob, judged, Deadline.never(), 0.0)
+    new, note = final_shapes(prob, judge, judged, Deadline.never(), 0.0)
     assert new.batchings[0].shape_of.tolist() == [64, 64] and new.cost < judged.cost and note

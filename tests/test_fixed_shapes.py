@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import REPO, brute_force, bucket, check_valid, planned, problem
+from helpers import REPO, brute_force, bucket, check_valid, plan_mip, planned, problem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,9 +17,8 @@ from model.domain.shapeset import check_fits, checked, parse_shapes, round_up_to
 from model.evaluation.validate import evaluate_plans
 from model.histogram.cells import build_histogram
 from model.load.profile import load_profile
-from model.planning.mip import plan_mip
+from model.packers import PACKERS
 from model.planning.stages import shape_setup
-from solvers.packers import PACKERS
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*PuLP 4.0:DeprecationWarning")
 

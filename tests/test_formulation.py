@@ -17,13 +17,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
-from helpers import FullModel, bucket, check_valid, full_model, problem
+from helpers import FullModel, bucket, check_valid, full_model, plan_mip, problem
 
 from model.base.errors import InfeasibleError
 from model.cost.analytic import compile_cost, decode_cost, member_latency, prefill_cost
 from model.cost.common import allowed_above
 from model.domain.schema import Batching, Limits, Problem
-from model.planning.mip import plan_mip
 from solvers.backends import highs
 from solvers.backends.milp import MipArrays
 from solvers.backends.result import BackendResult, SolveOptions
@@ -320,7 +319,7 @@ def solved():
 def test_residual_limits_bind(prob, solved):
     """Each residual case's limits change the optimum, so the checks below see binding rows."""
     _, result = solved(prob)
-    free = Problem(prob.buckets, tuple(Limits() for _ in prob.buckets), prob.max_shapes, prob.params, prob.mode,
+    free = Problem(prob.buckets, tuple(Limits() for _ in prob.buckets), prob.max_shapes, prob.cost,
                    prob.max_batch_size)
     assert result.objective > solve(full_model(free).arrays).objective * (1 + 1e-9)
 
@@ -365,9 +364,9 @@ def spikes(prob: Problem, fm: FullModel, x: np.ndarray, b: int, member: np.ndarr
         assert not any(len(c) for c in col.values())
         return SPIKE * len(used), 0.0
     xa = x[a.block("col", "x", b).slice()]
-    top = member_latency(r.t, r.t, r.g, prob.params)[r.arc_box]
+    top = member_latency(r.t, r.t, r.g, prob.cost.params)[r.arc_box]
     harmless = (member + SPIKE <= limit) | (member > limit)
-    if prob.mode == "strict":
+    if prob.cost.pads_to_shape:
         if lim.max_p95_latency_ms is None:
             return SPIKE * len(used), 0.0
         shapes = fm.shapes.tolist()
@@ -388,7 +387,7 @@ def spikes(prob: Problem, fm: FullModel, x: np.ndarray, b: int, member: np.ndarr
 
 def families(prob: Problem, fm: FullModel, x: np.ndarray) -> list[Family]:
     """Cover, link and batch_cap asserted; cost, pad, seq, P95 and shapes computed with model.cost alone."""
-    p, strict, B = prob.params, prob.mode == "strict", prob.max_batch_size
+    p, strict, B = prob.cost.params, prob.cost.pads_to_shape, prob.max_batch_size
     out = []
     for b, (bm, r, lim) in enumerate(zip(fm.bms, fm.res, prob.limits, strict=True)):
         h = bm.hist

@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import Layout, brute_force, bucket, check_valid, layout_metrics, problem
+from helpers import Layout, brute_force, bucket, check_valid, layout_metrics, plan_mip, problem
 
 from model.base.errors import InfeasibleError, NoPlanFound
+from model.cost.model import cost_model
 from model.domain.schema import Limits, Problem
-from model.planning.mip import plan_mip
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*PuLP 4.0:DeprecationWarning")  # pulp 3.3's own notices
 
@@ -27,7 +27,7 @@ Y = bucket([64, 250, 190], [40, 10, 20], "y")
 
 
 def two(k: int, mode: str, x: Limits = Limits(), y: Limits = Limits()) -> Problem:
-    return Problem((X, Y), (x, y), k, mode=mode)
+    return Problem((X, Y), (x, y), k, cost_model(mode))
 
 
 CASES: dict[str, tuple[Problem, str | None]] = {  # id -> (problem, xfail reason)

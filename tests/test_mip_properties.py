@@ -19,15 +19,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helpers import broken_limits, bucket, check_valid, evaluated
+from helpers import broken_limits, bucket, check_valid, evaluated, plan_mip
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from model import pipeline
 from model.base.errors import InfeasibleError, NoPlanFound
+from model.cost.model import StrictCost, cost_model
 from model.domain.schema import Limits, Problem
-from model.planning.mip import plan_mip
-from solvers.packers import PACKERS
+from model.packers import PACKERS
 
 SETTINGS = settings(max_examples=6, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -61,7 +61,7 @@ def problems(draw, modes=("reference", "strict"), p95: bool = True) -> Problem:
     k = draw(st.integers(1, 4))
     mode = draw(st.sampled_from(modes))
     max_batch = draw(st.sampled_from([None, None, 2, 4]))
-    free = Problem(tuple(buckets), tuple(Limits() for _ in buckets), k, mode=mode, max_batch_size=max_batch)
+    free = Problem(tuple(buckets), tuple(Limits() for _ in buckets), k, cost_model(mode), max_batch_size=max_batch)
     if not draw(st.booleans()):
         return free
     cells = evaluated(free, pipeline.plan(free, "cells"))
@@ -69,7 +69,7 @@ def problems(draw, modes=("reference", "strict"), p95: bool = True) -> Problem:
     for r in cells:
         lim = limits_near(r.metrics, draw)
         limits.append(lim if p95 else Limits(lim.max_cost, lim.max_pad_ratio, None, lim.max_sequential_ms))
-    return Problem(tuple(buckets), tuple(limits), k, mode=mode, max_batch_size=max_batch)
+    return Problem(tuple(buckets), tuple(limits), k, cost_model(mode), max_batch_size=max_batch)
 
 
 def run_mip(prob: Problem) -> Outcome:
@@ -111,7 +111,7 @@ def test_plans_are_valid_and_the_bound_is_below_every_feasible_plan(prob):
 
 # strict, K = 2: three prompts of 1 token and one of 193; greedy plans them at shapes 64 and 256 (the optimum),
 # while plan_mip searched 256 alone and dropped greedy's plan as off its grid
-GREEDY_SHAPES = Problem((bucket([1, 1, 1, 193], [1, 1, 1, 6]),), (Limits(),), 2, mode="strict")
+GREEDY_SHAPES = Problem((bucket([1, 1, 1, 193], [1, 1, 1, 6]),), (Limits(),), 2, StrictCost())
 
 
 @SETTINGS
@@ -133,7 +133,7 @@ def test_emitted_plans_meet_every_limit(prob):
 
 
 # prompt 100 pads to 128 in strict mode (ratio 28/105), which the model's pad rows do not count
-STRICT_PAD = Problem((bucket([100], [5]),), (Limits(max_pad_ratio=0.1),), 8, mode="strict")
+STRICT_PAD = Problem((bucket([100], [5]),), (Limits(max_pad_ratio=0.1),), 8, StrictCost())
 # latency 2149.27 ms, 3649.27 with the compile spike (which the P95 row once left out)
 P95_SPIKE = Problem((bucket([64], [10]),), (Limits(max_p95_latency_ms=2249.27),), 8)
 

@@ -20,17 +20,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import Layout, broken_limits, brute_force, bucket, check_valid, layout_metrics
+from helpers import Layout, broken_limits, brute_force, bucket, check_valid, layout_metrics, plan_mip
 
 from model import solve
 from model.cli_common import run_main
-from model.cost.analytic import CostParams, member_latency
+from model.cost.analytic import member_latency
 from model.cost.common import align
-from model.cost.metrics import member_latencies, plan_metrics
+from model.cost.metrics import plan_metrics
+from model.cost.model import ReferenceCost, StrictCost, cost_model
 from model.domain.schema import Batching, Bucket, Limits, Problem
 from model.expand.assemble import assemble
 from model.expand.spikes import spike_leads
-from model.planning.mip import plan_mip
 
 METRICS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms")
 
@@ -66,8 +66,8 @@ def random_layout(rng: np.random.Generator, b: Bucket, prob: Problem) -> tuple[L
         shapes.append(int(rng.choice(fits)))
     lay = Layout(tuple(blocks), tuple(shapes))
     rows, ids, seq = lay.arrays()
-    latency = dict(zip(rows.tolist(), member_latencies(b.prompt_len[rows], b.gen_len[rows], ids, seq, prob.params,
-                                                       prob.mode).tolist(), strict=True))
+    latency = dict(zip(rows.tolist(), prob.cost.member_latencies(b.prompt_len[rows], b.gen_len[rows], ids,
+                                                                 seq).tolist(), strict=True))
     members: dict[int, list[int]] = {}
     for blk, s in zip(blocks, shapes, strict=True):
         members.setdefault(s, []).extend(blk)
@@ -82,13 +82,13 @@ def instance(seed: int, n_range: tuple[int, int]) -> tuple[Problem, float]:
     mode = ("reference", "strict")[seed % 2]
     k = int(rng.integers(1, 4))
     max_batch = [None, None, 2, 3][int(rng.integers(0, 4))]
-    free = Problem((b,), (Limits(),), k, mode=mode, max_batch_size=max_batch)
+    free = Problem((b,), (Limits(),), k, cost_model(mode), max_batch_size=max_batch)
     lay, recipients = random_layout(rng, b, free)
     m = layout_metrics(b, lay, free, recipients)
     # P95 and sequential time (the metrics spikes move) most of the time, cost and pad now and then
     keep = [name for name, p in zip(METRICS, (0.2, 0.2, 0.7, 0.9), strict=True) if rng.random() < p] or ["p95_latency_ms"]
     limits = Limits.of_metrics({name: m.value(name) * (1 + 1e-9) for name in keep})
-    return Problem((b,), (limits,), k, mode=mode, max_batch_size=max_batch), m.cost
+    return Problem((b,), (limits,), k, cost_model(mode), max_batch_size=max_batch), m.cost
 
 
 def planned_cost(prob: Problem) -> float:
@@ -120,11 +120,11 @@ def test_every_request_alone_meets_limits_just_above_its_own_metrics(mode):
     for _ in range(6):
         b = random_bucket(rng, int(rng.integers(3, 9)))
         S = align(b.prompt_len)
-        free = Problem((b,), (Limits(),), len(set(S.tolist())), mode=mode)
+        free = Problem((b,), (Limits(),), len(set(S.tolist())), cost_model(mode))
         lay = Layout(tuple((i,) for i in range(len(b))), tuple(int(s) for s in S))
         m = layout_metrics(b, lay, free)  # spikes on the first request of each shape
         prob = Problem((b,), (Limits(max_p95_latency_ms=m.p95_latency_ms * (1 + 1e-9),
-                                     max_sequential_ms=m.sequential_ms * (1 + 1e-9)),), free.max_shapes, mode=mode)
+                                     max_sequential_ms=m.sequential_ms * (1 + 1e-9)),), free.max_shapes, cost_model(mode))
         assert planned_cost(prob) <= m.cost * (1 + 1e-9)
 
 
@@ -133,7 +133,7 @@ def test_the_reported_false_infeasible():
     every request alone meets it when the 896 spike lands on c (434 tokens, riding at 896) and the 704 spike
     on b.  The old model reserved a spike and said "infeasible" (exit 3, later 4)."""
     b = bucket([668, 407, 434, 443, 844], [37, 12, 5, 25, 36])
-    prob = Problem((b,), (Limits(max_p95_latency_ms=123993.58492399359),), 2, mode="strict")
+    prob = Problem((b,), (Limits(max_p95_latency_ms=123993.58492399359),), 2, StrictCost())
     solo = Layout(tuple((i,) for i in range(5)), (704, 704, 896, 704, 896))
     assert layout_metrics(b, solo, prob, {704: 1, 896: 2}).p95_latency_ms <= 123993.58492399359
     assert planned_cost(prob) <= layout_metrics(b, solo, prob).cost
@@ -184,7 +184,7 @@ def test_the_expansion_meets_both_limits_where_crossing_first_would_break_sequen
     x1, x2, filler = (float(member_latency(s, t, g)) for s, t, g in ((64, 128, 200), (128, 128, 200), (64, 64, 1)))
     lim = Limits(max_p95_latency_ms=x1 + 1000.0, max_sequential_ms=filler + x1 + 1500.0 + 1e-6)
     assert 0 < x2 - x1 < 1000.0  # x2 stays under L, and a spike on x1 grows their batch by less than 1500
-    plan = assemble(b, bt, CostParams(), "reference", lim)
+    plan = assemble(b, bt, ReferenceCost(), lim)
     m = plan_metrics(b.prompt_len[plan.rows], b.gen_len[plan.rows], plan.batch_ids, plan.seq_align)
     assert m.p95_latency_ms <= lim.max_p95_latency_ms and m.sequential_ms <= lim.max_sequential_ms
 

@@ -14,14 +14,15 @@ from model import pipeline
 from model.base.errors import InfeasibleError
 from model.cost.analytic import member_latency
 from model.cost.common import align
+from model.cost.model import cost_model
 from model.domain.schema import Limits, Problem
 from model.evaluation.validate import evaluate_plans
 from model.load.scenario import load_scenario
+from model.packers import PACKERS
+from model.packers.exp import ladder
+from model.packers.grouping import pow2_ceil
+from model.packers.shapecap import representatives
 from model.report.compare import compare_table
-from solvers.packers import PACKERS
-from solvers.packers.exp import ladder
-from solvers.packers.grouping import pow2_ceil
-from solvers.packers.shapecap import representatives
 
 TWINS = ("twin-1", "twin-2")
 
@@ -147,7 +148,7 @@ def test_every_packer_plan_is_valid(reqs, k, mode, max_batch, cap_len, seq_frac)
     cells = evaluate_plans(prob, pipeline.expand(prob, pipeline.plan(prob, "cells")))[0]
     limits = tuple(Limits(max_pad_ratio=1.1 * r.metrics.pad_ratio, max_p95_latency_ms=1.05 * r.metrics.p95_latency_ms,
                           max_sequential_ms=seq_frac * r.metrics.sequential_ms) for r in cells)
-    tight = Problem(prob.buckets, limits, k, mode=mode, max_batch_size=max_batch, max_seq_len=max_seq)
+    tight = Problem(prob.buckets, limits, k, cost_model(mode), max_batch_size=max_batch, max_seq_len=max_seq)
     try:
         batchings = PACKERS["greedy"](tight)
     except InfeasibleError as exc:

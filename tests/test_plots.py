@@ -8,13 +8,12 @@ import pytest
 from matplotlib.collections import PolyCollection, QuadMesh
 from sweep_helpers import PNG_SIGNATURE, grid_rows, tiny_problem
 
-from model.expand.assemble import batch_extents
 from model.histogram.cells import build_histogram
+from model.packers import PACKERS
 from model.report.plots import GEN_GID, SHAPE_GID, plot_heatmap
 from model.sweeping.grid import SweepPoint
 from model.sweeping.sweep_plots import BAND_GID, BROKEN_GID, LIMIT_GID, plot_breakdown, plot_cost_vs_k, plot_tradeoff
 from model.sweeping.table import planner_totals
-from solvers.packers import PACKERS
 
 COSTS = {"mip": [110.0, 100.0, 100.0], "baseline": [900.0, 800.0, 700.0], "pow2": [130.0, 120.0, 115.0],
          "greedy": [112.0, 104.0, 103.0]}
@@ -86,7 +85,7 @@ def test_heatmap_marks_every_shape_and_batch_corner(tmp_path):
         assert len([c for c in ax.collections if isinstance(c, QuadMesh)]) == 1
         shapes = sorted(line.get_xdata()[0] for line in ax.get_lines() if line.get_gid() == SHAPE_GID)
         assert shapes == sorted(np.unique(bt.shape_of).tolist())
-        _, s_max, g_max = batch_extents(bucket, bt, problem.mode)
+        _, s_max, g_max = problem.cost.batch_extents(bucket.prompt_len, bucket.gen_len, bt.batch_of, bt.shape_of)
         corners = [c for c in ax.collections if c.get_gid() == GEN_GID]
         assert len(corners) == 1
         assert sorted(map(tuple, corners[0].get_offsets().tolist())) == sorted(set(zip(s_max.tolist(),

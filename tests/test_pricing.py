@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.cost.analytic import CostParams
+from model.cost.model import cost_model
 from model.domain.schema import Bucket, Limits
 from model.formulation import pricing
 from model.formulation.boxes import box_unit_cost, bucket_model, candidate_grid
@@ -35,8 +35,8 @@ def random_case(seed: int):
                  max_pad_ratio=0.2 if rng.random() < 0.5 else None)
     max_batch = int(rng.integers(1, 5)) if rng.random() < 0.4 else None
     h = build_histogram(b, int(rng.integers(3, 20)) if rng.random() < 0.3 else None)
-    bm = bucket_model(h, h.gen_min, lim, CostParams(), mode, 0, max_batch)
-    shapes = np.unique(np.r_[h.S, rng.integers(1, 12, 3) * 64]) if mode == "strict" else None
+    bm = bucket_model(h, h.gen_min, lim, cost_model(mode), 0, max_batch)
+    shapes = np.unique(np.r_[h.S, rng.integers(1, 12, 3) * 64]) if bm.cost.pads_to_shape else None
     grid = candidate_grid(bm, shapes)
     pi = box_unit_cost(bm, h.S, h.G) * rng.uniform(0.5, 3.0, len(h)) + rng.uniform(0, 3e7, len(h))
     on = rng.random(4) < 0.5

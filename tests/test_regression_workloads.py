@@ -8,11 +8,10 @@ packer's plan on every bucket, and the run reports a gap of at most 1%.
 from __future__ import annotations
 
 import pytest
-from helpers import WORKLOADS, check_valid
+from helpers import WORKLOADS, check_valid, plan_mip
 
 from model.load.scenario import load_scenario
-from model.planning.mip import plan_mip
-from solvers.packers import PACKERS
+from model.packers import PACKERS
 
 SCENARIOS = sorted(p.parent.name for p in WORKLOADS.glob("*/scenario.toml"))
 

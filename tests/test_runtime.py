@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import broken_limits, check_valid, evaluated
+from helpers import broken_limits, check_valid, evaluated, plan_mip
 from test_solve_cli import OLD_PLAN, synthetic
 
 from model import pipeline, solve, sweep
@@ -27,11 +27,11 @@ from model.base.runtime import (
     run_native,
 )
 from model.cli_common import run_main
+from model.cost.model import StrictCost, cost_model
 from model.domain.schema import Limits, Problem
 from model.formulation import pricing
 from model.histogram.cells import build_histogram
 from model.planning import mip, stages
-from model.planning.mip import plan_mip
 from solvers.backends import highs
 from solvers.backends.result import BackendResult, SolveOptions, Status
 
@@ -112,7 +112,7 @@ def test_slow_pricing_is_cut_at_the_deadline_and_the_bound_stays_valid(monkeypat
     """Pricing that takes 3 s a pass under a 1.5 s limit: the run still ends in time, says the pricing was cut,
     and its bound (the own-box floor: no pass completed) is below the plan's exact cost."""
     slow_pricing(monkeypatch, 3.0)
-    prob = Problem(synthetic(150, 3), (Limits(), Limits()), 8, mode=mode)
+    prob = Problem(synthetic(150, 3), (Limits(), Limits()), 8, cost_model(mode))
     t0 = time.perf_counter()
     out = plan_mip(prob, time_limit=1.5)
     spent = time.perf_counter() - t0
@@ -175,7 +175,7 @@ def test_a_slow_strict_shape_relaxation_falls_back_to_one_shape(monkeypatch):
         return real(bm, all_shapes, deadline)
 
     monkeypatch.setattr(shapes, "floor_table", slow)
-    prob = Problem(synthetic(100, 4), (Limits(), Limits()), 8, mode="strict")
+    prob = Problem(synthetic(100, 4), (Limits(), Limits()), 8, StrictCost())
     t0 = time.perf_counter()
     out = plan_mip(prob, time_limit=1.5)
     assert time.perf_counter() - t0 <= 1.5 * 1.1 + SLACK

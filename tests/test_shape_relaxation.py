@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import brute_force, bucket, problem
+from helpers import brute_force, bucket, plan_mip, problem
 
 from model.histogram.cells import build_histogram
 from model.planning.device_search import all_shapes
-from model.planning.mip import plan_mip
 from model.planning.shapes import choose_shapes, shape_dp
 from model.planning.stages import bucket_models
 

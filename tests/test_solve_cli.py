@@ -15,15 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import cli, evaluated, problem
+from helpers import cli, evaluated, plan_mip, problem
 
 from model import evaluate, pipeline, solve
 from model.cli_common import run_main
 from model.domain.schema import Bucket, Limits, Problem
 from model.load.synth import CHAT, SHORT, bucket_arrays, requests_jsonl
-from model.planning.mip import plan_mip
+from model.packers import PACKERS
 from solvers.backends import highs
-from solvers.packers import PACKERS
 
 OLD_PLAN = b'{"old": "plan that must survive"}\n'
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, TRACES, bucket, check_valid, problem, set_partitions
+from helpers import REPO, TRACES, bucket, check_valid, mode_cost, problem, set_partitions
 
 from model import evaluate, pipeline, solve, sweep
 from model.base.errors import InputError
@@ -28,12 +28,12 @@ from model.domain.windowing import n_windows, parse_window, split, windowed, win
 from model.evaluation.validate import evaluate_plans
 from model.load.plans import read_plan
 from model.load.profile import load_profile
+from model.packers import PACKERS
 from model.pipeline import InputSpec, load_problem
 from model.planning.window_bound import lp_duals, window_bound
 from model.planning.window_merge import merge
 from model.planning.window_runs import window_pools
 from model.report.devices import device_use
-from solvers.packers import PACKERS
 
 TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
                     decode_large=(3.0, 1e-4, 0.05), decode_large_from=3, compile_ms=40.0, kv_capacity_tokens=2000)
@@ -128,9 +128,7 @@ def random_windowed(mode: str, seed: int = 3, n: int = 60, window: float = 20.0)
     for name in ("a", "b"):
         b = bucket(rng.integers(1, 700, n).tolist(), rng.integers(1, 120, n).tolist(), name)
         buckets.append(timed(b, np.sort(rng.uniform(0, 100, n))))
-    if mode == "device":
-        return windowed(problem(*buckets, k=4, params=TOY, mode="device"), window)
-    return windowed(problem(*buckets, k=4, mode=mode), window)
+    return windowed(problem(*buckets, k=4, cost=mode_cost(mode, TOY)), window)
 
 
 @pytest.mark.parametrize("mode", ["reference", "strict", "device"])
@@ -221,16 +219,16 @@ def windowed_optimum(prob: Problem) -> float:
                         for group in part:
                             y = min(v for v in ys if v >= int(S[group].max()))
                             g = int(b.gen_len[group].max())
-                            if len(group) * (y + g) > prob.params.kv_capacity_tokens:
+                            if len(group) * (y + g) > prob.cost.params.kv_capacity_tokens:
                                 cost = math.inf
                                 break
-                            cost += float(batch_time(len(group), y, g, prob.params))
+                            cost += float(batch_time(len(group), y, g, prob.cost.params))
                             sh.add(y)
                         if cost < best_w:
                             best_w, best_used = cost, sh
                     total += best_w
                     used |= best_used
-                total += prob.params.compile_ms * len(used)
+                total += prob.cost.params.compile_ms * len(used)
             best = min(best, total)
     return best
 

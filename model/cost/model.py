@@ -105,6 +105,7 @@ class CostModel(Protocol):
     def box_unit_cost(self, t, g, large) -> np.ndarray: ...
     def box_unit_seq(self, t, g, large) -> np.ndarray: ...
     def member_latency(self, s_member, t, g) -> np.ndarray: ...
+    def prefill_latency(self, S) -> np.ndarray: ...
     def request_floor(self, t, G, max_batch: int | None) -> np.ndarray: ...
     def arc_member_length(self, S, t): ...
     def is_large(self, n) -> np.ndarray: ...
@@ -173,6 +174,29 @@ class _Rules:
                                self.params, self.mode)
 
 
+class _AtDeclaredShape:
+    """What strict and device mode share: every member's prompt is processed, and padded, at its batch's declared
+    shape, so nothing is fixed before the shapes are chosen."""
+
+    pads_to_shape: ClassVar[bool] = True
+
+    def member_lengths(self, prompt_len: np.ndarray, declared: np.ndarray) -> np.ndarray:
+        """The length each member's prompt is processed (and padded) at: the declared shape."""
+        return np.asarray(declared, dtype=np.int64)
+
+    def prompt_pad(self, S, t) -> np.ndarray:
+        """Prompt pad per member beyond its own alignment: up to the declared shape."""
+        return t - S
+
+    def constant_cost(self, S, count) -> float:
+        """Nothing is fixed: a member's prefill is at the shape chosen for it (per batch in device mode)."""
+        return 0.0
+
+    def arc_member_length(self, S, t):
+        """The length a member in a box of shape t is processed at: t."""
+        return t
+
+
 @dataclass(frozen=True)
 class _Analytic(_Rules):
     """What reference and strict mode share: the seed's coefficients, every member priced on its own."""
@@ -215,7 +239,8 @@ class _Analytic(_Rules):
         return np.ones(np.broadcast_shapes(np.shape(n), np.shape(s), np.shape(g)), dtype=bool)
 
     def without_compile(self) -> CostModel:
-        """The same model with compiles free (the windowed planner prices the shared compiles once, itself)."""
+        """The same model with compiles free of cost (the windowed planner prices the shared compiles once,
+        itself); the spike's latency stays, since Tshape_compile_ms is time, not cost."""
         return replace(self, params=replace(self.params, Kshape_attn=0.0, Kshape_mlp=0.0))
 
     def decode_regimes(self) -> list[bool]:
@@ -290,41 +315,23 @@ class ReferenceCost(_Analytic):
 
 
 @dataclass(frozen=True)
-class StrictCost(_Analytic):
+class StrictCost(_AtDeclaredShape, _Analytic):
     """The declared shape is paid for: prefill and decode at it."""
 
     name: ClassVar[str] = "strict"
-    pads_to_shape: ClassVar[bool] = True
-
-    def member_lengths(self, prompt_len: np.ndarray, declared: np.ndarray) -> np.ndarray:
-        """The length each member's prompt is processed (and padded) at: the declared shape."""
-        return np.asarray(declared, dtype=np.int64)
 
     def box_unit_cost(self, t, g, large) -> np.ndarray:
         """Cost per member of box (t, g): decode plus prefill at the declared shape."""
         return decode_cost(t, g, self.params) + prefill_cost(t, self.params)
 
-    def prompt_pad(self, S, t) -> np.ndarray:
-        """Prompt pad per member beyond its own alignment: up to the declared shape."""
-        return t - S
-
-    def constant_cost(self, S, count) -> float:
-        """Nothing is fixed: every member's prefill is at the shape chosen for it."""
-        return 0.0
-
-    def arc_member_length(self, S, t):
-        """The length a member in a box of shape t prefills at: t."""
-        return t
-
 
 @dataclass(frozen=True)
-class DeviceCost(_Rules):
+class DeviceCost(_AtDeclaredShape, _Rules):
     """Measured step times: one time per batch, growing with its size, in device milliseconds."""
 
     params: DeviceProfile
 
     name: ClassVar[str] = "device"
-    pads_to_shape: ClassVar[bool] = True
     shared_batch_time: ClassVar[bool] = True
     device_time: ClassVar[bool] = True
     objective_scale: ClassVar[float] = 1.0
@@ -339,10 +346,6 @@ class DeviceCost(_Rules):
     def batch_floor(self) -> float:
         """0: the per-request floor already spreads a batch's fixed time over its members."""
         return 0.0
-
-    def member_lengths(self, prompt_len: np.ndarray, declared: np.ndarray) -> np.ndarray:
-        """Every member is processed at its batch's declared shape."""
-        return np.asarray(declared, dtype=np.int64)
 
     def batch_contexts(self, S: np.ndarray, codes: np.ndarray, shape_of: np.ndarray) -> np.ndarray:
         """Each batch decodes from its declared shape."""
@@ -369,7 +372,7 @@ class DeviceCost(_Rules):
         return kv_tokens(n, s, g)
 
     def without_compile(self) -> CostModel:
-        """The same model with compiles free."""
+        """The same model with compiles free: compile_ms is both the charge and the spike, so both go."""
         return replace(self, params=replace(self.params, compile_ms=0.0))
 
     def decode_regimes(self) -> list[bool]:
@@ -417,6 +420,11 @@ class DeviceCost(_Rules):
         """Not defined: a member's latency is its batch's time, which depends on the batch's size."""
         raise TypeError("device mode: a member's latency depends on its batch's size")
 
+    def prefill_latency(self, S) -> np.ndarray:
+        """Not defined: prefill runs once for the whole batch (``batch_total``)."""
+        raise TypeError("device mode: prefill is timed per batch, not per member")
+
+
     def request_floor(self, t, G, max_batch: int | None) -> np.ndarray:
         """A lower bound on what one request of gen G costs at shape t, whatever its batch: the cheapest decode
         regime's per-member part plus the batch's fixed part shared by as many members as the box can hold --
@@ -431,19 +439,6 @@ class DeviceCost(_Rules):
             share = per + fixed / np.maximum(np.minimum(hi, 1 << 40), 1)
             best = np.where(lo <= hi, np.minimum(best, share), best)
         return best
-
-
-    def prompt_pad(self, S, t) -> np.ndarray:
-        """Prompt pad per member beyond its own alignment: up to the declared shape."""
-        return t - S
-
-    def constant_cost(self, S, count) -> float:
-        """Nothing is fixed: prefill is priced per batch."""
-        return 0.0
-
-    def arc_member_length(self, S, t):
-        """The length a member in a box of shape t is processed at: t."""
-        return t
 
 
 def cost_model(mode: Mode, params: CostParams | DeviceProfile | None = None) -> CostModel:

@@ -32,7 +32,6 @@ from model.serving.formats import planned
 from model.serving.plan_use import shape_uses
 from model.serving.spec import ExportSpec
 
-DEVICE = "device"  # the cost mode whose cost is device milliseconds (model.cost.device)
 NEUTRAL_FORMATS = ("list", "json")  # shapeplan's own formats: no stack to compile them
 
 

@@ -2,7 +2,7 @@
 
 A serving stack that is already deployed compiles a known list of sequence lengths;
 planning "under today's shapes" means every batch must declare one of them.  The MIP
-(``model.planning.stages``), every packer (``solvers.packers.shapecap``) and the
+(``model.planning.stages``), every packer (``model.packers.shapecap``) and the
 evaluator (``model.evaluation.validate``) all read the set through ``usable`` here, so
 "which shapes may a plan declare" has one answer.  The shape cap K still applies on
 top: a plan uses at most K of the allowed shapes.
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from model.base.errors import InputError
+from model.base.errors import InfeasibleError, InputError
 from model.cost.common import GRANULARITY, align
 from model.domain.schema import Problem
 
@@ -92,3 +92,26 @@ def outside(shapes: Iterable[int], problem: Problem) -> list[int]:
         return []
     allowed = set(problem.allowed_shapes)
     return sorted({int(s) for s in shapes} - allowed)
+
+
+def check_kv_fits(problem: Problem) -> None:
+    """Under a KV capacity every request must fit a batch of its own at the smallest shape it may declare
+    (its aligned prompt, or the smallest usable allowed shape covering it): ``shape + gen_len <= capacity``.
+    Else no plan holds it, whatever the planner -- InfeasibleError (a proof), naming the first such request,
+    its line, and how many do not fit."""
+    capacity = problem.cost.kv_capacity
+    if capacity is None:
+        return
+    for b in problem.buckets:
+        if not len(b):
+            continue
+        shape = round_up_to(align(b.prompt_len), usable(problem)) if problem.allowed_shapes is not None \
+            else align(b.prompt_len)
+        over = shape + b.gen_len > capacity
+        if over.any():
+            k = int(over.argmax())
+            raise InfeasibleError(
+                f"bucket {b.name}: request {b.request_ids[k]!r} ({b.source}:{int(b.lines[k])}) does not fit one "
+                f"batch at its smallest shape {int(shape[k])}: {int(shape[k])} + gen_len {int(b.gen_len[k])} KV "
+                f"tokens > the KV capacity {capacity} ({int(over.sum())} request(s) of this bucket do not fit); "
+                "no plan can hold it")

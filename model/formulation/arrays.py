@@ -69,8 +69,9 @@ def restriction(grid: Grid, boxes: np.ndarray, arc_cell: np.ndarray, arc_box: np
 
 
 @dataclass
-class _Builder:
-    """Accumulates column and row blocks; private to this module (build_model is the API)."""
+class ModelBuilder:
+    """Accumulates column and row blocks: the one way a formulation (the box model here, the flow model in
+    ``model.formulation.device_flow``) lays out its arrays."""
 
     c: list = field(default_factory=list)
     lb: list = field(default_factory=list)
@@ -122,7 +123,7 @@ class _Builder:
 # ---------------------------------------------------------------- constraint families
 
 
-def coverage_rows(bld: _Builder, b: int, bm: BucketModel, res: Restriction, x: Block) -> None:
+def coverage_rows(bld: ModelBuilder, b: int, bm: BucketModel, res: Restriction, x: Block) -> None:
     """Every request is planned exactly once:  sum_k x_{c,k} = n_c   for every cell c."""
     bld.add_rows("cover", res.arc_cell, x.start + np.arange(len(res.arc_cell)), np.ones(len(res.arc_cell)),
                  bm.hist.count, bm.hist.count, b)
@@ -136,7 +137,7 @@ def box_sizes(bm: BucketModel, res: Restriction, max_batch: int | None) -> tuple
     return lo, hi
 
 
-def link_rows(bld: _Builder, b: int, bm: BucketModel, res: Restriction, x: Block, m: Block,
+def link_rows(bld: ModelBuilder, b: int, bm: BucketModel, res: Restriction, x: Block, m: Block,
               lo: np.ndarray, hi: np.ndarray) -> None:
     """A cell rides in a box only if the box has batches:  x_{c,k} <= min(n_c, hi_k) * m_k.
 
@@ -159,7 +160,7 @@ def link_rows(bld: _Builder, b: int, bm: BucketModel, res: Restriction, x: Block
         _size_rows(bld, "batch_floor", b, res, x, m, floored, lo, 0.0, np.inf)
 
 
-def _size_rows(bld: _Builder, name: str, b: int, res: Restriction, x: Block, m: Block, boxes: np.ndarray,
+def _size_rows(bld: ModelBuilder, name: str, b: int, res: Restriction, x: Block, m: Block, boxes: np.ndarray,
                size: np.ndarray, lo: float, hi: float) -> None:
     """Rows  sum_c x_{c,k} - size_k * m_k  in [lo, hi]  for the given local boxes k."""
     row_of = np.full(len(res.boxes), -1)
@@ -171,7 +172,7 @@ def _size_rows(bld: _Builder, name: str, b: int, res: Restriction, x: Block, m: 
     bld.add_rows(name, r, c, v, np.full(len(boxes), lo), np.full(len(boxes), hi), b)
 
 
-def _limit_row(bld: _Builder, name: str, b: int, cols: np.ndarray, vals: np.ndarray, rhs: float,
+def limit_row(bld: ModelBuilder, name: str, b: int, cols: np.ndarray, vals: np.ndarray, rhs: float,
                relax: bool, penalty: dict[str, float] = ANALYTIC_SLACK_PENALTY) -> None:
     """One "<=" limit row, scaled so its largest coefficient is at most ROW_MAX, with a priced
     slack column while generating columns.
@@ -205,7 +206,7 @@ def cost_limit_row(bld, b, bm, res, x, m, z, unit, shapes, relax) -> None:
     if z is not None:
         cols.append(np.arange(z.start, z.stop))
         vals.append(bm.cost.shape_charge(shapes))
-    _limit_row(bld, "cost", b, np.concatenate(cols), np.concatenate(vals), bm.limits.max_cost - bm.const_cost, relax,
+    limit_row(bld, "cost", b, np.concatenate(cols), np.concatenate(vals), bm.limits.max_cost - bm.const_cost, relax,
                penalties(bm))
 
 
@@ -215,7 +216,7 @@ def pad_limit_row(bld, b, bm, res, x, relax) -> None:
         return
     t, g = res.t, res.g
     pad = arc_pad(bm, res.arc_cell, t[res.arc_box], g[res.arc_box])
-    _limit_row(bld, "pad", b, x.start + np.arange(len(res.arc_cell)), pad, bm.pad_budget, relax, penalties(bm))
+    limit_row(bld, "pad", b, x.start + np.arange(len(res.arc_cell)), pad, bm.pad_budget, relax, penalties(bm))
 
 
 def seq_limit_row(bld, b, bm, res, x, m, z, fixed_shapes: int, relax, spikes: Terms | None = None) -> None:
@@ -244,7 +245,7 @@ def seq_limit_row(bld, b, bm, res, x, m, z, fixed_shapes: int, relax, spikes: Te
     if z is not None:
         cols.append(np.arange(z.start, z.stop))
         vals.append(np.full(z.stop - z.start, spike))
-    _limit_row(bld, "seq", b, np.concatenate(cols), np.concatenate(vals), rhs, relax, penalties(bm))
+    limit_row(bld, "seq", b, np.concatenate(cols), np.concatenate(vals), rhs, relax, penalties(bm))
 
 
 def p95_limit_row(bld, b, bm, res, x, relax, spikes: Terms | None = None) -> None:
@@ -261,7 +262,7 @@ def p95_limit_row(bld, b, bm, res, x, relax, spikes: Terms | None = None) -> Non
     cols, vals = x.start + np.flatnonzero(keep), viol[keep]
     if spikes is not None:
         cols, vals = np.concatenate([cols, spikes.cols]), np.concatenate([vals, spikes.vals])
-    _limit_row(bld, "p95", b, cols, vals, float(bm.p95_allowed), relax, penalties(bm))
+    limit_row(bld, "p95", b, cols, vals, float(bm.p95_allowed), relax, penalties(bm))
 
 
 @dataclass(frozen=True, eq=False)
@@ -408,7 +409,7 @@ def build_model(bms: list[BucketModel], restrictions: list[Restriction],
     ``spike_per_arc``: reference mode gives every arc a spike-recipient column (exact);
     without, a spike counts whole against sequential time (sound, a smaller model).
     """
-    bld = _Builder()
+    bld = ModelBuilder()
     zs: list[Block] = []
     const = 0.0
     per_bucket = []

@@ -42,8 +42,8 @@ from model.formulation.arrays import (
     NO_CAP,
     Block,
     MipArrays,
-    _Builder,
-    _limit_row,
+    ModelBuilder,
+    limit_row,
 )
 from model.formulation.boxes import (
     BucketModel,
@@ -124,7 +124,7 @@ def build_flow_model(bms: list[BucketModel], levels: list[Levels], max_shapes: i
     device mode, where a spike lengthens its whole batch; conservative otherwise: a
     bound model leaves it out unless the mode makes it exact).
     """
-    bld = _Builder()
+    bld = ModelBuilder()
     ts = levels[0].ts
     nt = len(ts)
     blocks: list[FlowBlocks] = []
@@ -163,7 +163,7 @@ def build_flow_model(bms: list[BucketModel], levels: list[Levels], max_shapes: i
 
 
 
-def _flow_rows(bld: _Builder, b: int, lv: Levels, reach: np.ndarray, i: np.ndarray, j: np.ndarray,
+def _flow_rows(bld: ModelBuilder, b: int, lv: Levels, reach: np.ndarray, i: np.ndarray, j: np.ndarray,
                w: Block, a: Block, d: Block) -> None:
     """Conservation at every level:  n[i,j] + a[i-1,j] + d[i,j-1] - a[i,j] - d[i,j] - sum_v w[i,j,v] = 0.
 
@@ -192,7 +192,7 @@ def _flow_rows(bld: _Builder, b: int, lv: Levels, reach: np.ndarray, i: np.ndarr
     bld.add_rows("flow", np.concatenate(rows), np.concatenate(cols), np.concatenate(vals), -supply, -supply, b)
 
 
-def _size_rows(bld: _Builder, b: int, w: Block, m: Block, lo: np.ndarray, hi: np.ndarray, total: float) -> None:
+def _size_rows(bld: ModelBuilder, b: int, w: Block, m: Block, lo: np.ndarray, hi: np.ndarray, total: float) -> None:
     """A box's members split into its batches:  lo m <= w <= hi m  (w <= total m where uncapped)."""
     k = np.arange(w.stop - w.start)
     cap = np.where(hi < NO_CAP, hi, total).astype(np.float64)
@@ -204,7 +204,7 @@ def _size_rows(bld: _Builder, b: int, w: Block, m: Block, lo: np.ndarray, hi: np
                  np.full(len(k), np.inf), b)
 
 
-def _shape_rows(bld: _Builder, b: int, i: np.ndarray, m: Block, z: Block, m_ub: np.ndarray) -> None:
+def _shape_rows(bld: ModelBuilder, b: int, i: np.ndarray, m: Block, z: Block, m_ub: np.ndarray) -> None:
     """A box runs only at a compiled shape:  m_k <= M_k z[b, i_k]."""
     k = np.arange(len(i))
     r = np.concatenate([k, k])
@@ -213,7 +213,7 @@ def _shape_rows(bld: _Builder, b: int, i: np.ndarray, m: Block, z: Block, m_ub: 
     bld.add_rows("shape_link", r, c, v, np.full(len(k), -np.inf), np.zeros(len(k)), b)
 
 
-def _limits(bld: _Builder, b: int, bm: BucketModel, t, g, v, box_i, fixed, lat, unit, w: Block, m: Block,
+def _limits(bld: ModelBuilder, b: int, bm: BucketModel, t, g, v, box_i, fixed, lat, unit, w: Block, m: Block,
             z: Block, ts: np.ndarray, relax: bool, pen: dict[str, float], spikes: bool) -> None:
     """The limit rows of one bucket (module docstring): cost, pad, sequential time, P95."""
     lim = bm.limits
@@ -222,16 +222,16 @@ def _limits(bld: _Builder, b: int, bm: BucketModel, t, g, v, box_i, fixed, lat, 
     if lim.max_cost is not None:
         cols = np.concatenate([m.start + kw, w.start + kw, z.start + np.arange(nt)])
         vals = np.concatenate([fixed, unit, bm.cost.shape_charge(ts)])
-        _limit_row(bld, "cost", b, cols, vals, lim.max_cost - bm.const_cost, relax, pen)
+        limit_row(bld, "cost", b, cols, vals, lim.max_cost - bm.const_cost, relax, pen)
     if lim.max_pad_ratio is not None:
-        _limit_row(bld, "pad", b, w.start + kw, (t + g).astype(np.float64),
+        limit_row(bld, "pad", b, w.start + kw, (t + g).astype(np.float64),
                    (1 + lim.max_pad_ratio) * bm.real_tokens, relax, pen)
     if lim.max_sequential_ms is not None:
         useq = box_unit_seq(bm, t, g, v)
         spike = bm.cost.spike_ms if spikes else 0.0
         cols = np.concatenate([m.start + kw, w.start + kw, z.start + np.arange(nt)])
         vals = np.concatenate([lat, useq, np.full(nt, spike)])
-        _limit_row(bld, "seq", b, cols, vals, lim.max_sequential_ms, relax, pen)
+        limit_row(bld, "seq", b, cols, vals, lim.max_sequential_ms, relax, pen)
     if bm.p95_allowed is not None:
         viol = arc_violates(bm, np.zeros(len(kw), np.int64), t, g, v)
         keep = np.flatnonzero(viol > 0)
@@ -240,10 +240,10 @@ def _limits(bld: _Builder, b: int, bm: BucketModel, t, g, v, box_i, fixed, lat, 
             e = spike_rows(bld, b, bm, v, box_i, m, z)
             cols.append(np.arange(e.start, e.stop))
             vals.append(np.ones(e.stop - e.start))
-        _limit_row(bld, "p95", b, np.concatenate(cols), np.concatenate(vals), float(bm.p95_allowed), relax, pen)
+        limit_row(bld, "p95", b, np.concatenate(cols), np.concatenate(vals), float(bm.p95_allowed), relax, pen)
 
 
-def spike_rows(bld: _Builder, b: int, bm: BucketModel, v: np.ndarray, box_i: np.ndarray, m: Block, z: Block
+def spike_rows(bld: ModelBuilder, b: int, bm: BucketModel, v: np.ndarray, box_i: np.ndarray, m: Block, z: Block
                ) -> Block:
     """Device mode: each compiled shape's spike lands on a member of one of its batches -- harmlessly if
     some batch of the shape is spike-safe (T + compile_ms within the P95 limit), else it may push one

@@ -24,8 +24,8 @@ from model.base.runtime import check_interrupt
 from model.cost.common import align
 from model.cost.device import DeviceProfile, batch_time, linear_parts
 from model.domain.schema import Batching, Problem
+from model.packers.grouping import batch_capacity
 from model.planning.shapes import shape_dp
-from solvers.packers.grouping import batch_capacity
 
 log = logging.getLogger("shapeplan")
 
