@@ -257,7 +257,9 @@ def write_vllm_neuron(spec: ExportSpec) -> str:
     graphs = planned_vllm_neuron(spec)
     what = ("vllm-neuron plugin: pass additional_config as --additional-config and engine_args as "
             "--max-num-batched-tokens / --max-num-seqs / --max-model-len. Buckets are token budgets per scheduler "
-            "step (requests packed together): the plans' shapes are used as token budgets.")
+            "step (requests packed together): the plans' shapes are used as token budgets. max_model_len is the "
+            "largest shape, as the plugin's budget must be: the server refuses a request whose prompt plus "
+            "generation passes it.")
     return json_text({
         "comment": header_text(graphs, spec, what),
         "additional_config": {"neuron_config": {"num_batched_tokens_buckets": tokens, "num_seqs_buckets": seqs}},
