@@ -30,7 +30,7 @@ from model.load.outputs import Target, check_targets, files_in
 
 def build_parser() -> argparse.ArgumentParser:
     from model import pipeline
-    from model.deploy.flags import add_holdout_args, add_window_args
+    from model.deploy.flags import add_holdout_args, add_server_settings_arg, add_window_args
     from model.serving.formats import READERS
 
     parser = argparse.ArgumentParser(prog="python -m model.audit", description=__doc__.split("\n")[0])
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the serving config whose shapes are today's")
     parser.add_argument("--shapes-format", dest="config_format", default="list",
                         help=f"format of the config: {', '.join(READERS)} (default list)")
+    add_server_settings_arg(parser, "config_settings")
     add_holdout_args(parser)
     add_window_args(parser)
     parser.add_argument("--solver", default=pipeline.MIP, help=f"planner: {', '.join(pipeline.solver_names())}")
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
     from model import pipeline
     from model.deploy.auditing import audit
-    from model.deploy.flags import parse_fraction, shapes_from_file
+    from model.deploy.flags import import_config, parse_fraction, warning_text
     from model.deploy.present import AUDIT_REPORT_FILES, audit_blocks, write_audit_report
     from model.report.document import to_text
 
@@ -76,13 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     targets = [Target("--report", args.report, "folder", "give a folder for report.md, report.html and heatmap.png"),
                *files_in("--report", args.report, AUDIT_REPORT_FILES)] if args.report else []
     check_targets(targets, given_inputs(args))  # before anything is read or planned
-    config, warning = shapes_from_file(args.config, args.config_format)
+    imported = import_config(args.config, args.config_format, args.config_settings)
+    config, warning = imported.shapes, warning_text(imported)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO)
     check_targets(targets)  # against every file the loaders read
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
-    result = audit(problem, config, args.limit_shapes, args.solver, args.backend, args.time_limit, fraction)
+    result = audit(problem, config, args.limit_shapes, args.solver, args.backend, args.time_limit, fraction,
+                   args.config_format, None if imported.graphs is None else len(imported.graphs))
     print(to_text(audit_blocks(result, source, str(args.config))))
     if args.report:
         md, page = write_audit_report(args.report, result, source, str(args.config))

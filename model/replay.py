@@ -42,11 +42,12 @@ if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are i
 DEFAULT_TIME_FIELD = "arrival_s"
 MAX_REPLICAS = 1 << 16
 MAX_RATE_SCALE = 1e9
-GRAPH_FORMATS = ("json", "gaudi-file", "gaudi-env", "nxdi")  # model.serving.graphs.GRAPH_FORMATS
+GRAPH_FORMATS = ("json", "gaudi-file", "gaudi-env", "nxdi")  # model.serving.replay_graphs.GRAPH_FORMATS
 # the [server] keys (model.domain.server.SERVER_KEYS) and the report's files (model.report.serving_plots)
 SERVER_KEYS = ("stack", "max_num_seqs", "max_num_batched_tokens", "block_size", "max_prefill_seqs",
                "ctx_batch_size")
 REPORT_FILES = ("timeline.png", "latency.png")
+SHOWN_NOTES = 10  # warnings about the graph config shown; the rest are counted
 
 
 def parser() -> argparse.ArgumentParser:
@@ -56,6 +57,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--graphs", type=Path, required=True, help="the compiled graph set (a serving config)")
     p.add_argument("--shapes-format", default="json", help=f"format of --graphs: {', '.join(GRAPH_FORMATS)} "
                                                            "(default json)")
+    p.add_argument("--server-settings", help="more settings the stack's graph rules read, e.g. max_model_len=16384 "
+                                              "(NAME=VALUE pairs, comma separated)")
     p.add_argument("--columns", help="column mapping: 'azure' or PROMPT,GEN[,ID] (CSV/Parquet inputs)")
     p.add_argument("--format", choices=("jsonl", "csv", "parquet"), help="input format (default: by suffix)")
     p.add_argument("--time-column", help=f"arrival-time column (seconds or ISO 8601; default: {DEFAULT_TIME_FIELD} "
@@ -140,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     from model.load.profile import load_profile_file
     from model.load.server import server_settings
     from model.report.serving import settings_text, summary_json, summary_lines
-    from model.serving.graphs import oversized_prompt_graphs, read_graphs
+    from model.serving.replay_graphs import oversized_prompt_graphs, read_graph_set
+    from model.serving.settings import parse_flag
 
     args = parser().parse_args(argv)
     if not 1 <= args.replicas <= MAX_REPLICAS:
@@ -153,16 +157,23 @@ def main(argv: list[str] | None = None) -> int:
     check_targets(targets, [*args.requests, args.device_profile, args.graphs])  # before anything is read
     profile, table = load_profile_file(args.device_profile)
     settings = server_settings(table, {key: getattr(args, key) for key in SERVER_KEYS}, str(args.device_profile))
-    graphs = read_graphs(args.graphs, args.shapes_format, settings.stack)
+    extra = parse_flag(args.server_settings)
+    imported = read_graph_set(args.graphs, args.shapes_format, settings,
+                              f"[server] of {args.device_profile} (or its flag)", extra)
+    graphs = imported.graphs
     trace = load_trace(args)
     check_targets(targets)  # against every file the loaders read (a bucket file a gaudi-env names, say)
     check_fits(trace, settings, graphs, profile.kv_capacity_tokens)
-    dropped = oversized_prompt_graphs(graphs, settings.max_num_batched_tokens) if settings.stack == "gaudi" else []
+    oversized = oversized_prompt_graphs(graphs, settings.max_num_batched_tokens) if settings.stack == "gaudi" else []
     out = sys.stderr if args.json == "-" else sys.stdout
-    if dropped:
-        print(f"warning: {len(dropped)} prompt graphs have B*S above max_num_batched_tokens "
+    for note in imported.notes[:SHOWN_NOTES]:
+        print(f"warning: {note}", file=sys.stderr)
+    if len(imported.notes) > SHOWN_NOTES:
+        print(f"warning: ... and {len(imported.notes) - SHOWN_NOTES} more", file=sys.stderr)
+    if oversized:
+        print(f"warning: {len(oversized)} prompt graphs have B*S above max_num_batched_tokens "
               f"{settings.max_num_batched_tokens}; vllm-gaudi drops them at start-up, the replay keeps them as given: "
-              + " ".join(map(str, dropped[:10])) + (" ..." if len(dropped) > 10 else ""), file=sys.stderr)
+              + " ".join(map(str, oversized[:10])) + (" ..." if len(oversized) > 10 else ""), file=sys.stderr)
     cost = ServingCost(profile)
     deadline = Deadline.never() if args.time_limit is None else Deadline.after(args.time_limit)
     try:

@@ -36,7 +36,7 @@ from model.evaluation.replay_run import check_fits, replay, trace_of  # noqa: E4
 from model.load.profile import load_profile_file  # noqa: E402
 from model.load.requests import load_requests  # noqa: E402
 from model.load.server import server_settings  # noqa: E402
-from model.serving.graphs import read_graphs  # noqa: E402
+from model.serving.replay_graphs import read_graph_set  # noqa: E402
 
 TRACE = REPO / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 EXAMPLE = REPO / "data" / "examples" / "serving"
@@ -69,7 +69,7 @@ def main() -> int:
     args = parser.parse_args()
     profile, table = load_profile_file(EXAMPLE / "profile.toml")
     settings = server_settings(table, {"stack": args.stack})
-    graphs = read_graphs(*GRAPHS[args.stack], settings.stack)
+    graphs = read_graph_set(*GRAPHS[args.stack], settings).graphs
     cost = ServingCost(profile)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "trace.csv"

@@ -126,7 +126,7 @@ def test_an_nxdi_request_beyond_the_largest_bucket(example):
     (("--slo-tpot-ms", "-3"), "error: --slo-tpot-ms:"),
     (("--max-num-seqs", "0"), "error: --max-num-seqs:"),
     (("--stack", "tpu"), "error: --stack:"),
-    (("--shapes-format", "list"), "error: --shapes-format: list lists lengths"),
+    (("--shapes-format", "list"), "error: --shapes-format: list compiles lengths"),
     (("--ctx-batch-size", "2"), "error: --ctx-batch-size:"),
 ])
 def test_bad_flags_exit_2_with_one_line(example, extra, start):
@@ -197,7 +197,31 @@ def test_the_command_lines_spell_the_shared_names_as_their_modules_do():
     from model import calibrate
     from model.domain.server import SERVER_KEYS
     from model.report.serving_plots import REPORT_FILES
-    from model.serving.graphs import GRAPH_FORMATS
+    from model.serving.replay_graphs import GRAPH_FORMATS
 
     assert replay_cli.SERVER_KEYS == calibrate.SERVER_KEYS == SERVER_KEYS
     assert (replay_cli.GRAPH_FORMATS, replay_cli.REPORT_FILES) == (GRAPH_FORMATS, REPORT_FILES)
+
+
+def test_the_serving_example_of_the_readme_runs(tmp_path):
+    """data/examples/serving: the gaudi bucket file under its profile's [server] table, as README shows it."""
+    example = Path(__file__).resolve().parents[1] / "data" / "examples" / "serving"
+    done = cli("model.replay", str(example / "trace.csv"), "--device-profile", str(example / "profile.toml"),
+               "--graphs", str(example / "gaudi-buckets.txt"), "--shapes-format", "gaudi-file", "--replicas", "4",
+               "--slo-ttft-ms", "2000", "--slo-tpot-ms", "100", "--json", "-", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["requests"], doc["graphs"]["count"], doc["runtime_compiles"]["count"]) == (2000, 48, 0)
+    assert "warning" not in done.stderr  # the file's "# setting:" lines agree with the profile's [server] table
+    nxdi = cli("model.replay", str(example / "trace.csv"), "--device-profile", str(example / "profile.toml"),
+               "--graphs", str(example / "nxdi.json"), "--shapes-format", "nxdi", "--stack", "nxdi", "--max-num-seqs",
+               "32", cwd=tmp_path)
+    assert nxdi.returncode == 2 and "32 disagrees with tkg_batch_size (batch_size) 64" in nxdi.stderr
+
+
+def test_graphs_the_stack_drops_are_named(example):
+    (example / "b.txt").write_text("([1, 2], [256, 1024], 0)\n(4, 1, [8, 12])\n")
+    done = run(example, "--shapes-format", "gaudi-file", "--server-settings", "max_model_len=2048",
+               "--max-prefill-seqs", "1", graphs="b.txt")
+    assert done.returncode == 0, done.stderr
+    assert "warning: b.txt: the stack drops prompt (2, 256, 0): batch 2 over VLLM_PROMPT_BS_BUCKET_MAX 1" in done.stderr

@@ -13,6 +13,9 @@ from model.base.numbers import decimal_text
 from model.domain.shapeset import parse_shapes
 from model.domain.windowing import parse_window
 from model.serving.formats import READERS, read_shapes
+from model.serving.graphs import ShapeImport
+from model.serving.settings import FLAG as SETTINGS_FLAG
+from model.serving.settings import parse_flag
 
 DEFAULT_SHAPES_FORMAT = "list"
 
@@ -23,6 +26,14 @@ def add_shape_args(parser: argparse.ArgumentParser) -> None:
                                          "the shape cap K still applies)")
     parser.add_argument("--shapes-from", type=Path, help="plan only with the shapes a serving config compiles")
     add_shapes_format_arg(parser)
+    add_server_settings_arg(parser)
+
+
+def add_server_settings_arg(parser: argparse.ArgumentParser, dest: str = "server_settings") -> None:
+    """``--server-settings NAME=N,...``: the server settings a config's rules need and it does not state."""
+    parser.add_argument(SETTINGS_FLAG, dest=dest,
+                        help="with --shapes-from: server settings the config's rules need, e.g. "
+                             "max_num_batched_tokens=8192,max_model_len=4096 (gaudi exp needs both)")
 
 
 def add_shapes_format_arg(parser: argparse.ArgumentParser) -> None:
@@ -62,10 +73,21 @@ def parse_windows(text: str | None) -> tuple[float, ...] | None:
     return tuple(sorted({parse_window(t, "--windows") for t in parts}))
 
 
-def shapes_from_file(path: Path, fmt: str | None) -> tuple[tuple[int, ...], str | None]:
-    """The shapes a serving config compiles, and the rounding warning naming the lengths that moved (or None)."""
-    imported = read_shapes(path, fmt or DEFAULT_SHAPES_FORMAT)
-    return imported.shapes, imported.warning()
+def import_config(path: Path, fmt: str | None, settings: str | None = None) -> ShapeImport:
+    """A serving config read by its stack's rules: its shapes, its graphs and the warnings to show."""
+    return read_shapes(path, fmt or DEFAULT_SHAPES_FORMAT, settings=parse_flag(settings))
+
+
+def warning_text(imported: ShapeImport) -> str | None:
+    """The import's warnings as the text after a caller's "warning: " (one line each), or None."""
+    lines = imported.warnings()
+    return "\nwarning: ".join(lines) if lines else None
+
+
+def shapes_from_file(path: Path, fmt: str | None, settings: str | None = None) -> tuple[tuple[int, ...], str | None]:
+    """The shapes a serving config compiles, and its warnings (names never read, the lengths rounded up)."""
+    imported = import_config(path, fmt, settings)
+    return imported.shapes, warning_text(imported)
 
 
 def allowed_from_args(args: argparse.Namespace) -> tuple[tuple[int, ...] | None, str | None]:
@@ -74,12 +96,15 @@ def allowed_from_args(args: argparse.Namespace) -> tuple[tuple[int, ...] | None,
     fmt = getattr(args, "shapes_format", None)
     if text is not None and path is not None:
         raise InputError("--shapes", None, None, "give --shapes or --shapes-from, not both")
+    settings = getattr(args, "server_settings", None)
     if fmt is not None and path is None:
         raise InputError("--shapes-format", None, None, "needs --shapes-from FILE")
+    if settings is not None and path is None:
+        raise InputError(SETTINGS_FLAG, None, None, "needs --shapes-from FILE")
     if text is not None:
         return parse_shapes(text), None
     if path is not None:
-        return shapes_from_file(path, fmt)
+        return shapes_from_file(path, fmt, settings)
     return None, None
 
 
