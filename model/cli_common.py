@@ -11,7 +11,13 @@ from model.base.errors import InfeasibleError, InputError, NoPlanFound
 from model.base.runtime import Interrupted, leave, shielded, signal_handlers
 from model.cost.common import GRANULARITY, MODES
 from model.cost.model import cost_from_flags, flag_coefficients
-from model.deploy.flags import allowed_from_args
+from model.deploy.flags import (
+    add_batch_buckets_arg,
+    add_graph_cap_args,
+    allowed_from_args,
+    parse_batch_buckets,
+    parse_graph_caps,
+)
 from model.domain.schema import LIMIT_KEYS, Limits, Problem, Scenario
 from model.domain.windowing import parse_window
 from model.load.params import cost_params_from_toml
@@ -19,6 +25,7 @@ from model.load.profile import load_profile
 from model.load.scenario import MAX_BATCH, MAX_SEQ_LEN, MAX_SHAPES
 from model.pipeline import InputSpec, load_problem
 
+MAX_GRAPHS = MAX_SHAPES * MAX_BATCH  # a graph is a (batch bucket, shape) pair
 ABANDONED_WAIT_S = 5.0  # at exit, a solver left behind gets this long to end before the process leaves anyway
 
 
@@ -35,6 +42,8 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost-params", type=Path, help="TOML file overriding cost-model coefficients")
     parser.add_argument("--limit-shapes", type=int, default=None, help="at most K shapes across all buckets")
     parser.add_argument("--max-seq-len", type=int, default=None, help="largest shape the accelerator allows")
+    add_batch_buckets_arg(parser)
+    add_graph_cap_args(parser)
 
 
 def add_limit_args(parser: argparse.ArgumentParser) -> None:
@@ -90,11 +99,14 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
     allowed, warning = allowed_from_args(args)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
+    max_graphs, max_warmup_s = parse_graph_caps(args.limit_graphs, args.max_warmup_s, MAX_GRAPHS)
     spec = InputSpec(files=tuple(files), scenario=args.scenario, columns=args.columns, fmt=args.format,
                      limits=limits, max_shapes=args.limit_shapes, params=params, device=device, mode=args.cost_model,
                      max_batch_size=getattr(args, "max_batch_size", None), max_seq_len=args.max_seq_len,
                      params_source=str(args.cost_params) if args.cost_params else None,
-                     allowed_shapes=allowed, time_column=getattr(args, "time_column", None), window_s=window_s)
+                     allowed_shapes=allowed, time_column=getattr(args, "time_column", None), window_s=window_s,
+                     batch_buckets=parse_batch_buckets(args.batch_buckets), max_graphs=max_graphs,
+                     max_warmup_s=max_warmup_s)
     return load_problem(spec, default_scenario)
 
 
@@ -132,9 +144,16 @@ def dask_settings(args: argparse.Namespace):
     from model.distributed.engine import Settings
 
     check_sizes(args)
+    given = [flag for flag, value in (("--batch-buckets", args.batch_buckets), ("--limit-graphs", args.limit_graphs),
+                                      ("--max-warmup-s", args.max_warmup_s)) if value is not None]
+    if given:
+        raise InputError("--engine", None, None, f"dask does not support {', '.join(given)}")
     params = cost_params_from_toml(args.cost_params) if args.cost_params else None
     device = load_profile(args.device_profile) if getattr(args, "device_profile", None) else None
     cost = cost_from_flags(*flag_coefficients(args.cost_model, params, device))
+    if cost.batch_buckets is not None:
+        raise InputError("--engine", None, None, "dask does not support compiled batch sizes (batch_buckets in the "
+                         "device profile): plan graphs with the memory engine")
     return Settings(limits=cli_limits(args), max_shapes=args.limit_shapes or 8, cost=cost,
                     max_batch_size=getattr(args, "max_batch_size", None), max_seq_len=args.max_seq_len,
                     params_source=str(args.cost_params) if args.cost_params else None,
