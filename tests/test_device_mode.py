@@ -18,6 +18,7 @@ from model import pipeline
 from model.base.errors import InfeasibleError
 from model.base.runtime import Deadline
 from model.cost.device import DeviceProfile, batch_time
+from model.cost.model import DeviceCost
 from model.domain.schema import Limits, Problem
 from model.histogram.cells import build_histogram
 from model.planning.device_search import shape_relaxation
@@ -69,7 +70,7 @@ def test_p95_limit_no_plan_meets_is_not_reported_as_a_plan():
 def test_optimal_runs_is_the_exact_cut_and_matches_batch_time():
     rng = np.random.default_rng(3)
     gens = np.sort(rng.integers(1, 60, 9))
-    cost, batch = optimal_runs(gens, 128, TOY, None)
+    cost, batch = optimal_runs(gens, 128, DeviceCost(TOY), None)
     sizes = np.bincount(batch)
     assert cost == pytest.approx(float(sum(batch_time(n, 128, gens[batch == k].max(), TOY)
                                            for k, n in enumerate(sizes))), rel=1e-12)

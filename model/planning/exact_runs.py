@@ -7,10 +7,12 @@ runs (swapping two members across two batches never shortens the longer one's ge
 
     C[i] = min over n <= cap(s, g_i) of  C[i - n] + T(n, s, g_i)     (g_i = gen of member i, sorted)
 
-with T the device batch time (``model.cost.device.batch_time``) and cap the KV capacity
-and batch-size cap.  ``improve_shapes`` then moves one shape at a time to the neighbouring
-candidate that lowers the exact total, each shape's requests re-batched by the DP.  The
-result is a plan (the planner's warm start and a fallback), never a bound.
+with T the cost model's batch time (with batch buckets T(B(n)): a run of n members runs in
+its graph) and cap the KV capacity and batch-size cap (and the largest bucket whose graph fits).
+With batch buckets each graph a shape's runs use is one more compile, which ``priced_runs``
+weighs by dropping buckets while that lowers the exact total.  ``improve_shapes`` then
+moves one shape at a time to the neighbouring candidate that lowers the exact total, each
+shape's requests re-batched by the DP.  The result is a plan (the planner's warm start and a fallback), never a bound.
 """
 
 from __future__ import annotations
@@ -22,51 +24,70 @@ import numpy as np
 
 from model.base.runtime import check_interrupt
 from model.cost.common import align
-from model.cost.device import DeviceProfile, batch_time, linear_parts
+from model.cost.model import CostModel
 from model.domain.schema import Batching, Problem
 from model.planning.shapes import shape_dp
-from solvers.packers.grouping import batch_capacity
 
 log = logging.getLogger("shapeplan")
 
 
-def optimal_runs(gens: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None,
-                 latency_limit: float | None = None) -> tuple[float, np.ndarray]:
+def size_parts(gens: np.ndarray, s: int, cost: CostModel, sizes: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(fixed[c, i], per[c, i], class row of each size): T = fixed + n * per for a batch of n members in size
+    class c whose longest gen is gens[i] -- the decode regimes, or with batch buckets one class per bucket
+    (constant time T(B)) -- so the DP prices every size by the cost model's own linear parts."""
+    kinds = cost.size_classes()
+    parts = [cost.linear_parts(s, gens, np.full(len(gens), c)) for c in kinds]
+    fixed = np.stack([f for f, _ in parts])
+    per = np.stack([u for _, u in parts])
+    row = np.searchsorted(np.asarray(kinds, dtype=np.int64), np.asarray(cost.size_class(sizes), dtype=np.int64))
+    return fixed, per, row
+
+
+def optimal_runs(gens: np.ndarray, s: int, cost: CostModel, max_batch: int | None,
+                 latency_limit: float | None = None, classes: set | None = None) -> tuple[float, np.ndarray]:
     """Cheapest cut of ``gens`` (sorted ascending) into consecutive batches at shape s.
 
     Returns (total batch time, batch number of each member).  Exact for the order given
-    (T from its per-batch and per-member parts, each regime on its own sizes).  With a
+    (T from the cost model's per-batch and per-member parts, each size class on its own
+    sizes: with batch buckets a run of n costs its graph's T(B(n))).  With a
     ``latency_limit`` no batch takes longer than it, except batches of members that
     exceed it even alone (every member's latency is its batch's time): a P95 limit then
-    counts no member over it that need not be.
+    counts no member over it that need not be.  ``classes`` keeps only the sizes of those
+    size classes (None: every size); ValueError when the runs cannot be cut into them.
     """
     n = len(gens)
     best = np.full(n + 1, np.inf)
     best[0] = 0.0
     take = np.zeros(n + 1, dtype=np.int64)
-    caps = batch_capacity(s, gens, max_batch, prof.kv_capacity_tokens)
+    caps = cost.batch_cap(s, gens, max_batch)
     if (caps < 1).any():
         raise ValueError(f"a request does not fit one batch at shape {s}")
-    small = linear_parts(s, gens, np.zeros(n, bool), prof)
-    large = linear_parts(s, gens, np.ones(n, bool), prof) if prof.decode_large is not None else small
-    switch = prof.decode_large_from if prof.decode_large is not None else np.iinfo(np.int64).max
     sizes = np.arange(1, int(min(caps.max(), n)) + 1)
-    is_large = sizes >= switch
+    fixed, per, row = size_parts(gens, s, cost, sizes)
+    allowed = None if classes is None else np.isin(np.asarray(cost.size_class(sizes)), list(classes))
+    if allowed is not None and not allowed.any():
+        raise ValueError(f"no batch size of the classes {sorted(classes)} fits at shape {s}")
+    smallest = 0 if allowed is None else int(np.argmax(allowed))  # the smallest size a member may ride in
     # members over the limit even alone: a suffix of the gen order (time grows with gen)
     first_over = n
     if latency_limit is not None:
-        alone = np.minimum(small[0] + small[1], large[0] + large[1] if switch <= 1 else np.inf)
+        alone = fixed[row[smallest]] + sizes[smallest] * per[row[smallest]]
         first_over = int(np.searchsorted(alone > latency_limit, True))  # alone is non-decreasing in gen
     for i in range(1, n + 1):
         cap = int(min(caps[i - 1], i))
         sz = sizes[:cap]
-        time_ = np.where(is_large[:cap], large[0][i - 1] + sz * large[1][i - 1], small[0][i - 1] + sz * small[1][i - 1])
-        cost = best[i - sz] + time_
+        time_ = fixed[row[:cap], i - 1] + sz * per[row[:cap], i - 1]
+        cost_ = best[i - sz] + time_
         if latency_limit is not None:
             keep = time_ <= latency_limit if i <= first_over else sz <= i - first_over
-            cost = np.where(keep | (sz == 1), cost, np.inf)
-        k = int(np.argmin(cost))
-        best[i], take[i] = cost[k], sz[k]
+            cost_ = np.where(keep | (sz == sizes[smallest]), cost_, np.inf)
+        if allowed is not None:
+            cost_ = np.where(allowed[:cap], cost_, np.inf)
+        k = int(np.argmin(cost_))
+        best[i], take[i] = cost_[k], sz[k]
+    if not np.isfinite(best[n]):
+        raise ValueError(f"the requests cannot be cut into batches of the classes {sorted(classes)} at shape {s}")
     cuts = []
     i = n
     while i > 0:
@@ -77,24 +98,62 @@ def optimal_runs(gens: np.ndarray, s: int, prof: DeviceProfile, max_batch: int |
     return float(best[n]), batch
 
 
-def filled_cost(gens: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None) -> float:
-    """Device time of ``gens`` (sorted ascending) cut greedily into runs filled to capacity at shape s.
+def compile_units(sizes: np.ndarray, cost: CostModel) -> int:
+    """How many compiles batches of these sizes need at one shape: 1 where the compile is per shape, one per
+    distinct graph (batch bucket) they run in where it is per graph."""
+    if not len(sizes):
+        return 0
+    return len(np.unique(cost.compile_class(cost.size_class(np.asarray(sizes, dtype=np.int64)))))
 
-    An upper bound on ``optimal_runs`` that costs one step per batch instead of one per
+
+def priced_runs(gens: np.ndarray, s: int, cost: CostModel, max_batch: int | None,
+                latency_limit: float | None = None) -> tuple[float, np.ndarray]:
+    """``optimal_runs`` with the compile its runs need at shape s: (device time plus compiles, batch of each
+    member).  With batch buckets every bucket a run uses is one more graph to compile, which the DP does not
+    see: the buckets it uses are then dropped one at a time while the exact total (time plus one compile per
+    graph) drops, each trial re-cut by the DP over the remaining buckets' sizes."""
+    t, batch = optimal_runs(gens, s, cost, max_batch, latency_limit)
+    charge = float(cost.shape_charge(s))
+    total = t + charge * compile_units(np.bincount(batch), cost)
+    if cost.n_compile_classes == 1:
+        return total, batch
+    keep = set(cost.size_classes())
+    improved = True
+    while improved:
+        improved = False
+        used = sorted(set(cost.size_class(np.bincount(batch)).tolist()))
+        for c in used if len(used) > 1 else []:
+            try:
+                t2, batch2 = optimal_runs(gens, s, cost, max_batch, latency_limit, keep - {c})
+            except ValueError:
+                continue
+            total2 = t2 + charge * compile_units(np.bincount(batch2), cost)
+            if total2 < total * (1 - 1e-12):
+                total, batch, keep, improved = total2, batch2, keep - {c}, True
+                break
+    return total, batch
+
+
+def filled_cost(gens: np.ndarray, s: int, cost: CostModel, max_batch: int | None) -> float:
+    """Device time of ``gens`` (sorted ascending) cut greedily into runs filled to capacity at shape s, plus
+    the compiles those runs need (``compile_units``).
+
+    An upper bound on ``priced_runs`` that costs one step per batch instead of one per
     member: what the shape DP ranks intervals by before the chosen shapes are batched exactly.
     """
     n = len(gens)
     total, p = 0.0, 0
-    kv = prof.kv_capacity_tokens
+    sizes = []
     while p < n:
-        window = int(min(n - p, batch_capacity(s, gens[p:p + 1], max_batch, kv)[0] + 1))
-        fits = np.arange(1, window + 1) <= batch_capacity(s, gens[p:p + window], max_batch, kv)
+        window = int(min(n - p, cost.batch_cap(s, gens[p:p + 1], max_batch)[0] + 1))
+        fits = np.arange(1, window + 1) <= cost.batch_cap(s, gens[p:p + window], max_batch)
         take = int(np.argmin(fits)) if not fits.all() else window
         if take == 0:
             raise ValueError(f"a request does not fit one batch at shape {s}")
-        total += float(batch_time(take, s, gens[p + take - 1], prof))
+        total += float(cost.batch_total(take, s, gens[p + take - 1]))
+        sizes.append(take)
         p += take
-    return total
+    return total + float(cost.shape_charge(s)) * compile_units(np.asarray(sizes), cost)
 
 
 class IntervalRuns:
@@ -118,7 +177,7 @@ class IntervalRuns:
         return idx[np.argsort(self.problem.buckets[b].gen_len[idx], kind="stable")]
 
     def interval(self, lo: int, hi: int) -> tuple[float, tuple[np.ndarray, ...]]:
-        """(device time plus one compile per bucket with members, per bucket the runs' end positions)."""
+        """(device time plus the compiles of every bucket with members, per bucket the runs' end positions)."""
         key = (lo, hi)
         if key not in self._cache:
             prob = self.problem
@@ -128,9 +187,9 @@ class IntervalRuns:
                 if len(members) == 0:
                     ends.append(np.zeros(0, np.int64))
                     continue
-                t, batch = optimal_runs(prob.buckets[b].gen_len[members], hi, prob.cost.params, prob.max_batch_size,
-                                        lim.max_p95_latency_ms)
-                cost += t + prob.cost.params.compile_ms
+                t, batch = priced_runs(prob.buckets[b].gen_len[members], hi, prob.cost, prob.max_batch_size,
+                                       lim.max_p95_latency_ms)
+                cost += t
                 ends.append(np.flatnonzero(np.diff(np.r_[batch, -1])) + 1)
             self._cache[key] = (cost, tuple(ends))
         return self._cache[key]
@@ -219,8 +278,7 @@ def interval_costs(problem: Problem, candidates: np.ndarray, deadline: float) ->
             for a, bucket in zip(aligned, problem.buckets, strict=True):
                 sel = (a > low) & (a <= top)
                 if sel.any():
-                    total += filled_cost(np.sort(bucket.gen_len[sel]), top, problem.cost.params,
-                                         problem.max_batch_size) + problem.cost.params.compile_ms
+                    total += filled_cost(np.sort(bucket.gen_len[sel]), top, problem.cost, problem.max_batch_size)
             cost[lo + 1, hi] = total
             check_interrupt()
             if time.perf_counter() > deadline:
