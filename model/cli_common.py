@@ -99,13 +99,14 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
     allowed, warning = allowed_from_args(args)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
-    max_graphs, max_warmup_s = parse_graph_caps(args.limit_graphs, args.max_warmup_s, MAX_GRAPHS)
+    max_graphs, max_warmup_s = parse_graph_caps(getattr(args, "limit_graphs", None),
+                                                getattr(args, "max_warmup_s", None), MAX_GRAPHS)
     spec = InputSpec(files=tuple(files), scenario=args.scenario, columns=args.columns, fmt=args.format,
                      limits=limits, max_shapes=args.limit_shapes, params=params, device=device, mode=args.cost_model,
                      max_batch_size=getattr(args, "max_batch_size", None), max_seq_len=args.max_seq_len,
                      params_source=str(args.cost_params) if args.cost_params else None,
                      allowed_shapes=allowed, time_column=getattr(args, "time_column", None), window_s=window_s,
-                     batch_buckets=parse_batch_buckets(args.batch_buckets), max_graphs=max_graphs,
+                     batch_buckets=parse_batch_buckets(getattr(args, "batch_buckets", None)), max_graphs=max_graphs,
                      max_warmup_s=max_warmup_s)
     return load_problem(spec, default_scenario)
 
@@ -144,8 +145,8 @@ def dask_settings(args: argparse.Namespace):
     from model.distributed.engine import Settings
 
     check_sizes(args)
-    given = [flag for flag, value in (("--batch-buckets", args.batch_buckets), ("--limit-graphs", args.limit_graphs),
-                                      ("--max-warmup-s", args.max_warmup_s)) if value is not None]
+    given = [flag for flag in ("--batch-buckets", "--limit-graphs", "--max-warmup-s")
+             if getattr(args, flag.lstrip("-").replace("-", "_"), None) is not None]
     if given:
         raise InputError("--engine", None, None, f"dask does not support {', '.join(given)}")
     params = cost_params_from_toml(args.cost_params) if args.cost_params else None

@@ -13,7 +13,8 @@ from helpers import bucket, check_valid, problem
 from model.cost.device import DeviceProfile, batch_time
 from model.cost.model import cost_model
 from model.domain.schema import Limits
-from model.planning.exact_runs import IntervalRuns, optimal_runs, priced_runs
+from model.planning.exact_runs import IntervalRuns
+from model.planning.run_cuts import optimal_runs, priced_runs
 from solvers.packers import PACKERS
 
 TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
