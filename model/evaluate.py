@@ -32,7 +32,7 @@ from model.deploy.flags import add_shape_args, add_window_args
 from model.domain.schema import Evaluation
 from model.evaluation.validate import evaluate_plans, joint_shape_cap, time_text
 from model.load.plans import read_plan
-from model.report.tables import bucket_table, verdict
+from model.report.tables import bucket_table, graph_totals, verdict
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
               "mix requests of two windows")
     for result, f in zip(results, plan_files, strict=True):
         print(bucket_table(result, {"plan": str(f)}, problem.cost, problem.windowing))
+    print(graph_totals(results, problem.cost))
     print(verdict(results, global_problems))
     return 0 if all(r.ok for r in results) and not global_problems else 1
 

@@ -174,3 +174,26 @@ def test_the_dask_engine_refuses_graphs(tmp_path: Path):
     done = cli("model.solve", "--engine", "dask", str(tmp_path), "--device-profile", str(PROFILE), "--batch-buckets",
                "1,4", cwd=tmp_path)
     assert done.returncode == 2 and "dask does not support --batch-buckets" in done.stderr
+
+
+def test_the_tables_say_what_is_compiled_in_graph_mode(tmp_path: Path):
+    reqs, plan = write_example(tmp_path)
+    done = cli("model.evaluate", str(reqs), str(plan), "--device-profile", str(PROFILE), "--batch-buckets", "1,4",
+               cwd=tmp_path)
+    assert "bucket reqs: 5 requests, 3 batches, 2 shapes [128, 768], 3 graphs (warm-up 60 s)" in done.stdout
+    assert "  graphs (batch bucket, shape): (1, 128), (4, 128), (4, 768); batch buckets 1, 4, 20 s to compile " \
+           "each" in done.stdout
+    assert "compiled graphs across all buckets: 3 graphs (warm-up 60 s)\n" in done.stdout
+
+
+@pytest.mark.parametrize("argv, mode", [([], "reference"), (["--cost-model", "strict"], "strict"),
+                                        (["--device-profile", str(PROFILE)], "device")])
+def test_the_tables_say_the_batch_is_free_without_batch_buckets(tmp_path: Path, argv, mode):
+    reqs, plan = write_example(tmp_path)
+    done = cli("model.evaluate", str(reqs), str(plan), *argv, cwd=tmp_path)
+    each = "20 s" if mode == "device" else "1.5 s"
+    assert f"2 shapes [128, 768], 3 graphs (warm-up {'60' if mode == 'device' else '4.5'} s)" in done.stdout
+    assert (f"  graphs: the batch is free in {mode} mode (no batch buckets): one graph per distinct (batch size, "
+            f"shape) the plan runs, what a static-batch stack would compile, {each} to compile each") in done.stdout
+    assert "compiled graphs across all buckets: 3 graphs" in done.stdout
+    assert "(the batch is free: one per distinct batch size and shape)" in done.stdout

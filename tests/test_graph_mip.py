@@ -70,7 +70,7 @@ def test_a_graph_cap_no_plan_can_meet_is_a_proof():
     b = bucket([100], [10], name="b")
     prob = problem(a, b, k=2, cost=cost_model("device", replace(TOY, batch_buckets=(1,))), max_graphs=1,
                    limits=Limits(max_pad_ratio=1.0))  # b at shape 832 pads 700 of its 110 tokens
-    with pytest.raises(InfeasibleError):
+    with pytest.raises(InfeasibleError, match="within 1 graph across all buckets"):
         plan_mip(prob, time_limit=5)
 
 
@@ -86,3 +86,24 @@ def test_cli_solve_with_batch_buckets_writes_plans_evaluate_accepts(tmp_path: Pa
     judged = cli("model.evaluate", str(reqs), str(tmp_path / "out" / "plan_r.jsonl"), *flags, "--limit-shapes", "3",
                  cwd=tmp_path)
     assert judged.returncode == 0, judged.stdout
+
+
+def test_cli_sweep_and_solve_judge_the_warm_up_cap(tmp_path: Path):
+    rng = np.random.default_rng(9)
+    reqs = tmp_path / "r.jsonl"
+    reqs.write_text("".join(f'{{"request_id": "q{i}", "prompt_len": {p}, "gen_len": {g}}}\n' for i, (p, g) in
+                            enumerate(zip(rng.integers(20, 1500, 80), rng.integers(1, 400, 80), strict=True))))
+    flags = [str(reqs), "--device-profile", str(PROFILE), "--batch-buckets", "1,4,16", "--max-warmup-s", "30",
+             "--time-limit", "5", "--quiet"]
+    done = cli("model.sweep", *flags, "--k", "2,3", "--solvers", "mip,solo", "--out", str(tmp_path / "s.csv"),
+               cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    from model.sweeping.table import read_csv
+    rows = read_csv(tmp_path / "s.csv")
+    mip = [r for r in rows if r.planner == "mip"]
+    assert mip and all(r.limits_met and r.n_graphs == 1 and r.warmup_s == 20.0 for r in mip)  # 30 s: one graph
+    solo = [r for r in rows if r.planner == "solo"]
+    assert solo and not any(r.limits_met for r in solo) and all("warm-up" in r.broken for r in solo)
+    out = tmp_path / "out"
+    assert cli("model.solve", *flags, "--solver", "solo", "--out", str(out), cwd=tmp_path).returncode == 1
+    assert cli("model.solve", *flags, "--out", str(out), cwd=tmp_path).returncode == 0
