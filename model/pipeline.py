@@ -39,10 +39,10 @@ from model.expand.assemble import assemble_all
 from model.load.plans import write_plans
 from model.load.requests import Columns, load_requests
 from model.load.scenario import load_scenario
+from model.packers import PACKERS
 from model.planning.contract import Candidates, Judged, select
 from model.planning.mip import plan_mip
 from model.planning.windowed import plan_windowed
-from solvers.packers import PACKERS
 
 # The embedded default scenario: pyproject.toml installs the repository's data/ as the package model._data (no
 # top-level ``data`` in site-packages), found with importlib.resources in a wheel and an editable install; a source

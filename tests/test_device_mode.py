@@ -22,11 +22,11 @@ from model.cost.device import DeviceProfile, batch_time
 from model.cost.model import DeviceCost
 from model.domain.schema import Limits, Problem
 from model.histogram.cells import build_histogram
+from model.packers import PACKERS
 from model.planning.device_search import shape_relaxation
 from model.planning.exact_runs import IntervalRuns, device_start, improve_shapes
 from model.planning.run_cuts import optimal_runs
 from model.planning.window_bound import whole_trace_bound
-from solvers.packers import PACKERS
 
 TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
                     decode_large=(3.0, 1e-4, 0.05), decode_large_from=3, compile_ms=40.0)

@@ -15,7 +15,7 @@ from model.base.errors import InfeasibleError
 from model.cost.device import DeviceProfile
 from model.cost.model import cost_model
 from model.domain.schema import Limits
-from solvers.packers import PACKERS
+from model.packers import PACKERS
 
 TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
                     decode_large=(3.0, 1e-4, 0.05), decode_large_from=3, compile_ms=400.0, kv_capacity_tokens=8000)

@@ -13,9 +13,9 @@ from helpers import bucket, check_valid, problem
 from model.cost.device import DeviceProfile, batch_time
 from model.cost.model import cost_model
 from model.domain.schema import Limits
+from model.packers import PACKERS
 from model.planning.exact_runs import IntervalRuns
 from model.planning.run_cuts import optimal_runs, priced_runs
-from solvers.packers import PACKERS
 
 TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
                     decode_large=(3.0, 1e-4, 0.05), decode_large_from=3, compile_ms=40.0, kv_capacity_tokens=6000)

@@ -91,7 +91,7 @@ class DeviceCost(AtDeclaredShape, PlanRules):
         return cap if kv is None else np.minimum(cap, kv)
 
     def without_compile(self) -> CostModel:
-        """The same model with compiles free."""
+        """The same model with compiles free: compile_ms is both the charge and the spike, so both go."""
         return replace(self, params=replace(self.params, compile_ms=0.0))
 
     def decode_regimes(self) -> list[bool]:
@@ -144,6 +144,10 @@ class DeviceCost(AtDeclaredShape, PlanRules):
     def member_latency(self, s_member, t, g) -> np.ndarray:
         """Not defined: a member's latency is its batch's time, which depends on the batch's size."""
         raise TypeError("device mode: a member's latency depends on its batch's size")
+
+    def prefill_latency(self, S) -> np.ndarray:
+        """Not defined: prefill runs once for the whole batch (``batch_total``)."""
+        raise TypeError("device mode: prefill is timed per batch, not per member")
 
     def request_floor(self, t, G, max_batch: int | None) -> np.ndarray:
         """A lower bound on what one request of gen G costs at shape t, whatever its batch: over the size

@@ -99,7 +99,8 @@ class _Analytic(PlanRules):
         raise TypeError(f"{self.name} mode counts pad per member and arc, not per box")
 
     def without_compile(self) -> CostModel:
-        """The same model with compiles free (the windowed planner prices the shared compiles once, itself)."""
+        """The same model with compiles free of cost (the windowed planner prices the shared compiles once,
+        itself); the spike's latency stays, since Tshape_compile_ms is time, not cost."""
         return replace(self, params=replace(self.params, Kshape_attn=0.0, Kshape_mlp=0.0))
 
     def decode_regimes(self) -> list[bool]:

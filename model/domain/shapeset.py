@@ -2,7 +2,7 @@
 
 A serving stack that is already deployed compiles a known list of sequence lengths;
 planning "under today's shapes" means every batch must declare one of them.  The MIP
-(``model.planning.stages``), every packer (``solvers.packers.shapecap``) and the
+(``model.planning.stages``), every packer (``model.packers.shapecap``) and the
 evaluator (``model.evaluation.validate``) all read the set through ``usable`` here, so
 "which shapes may a plan declare" has one answer.  The shape cap K still applies on
 top: a plan uses at most K of the allowed shapes.

@@ -25,13 +25,13 @@ from model.domain.shapeset import round_up_to, usable
 from model.formulation.boxes import BucketModel, variant_of_size
 from model.formulation.device_flow import FlowBlocks, Levels, bucket_levels, build_flow_model, entry_levels
 from model.histogram.cells import Histogram
+from model.packers.grouping import balanced_batching
 from model.planning.options import PlannerOptions
 from model.planning.shapes import ShapeChoice, choose_shapes
 from model.planning.stages import SearchOutcome, bucket_models
 from model.planning.window_bound import whole_trace_bound
 from solvers.backends import Backend
 from solvers.backends.result import BackendResult, Feature, SolveOptions
-from solvers.packers.grouping import balanced_batching
 
 log = logging.getLogger("shapeplan")
 # the LP-price bound's least cost, its LPs cut at once: its (requests x shapes) price table priced by floors,

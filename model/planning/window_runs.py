@@ -26,7 +26,7 @@ from model.cost.device import DeviceProfile, linear_parts
 from model.domain.schema import Batching, Bucket, Problem
 from model.domain.shapeset import round_up_to, usable
 from model.domain.windowing import windows_of
-from solvers.packers.grouping import batch_capacity
+from model.packers.grouping import batch_capacity
 
 INF = np.inf
 

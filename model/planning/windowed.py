@@ -37,6 +37,8 @@ from model.base.errors import InfeasibleError, NoPlanFound
 from model.base.runtime import Deadline
 from model.domain.schema import Batching, Planned, Problem
 from model.domain.windowing import WindowPart, n_windows, split
+from model.packers import PACKERS
+from model.packers.dpfill import pad_shapes
 from model.planning.contract import Candidates, Judge, Judged, select
 from model.planning.mip import plan_mip
 from model.planning.parallel import run_items, shared
@@ -44,8 +46,6 @@ from model.planning.window_bound import WindowBound, candidate_shapes, window_bo
 from model.planning.window_merge import merge
 from model.planning.window_runs import IntervalCosts, shape_set_cost, window_plan, window_pools
 from solvers.backends import get_backend
-from solvers.packers import PACKERS
-from solvers.packers.dpfill import pad_shapes
 
 log = logging.getLogger("shapeplan")
 
