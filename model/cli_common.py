@@ -31,6 +31,7 @@ ABANDONED_WAIT_S = 5.0  # at exit, a solver left behind gets this long to end be
 def add_input_args(parser: argparse.ArgumentParser) -> None:
     """Options that say what to plan or judge and under which cost model."""
     from model.cost.common import MODES
+    from model.deploy.flags import add_batch_buckets_arg, add_graph_cap_args
 
     parser.add_argument("--scenario", type=Path, help="scenario.toml (request paths relative to it)")
     parser.add_argument("--columns", help="column mapping: 'azure' or PROMPT,GEN[,ID] (CSV/Parquet inputs)")
@@ -45,6 +46,8 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
                         default=None, help="at most K shapes across all buckets")
     parser.add_argument("--max-seq-len", type=int_flag("--max-seq-len"),
                         default=None, help="largest shape the accelerator allows")
+    add_batch_buckets_arg(parser)
+    add_graph_cap_args(parser)
 
 
 def add_limit_args(parser: argparse.ArgumentParser) -> None:
@@ -97,11 +100,12 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
     Limit flags (``limits``, by default read from ``args``) apply to every bucket; with
     a scenario they override its limits one by one.
     """
-    from model.deploy.flags import allowed_from_args
+    from model.deploy.flags import allowed_from_args, parse_batch_buckets, parse_graph_caps
     from model.domain.windowing import parse_window
     from model.load.params import cost_params_from_toml
     from model.load.profile import load_profile
     from model.load.requests import Columns
+    from model.load.scenario import MAX_BATCH, MAX_SHAPES
     from model.pipeline import InputSpec, load_problem
 
     check_sizes(args)
@@ -114,11 +118,16 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
     allowed, warning = allowed_from_args(args)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
+    max_graphs, max_warmup_s = parse_graph_caps(getattr(args, "limit_graphs", None),
+                                                getattr(args, "max_warmup_s", None),
+                                                MAX_SHAPES * MAX_BATCH)  # a graph is a (batch bucket, shape) pair
     spec = InputSpec(files=tuple(files), scenario=args.scenario, columns=args.columns, fmt=args.format,
                      limits=limits, max_shapes=args.limit_shapes, params=params, device=device, mode=args.cost_model,
                      max_batch_size=getattr(args, "max_batch_size", None), max_seq_len=args.max_seq_len,
                      params_source=str(args.cost_params) if args.cost_params else None,
-                     allowed_shapes=allowed, time_column=getattr(args, "time_column", None), window_s=window_s)
+                     allowed_shapes=allowed, time_column=getattr(args, "time_column", None), window_s=window_s,
+                     batch_buckets=parse_batch_buckets(getattr(args, "batch_buckets", None)), max_graphs=max_graphs,
+                     max_warmup_s=max_warmup_s)
     return load_problem(spec, default_scenario)
 
 
@@ -159,9 +168,16 @@ def dask_settings(args: argparse.Namespace):
     from model.load.profile import load_profile
 
     check_sizes(args)
+    given = [flag for flag in ("--batch-buckets", "--limit-graphs", "--max-warmup-s")
+             if getattr(args, flag.lstrip("-").replace("-", "_"), None) is not None]
+    if given:
+        raise InputError("--engine", None, None, f"dask does not support {', '.join(given)}")
     params = cost_params_from_toml(args.cost_params) if args.cost_params else None
     device = load_profile(args.device_profile) if getattr(args, "device_profile", None) else None
     cost = cost_from_flags(*flag_coefficients(args.cost_model, params, device))
+    if cost.batch_buckets is not None:
+        raise InputError("--engine", None, None, "dask does not support compiled batch sizes (batch_buckets in the "
+                         "device profile): plan graphs with the memory engine")
     return Settings(limits=cli_limits(args), max_shapes=args.limit_shapes or 8, cost=cost,
                     max_batch_size=getattr(args, "max_batch_size", None), max_seq_len=args.max_seq_len,
                     params_source=str(args.cost_params) if args.cost_params else None,

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from model.domain.schema import Evaluation
     from model.evaluation.validate import evaluate_plans, time_text
     from model.load.plans import read_plan
-    from model.report.tables import bucket_table, verdict
+    from model.report.tables import bucket_table, graph_totals, verdict
 
     parser = argparse.ArgumentParser(prog="python -m model.evaluate", description=__doc__.split("\n")[0])
     parser.add_argument("pairs", nargs="*", type=Path, help="REQUESTS PLAN pairs")
@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
               "mix requests of two windows")
     for result, f in zip(results, plan_files, strict=True):
         print(bucket_table(result, {"plan": str(f)}, problem.cost, problem.windowing))
+    print(graph_totals(results, problem.cost))
     print(verdict(results, global_problems))
     return 0 if all(r.ok for r in results) and not global_problems else 1
 

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from model.evaluation.validate import time_text
     from model.report.compare import compare_table
     from model.report.document import to_text
-    from model.report.tables import bucket_table, device_units, fmt, verdict
+    from model.report.tables import bucket_table, device_units, fmt, graph_totals, verdict
 
     parser = argparse.ArgumentParser(prog="python -m model.solve", description=__doc__.split("\n")[0])
     parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each")
@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(r.metrics.cost for r in results if r.metrics)
     chosen = sorted({s for r in results if r.metrics for s in r.metrics.shapes})
     print(f"chosen shapes ({len(chosen)}): {', '.join(map(str, chosen))}")
+    print(graph_totals(list(results), problem.cost))
     units = device_units(total, problem.cost)
     if units:
         print(f"total device time: {fmt(total)} ms = {units}")

@@ -8,6 +8,7 @@ that a second shape can pay.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +19,13 @@ from model import pipeline
 from model.base.errors import InfeasibleError
 from model.base.runtime import Deadline
 from model.cost.device import DeviceProfile, batch_time
+from model.cost.model import DeviceCost
 from model.domain.schema import Limits, Problem
 from model.histogram.cells import build_histogram
 from model.packers import PACKERS
 from model.planning.device_search import shape_relaxation
-from model.planning.exact_runs import IntervalRuns, device_start, improve_shapes, optimal_runs
+from model.planning.exact_runs import IntervalRuns, device_start, improve_shapes
+from model.planning.run_cuts import optimal_runs
 from model.planning.window_bound import whole_trace_bound
 
 TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
@@ -46,8 +49,13 @@ FIVE = bucket([51, 100, 130, 700, 64], [19, 53, 20, 300, 16])
     device(SIX, k=2, limits=Limits(max_p95_latency_ms=700.0)),
     device(FIVE, k=2, limits=Limits(max_pad_ratio=0.9)),
     device(SIX, k=2, limits=Limits(max_sequential_ms=800.0)),
+    # graphs (compiled batch sizes): a run of n in its graph's T(B), a compile per graph, the graph cap
+    device(FIVE, k=2, prof=replace(TOY, batch_buckets=(1, 4))),
+    device(SIX, k=2, prof=replace(TOY, batch_buckets=(2, 4)), limits=Limits(max_p95_latency_ms=900.0)),
+    device(SIX, k=3, prof=replace(TOY, batch_buckets=(1, 2, 3, 6)), max_graphs=2),
+    device(FIVE, k=2, prof=replace(TOY, batch_buckets=(1, 2, 4)), limits=Limits(max_pad_ratio=1.5)),
 ], ids=["six K=1", "six K=2", "six K=3", "five K=2", "six K=2 B=2", "six P95 750", "six P95 700", "five pad",
-        "six seq"])
+        "six seq", "five graphs 1,4", "six graphs 2,4 P95", "six graphs cap 2", "five graphs pad"])
 def test_plan_mip_hits_the_brute_force_optimum_and_bounds_it(prob):
     best = brute_force(prob)
     planned = plan_mip(prob, time_limit=20)
@@ -69,7 +77,7 @@ def test_p95_limit_no_plan_meets_is_not_reported_as_a_plan():
 def test_optimal_runs_is_the_exact_cut_and_matches_batch_time():
     rng = np.random.default_rng(3)
     gens = np.sort(rng.integers(1, 60, 9))
-    cost, batch = optimal_runs(gens, 128, TOY, None)
+    cost, batch = optimal_runs(gens, 128, DeviceCost(TOY), None)
     sizes = np.bincount(batch)
     assert cost == pytest.approx(float(sum(batch_time(n, 128, gens[batch == k].max(), TOY)
                                            for k, n in enumerate(sizes))), rel=1e-12)

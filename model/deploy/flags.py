@@ -1,5 +1,6 @@
-"""Command-line pieces of the deployment checks: fixed shapes (``--shapes``, ``--shapes-from``) and the
-hold-out split (``--holdout``, ``--time-column``), shared by ``model.solve``, ``model.sweep``,
+"""Command-line pieces of the deployment checks: fixed shapes (``--shapes``, ``--shapes-from``), the
+hold-out split (``--holdout``, ``--time-column``) and compiled graphs (``--batch-buckets``,
+``--limit-graphs``, ``--max-warmup-s``), shared by ``model.solve``, ``model.sweep``,
 ``model.evaluate`` and ``model.audit``.  Parsing only: bad values are InputErrors (exit 2)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from model.base.errors import InputError
 from model.base.numbers import decimal_text
+from model.cost.device import checked_buckets
 from model.domain.shapeset import parse_shapes
 from model.domain.windowing import parse_window
 from model.serving.formats import READERS, read_shapes
@@ -40,6 +42,46 @@ def add_shapes_format_arg(parser: argparse.ArgumentParser) -> None:
     """``--shapes-format F``: how to read the shapes file (default ``list``)."""
     parser.add_argument("--shapes-format", default=None,
                         help=f"format of the shapes file: {', '.join(READERS)} (default {DEFAULT_SHAPES_FORMAT})")
+
+
+def add_batch_buckets_arg(parser: argparse.ArgumentParser) -> None:
+    """``--batch-buckets 1,2,4,...``: the batch sizes the stack compiles (device mode)."""
+    parser.add_argument("--batch-buckets", help="device mode: the stack compiles these batch sizes, e.g. 1,2,4,8 "
+                                                "(a batch of n runs in graph (B, shape), B the smallest >= n)")
+
+
+def add_graph_cap_args(parser: argparse.ArgumentParser) -> None:
+    """``--limit-graphs N`` and ``--max-warmup-s S``: caps on what a plan compiles, across all buckets."""
+    parser.add_argument("--limit-graphs", type=int, default=None,
+                        help="with batch buckets: at most N distinct graphs (batch bucket, shape) across all buckets")
+    parser.add_argument("--max-warmup-s", type=float, default=None,
+                        help="with batch buckets: warm-up (compile time x distinct graphs) at most S seconds")
+
+
+def parse_batch_buckets(text: str | None) -> tuple[int, ...] | None:
+    """``--batch-buckets 1,2,4,8``: strictly increasing positive integers (None: not given)."""
+    if text is None:
+        return None
+    parts = [t.strip() for t in text.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise InputError("--batch-buckets", None, None,
+                         f"expected strictly increasing positive integers like 1,2,4,8, got {text!r}")
+    try:
+        return checked_buckets([int(p) for p in parts])
+    except ValueError as exc:
+        raise InputError("--batch-buckets", None, None, f"{exc} ({text!r})") from None
+
+
+def parse_graph_caps(limit_graphs: int | None, max_warmup_s: float | None, most: int
+                     ) -> tuple[int | None, float | None]:
+    """``--limit-graphs`` (1 to ``most``) and ``--max-warmup-s`` (a finite non-negative number of seconds)."""
+    if limit_graphs is not None and not 1 <= limit_graphs <= most:
+        raise InputError("--limit-graphs", None, None, f"must be a positive integer, got {limit_graphs}"
+                         if limit_graphs < 1 else f"must be at most {most}, got {limit_graphs}")
+    if max_warmup_s is not None and not (math.isfinite(max_warmup_s) and max_warmup_s >= 0):
+        raise InputError("--max-warmup-s", None, None, f"must be a finite non-negative number of seconds, got "
+                         f"{max_warmup_s}")
+    return limit_graphs, max_warmup_s
 
 
 def add_holdout_args(parser: argparse.ArgumentParser) -> None:

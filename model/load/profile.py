@@ -15,7 +15,7 @@ from pathlib import Path
 
 from model.base.errors import InputError
 from model.base.numbers import Where, read_count, read_number, shown
-from model.cost.device import DeviceProfile
+from model.cost.device import DeviceProfile, checked_buckets
 from model.load.files import read_text
 from model.load.server import SERVER_TABLE, ServerTable, server_table
 from model.load.toml_lines import table_key_line, toml_error, toml_lines
@@ -24,7 +24,8 @@ TABLE = "device"
 COEFFICIENT_KEYS = {"prefill": "[p0, p1, p2]", "decode": "[d0, d1, d2]", "decode_large": "[d0, d1, d2]"}
 NUMBER_KEYS = ("batch_overhead_ms", "compile_ms", "cost_per_device_hour", "runtime_compile_ms")
 COUNT_KEYS = ("decode_large_from", "kv_capacity_tokens")
-KEYS = ("name", *COEFFICIENT_KEYS, *NUMBER_KEYS, *COUNT_KEYS)
+LIST_KEYS = ("batch_buckets",)  # compiled batch sizes: strictly increasing positive integers
+KEYS = ("name", *COEFFICIENT_KEYS, *NUMBER_KEYS, *COUNT_KEYS, *LIST_KEYS)
 REQUIRED = ("prefill", "decode", "compile_ms")
 PAIRED = ("decode_large", "decode_large_from")
 MAX_COUNT = 2**53  # counts are compared with int64 token totals; anything larger is a typo
@@ -117,6 +118,8 @@ def profile_from_table(table: object, source: str, text: str, line_of: LineOf = 
             values[key] = value
         elif key in COEFFICIENT_KEYS:
             values[key] = _coefficients(value, COEFFICIENT_KEYS[key], where(key))
+        elif key in LIST_KEYS:
+            values[key] = buckets_value(value, lambda m, k=key: fail(k, m))
         elif key in NUMBER_KEYS:
             values[key] = read_number(value, where(key), high=MAX_VALUE, too_big=TOO_BIG)
         else:
@@ -126,6 +129,20 @@ def profile_from_table(table: object, source: str, text: str, line_of: LineOf = 
         return DeviceProfile(**values)
     except ValueError as exc:  # every check above should have caught it first
         raise InputError(source, table_line, TABLE, str(exc)) from None
+
+
+def buckets_value(value: object, fail: Callable[[str], InputError]) -> tuple[int, ...]:
+    """``batch_buckets = [1, 2, 4, ...]``: strictly increasing positive integers, each at most MAX_COUNT (a
+    profile's key and a scenario's share this check, each naming its own file, line and key)."""
+    if not isinstance(value, list):
+        raise fail(f"must be a list of batch sizes like [1, 2, 4, 8], got {shown(value)}")
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_COUNT:
+            raise fail(f"every batch size must be a positive integer, got {shown(v)}")
+    try:
+        return checked_buckets(value)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
 
 
 def _coefficients(value: object, form: str, where: Where) -> tuple[float, float, float]:
