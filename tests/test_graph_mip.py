@@ -54,7 +54,9 @@ def pipeline_cost(prob, name: str) -> float | None:
     return sum(r.metrics.cost for r in results) if all(r.ok for r in results) else None
 
 
+@pytest.mark.slow  # its plan depends on what the MIP reaches in 8 s: on a loaded 2-core host it found none
 def test_the_mip_keeps_the_graph_cap_across_buckets():
+
     free = graphs_of(check_valid(medium(), plan_mip(medium(), time_limit=8).batchings))
     cap = max(2, len(free) - 2)
     prob = medium(max_graphs=cap)
