@@ -16,7 +16,8 @@ additions -- but it does not pay Python's price for every step:
 - A step that admits nothing, compiles nothing, and is followed by steps with the same
   running set and the same decode graph has the same duration as they do: such a
   stretch runs as one loop of float additions (the clock stays bit for bit what step-by-
-  step addition gives), up to the next finish, crossing, bucket change or -- when a
+  step addition gives), up to the next finish, bucket change, crossing that takes nb
+  past the graph (a crossing within it is counted and the stretch goes on) or -- when a
   request could be admitted -- the step at whose end the next one has arrived.  A queue
   whose head does not fit stays blocked until a request finishes, whatever arrives.
 
@@ -54,7 +55,7 @@ class RuntimeCompile:
 class StepRuns:
     """The steps, as runs of equal consecutive steps (``count`` steps of ``duration_ms`` from ``start_ms``).
 
-    A run of several steps is decode only, on one graph, with the same running batch;
+    A run of several steps is decode only, on one graph, with the same running batch and nb;
     its later steps start at ``start_ms`` plus the duration added once per step.
     ``prompt_*`` and ``decode_*`` are 0 where the step has no such graph; ``decode_need``
     is nb (gaudi) or the longest context (nxdi) at the run's first step: within a run nb
@@ -244,33 +245,47 @@ def replay_replica(prompt: list[int], gen: list[int], arrival_ms: list[float], s
                     dd = _time_of(decode_time, dgraph, dctx, cost)
             dirty = False
         if n and not k and not compiles:
-            # a stretch of equal decode-only steps: up to the next finish, crossing or bucket change
-            most = fin[0][0] - s + 1
-            if gaudi and cross and cross[0][0] - s < most:
-                most = cross[0][0] - s
-            elif not gaudi and hi + 1 - need < most:
-                most = hi + 1 - need  # the step whose longest context passes the bucket
-            start, run = t, 0
-            if blocked or nxt == count:
-                for _ in range(most):
-                    t += dd
-                run = most
-            else:
-                arrive = arrival_ms[nxt]
-                while run < most:
-                    t += dd
-                    run += 1
-                    if t >= arrive:
-                        break
-            busy += dd * run
-            steps += run
-            dsteps += run
-            dtok += run * base + n * (run * s + run * (run - 1) // 2)
-            dpad += run * dctx
-            if record:
-                for col, v in zip(runs, (start, run, dd, 0, 0, 0, 0, n, need, *dgraph, 0), strict=True):
-                    col.append(v)
-            s += run - 1
+            # a stretch of equal decode-only steps, up to the next finish or bucket change, or the step at whose
+            # end the next request has arrived; a block crossing that leaves nb within the graph continues it
+            last = fin[0][0]
+            while True:
+                most = last - s + 1
+                if gaudi and cross and cross[0][0] - s < most:
+                    most = cross[0][0] - s
+                elif not gaudi and hi + 1 - need < most:
+                    most = hi + 1 - need  # the step whose longest context passes the bucket
+                start, run = t, 0
+                if blocked or nxt == count:
+                    for _ in range(most):
+                        t += dd
+                    run = most
+                else:
+                    arrive = arrival_ms[nxt]
+                    while run < most:
+                        t += dd
+                        run += 1
+                        if t >= arrive:
+                            break
+                busy += dd * run
+                steps += run
+                dsteps += run
+                dtok += run * base + n * (run * s + run * (run - 1) // 2)
+                dpad += run * dctx
+                if record:
+                    for col, v in zip(runs, (start, run, dd, 0, 0, 0, 0, n, need, *dgraph, 0), strict=True):
+                        col.append(v)
+                s += run  # the next step
+                if s > last or not gaudi or not (blocked or nxt == count or t < arrival_ms[nxt]):
+                    break  # a finish, nxdi's bucket change, or a request that has arrived: the top takes over
+                while cross and cross[0][0] == s:  # s is a crossing step: count it, as the step itself would
+                    _, i = heapq.heappop(cross)
+                    nb += 1
+                    if s + bs <= last_step[i]:
+                        heapq.heappush(cross, (s + bs, i))
+                need = nb
+                if nb > dgraph[1]:  # the graph changes: the step runs from the top, its crossings counted
+                    break
+            s -= 1  # the stretch's last step, whose finishes follow
         else:
             if not k and not n:  # check_fits rules this out: without it the clock would stand still forever
                 raise AssertionError(f"request {head} can never be admitted and nothing runs")
