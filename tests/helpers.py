@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import importlib
 import io
 import itertools
 import logging
 import os
 import subprocess
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from model.cost.common import align
 from model.cost.metrics import Metrics
 from model.cost.model import CostModel, cost_model, needs_profile
 from model.domain.schema import Batching, Bucket, Limits, Planned, Problem, SolveReport, Status
+from model.domain.windowing import waits_of, windows_of
 from model.evaluation.validate import BucketResult, evaluate_plans, limit_checks
 from model.formulation.arrays import Restriction, build_model, restriction
 from model.formulation.boxes import BucketModel, bucket_model, candidate_grid
@@ -63,6 +66,29 @@ def cli(module: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
         logger.setLevel(level)
     return subprocess.CompletedProcess([module, *argv], code if isinstance(code, int) else 1, out.getvalue(),
                                        err.getvalue())
+class FakeClock:
+    """``time.perf_counter`` as the code under test sees it: the real clock plus the jumps a test makes.
+
+    Deadlines (``model.base.runtime.Deadline``) read ``time.perf_counter``, so a test makes the time limit pass
+    at an exact point of the work -- "the MIP took all the time" -- by jumping, and then counts what the code
+    does after it, instead of sleeping and asserting seconds, which a loaded host breaks.
+    """
+
+    def __init__(self, monkeypatch, frozen: bool = False) -> None:
+        self.offset = 0.0
+        real = time.perf_counter
+        start = real()
+        # frozen: only the jumps move the clock, so nothing the host does in between counts
+        monkeypatch.setattr(time, "perf_counter", (lambda: start + self.offset) if frozen
+                            else (lambda: real() + self.offset))
+
+    def jump(self, seconds: float) -> None:
+        self.offset += seconds
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+
 DATA = REPO / "data"
 WORKLOADS = DATA / "workloads"  # copies of the shared twin workloads (a bare clone tests itself)
 TRACES = DATA / "traces"  # the Azure traces (CC-BY-4.0, see data/traces/LICENSE)
@@ -231,9 +257,12 @@ def layouts(b: Bucket, values: list[int], k: int, max_batch: int | None):
                 yield Layout(tuple(tuple(blk) for blk in part), shapes)
 
 
-def layout_metrics(b: Bucket, lay: Layout, prob: Problem, recipients: dict[int, int] | None = None) -> Metrics:
+def layout_metrics(b: Bucket, lay: Layout, prob: Problem, recipients: dict[int, int] | None = None,
+                   waits: np.ndarray | None = None) -> Metrics:
+    """The plan metrics of a layout; ``waits`` (ms per request, file order) are the arrival windows' waits."""
     rows, ids, seq = lay.arrays(recipients)
-    return prob.cost.plan_metrics(b.prompt_len[rows], b.gen_len[rows], ids, seq)
+    return prob.cost.plan_metrics(b.prompt_len[rows], b.gen_len[rows], ids, seq,
+                                  None if waits is None else np.asarray(waits)[rows])
 
 
 def layout_units(lay: Layout, prob: Problem) -> list[int]:
@@ -252,15 +281,15 @@ def layout_fits(b: Bucket, lay: Layout, prob: Problem) -> bool:
                for blk, s in zip(lay.blocks, lay.shapes, strict=True))
 
 
-def meets_limits(b: Bucket, lay: Layout, prob: Problem, limits: Limits) -> bool:
+def meets_limits(b: Bucket, lay: Layout, prob: Problem, limits: Limits, waits: np.ndarray | None = None) -> bool:
     """Whether SOME choice of batch ids and member order (i.e. of compile-spike recipients) meets every limit."""
     if limits.max_p95_latency_ms is None and limits.max_sequential_ms is None:
-        return all(c.ok for c in limit_checks(layout_metrics(b, lay, prob), limits))
+        return all(c.ok for c in limit_checks(layout_metrics(b, lay, prob, waits=waits), limits))
     by_shape: dict[int, list[int]] = {}  # by compile unit: a shape, or a graph
     for blk, unit in zip(lay.blocks, layout_units(lay, prob), strict=True):
         by_shape.setdefault(unit, []).extend(blk)
     for pick in itertools.product(*by_shape.values()):
-        m = layout_metrics(b, lay, prob, dict(zip(by_shape, pick, strict=True)))
+        m = layout_metrics(b, lay, prob, dict(zip(by_shape, pick, strict=True)), waits)
         if all(c.ok for c in limit_checks(m, limits)):
             return True
     return False
@@ -314,6 +343,95 @@ def brute_force(prob: Problem) -> Optimum:
             ok = ok and feasible[(i, lay)]
         if ok:
             return Optimum(sum(c for c, _ in combo), tuple(lay for _, lay in combo))
+    return Optimum(float("inf"), None)
+
+
+# ---------------------------------------------------------------- brute force with arrival windows
+
+
+def _shape_choices(options: list[list[int]], k: int, used: tuple[int, ...] = ()):
+    """Every choice of one option per block with at most k distinct values (pruned as it goes)."""
+    if not options:
+        yield ()
+        return
+    for v in options[0]:
+        now = used if v in used else (*used, v)
+        if len(now) <= k:
+            for rest in _shape_choices(options[1:], k, now):
+                yield (v, *rest)
+
+
+def windowed_layouts(prob: Problem, i: int, values: list[int]) -> list[tuple[float, Layout]]:
+    """Every layout of bucket i whose batches stay within one arrival window (within K shapes, the batch-size
+    cap and the KV capacity), with its exact cost, cheapest first.  A layout's cost is the sum of its batches'
+    costs (each judged alone, compile aside) plus one compile per shape it uses."""
+    b = prob.buckets[i]
+    wins = windows_of(prob, b)
+    S = align(b.prompt_len)
+    free = prob.cost.without_compile()
+    block_cost: dict[tuple[tuple[int, ...], int], float] = {}
+
+    def cost_of(blk: tuple[int, ...], s: int) -> float:
+        if (blk, s) not in block_cost:
+            rows = list(blk)
+            block_cost[(blk, s)] = free.plan_metrics(b.prompt_len[rows], b.gen_len[rows],
+                                                     np.zeros(len(rows), dtype=object), np.full(len(rows), s)).cost
+        return block_cost[(blk, s)]
+
+    out = []
+    for part in set_partitions(list(range(len(b)))):
+        if any(len(set(wins[list(blk)].tolist())) > 1 for blk in part):
+            continue
+        if prob.max_batch_size is not None and max(len(blk) for blk in part) > prob.max_batch_size:
+            continue
+        blocks = tuple(tuple(blk) for blk in part)
+        options = [[v for v in values if v >= S[list(blk)].max()
+                    and bool(prob.cost.batch_fits(len(blk), v, int(b.gen_len[list(blk)].max())))] for blk in blocks]
+        for shapes in _shape_choices(options, prob.max_shapes):
+            total = sum(cost_of(blk, s) for blk, s in zip(blocks, shapes, strict=True))
+            total += float(sum(prob.cost.shape_charge(s) for s in set(shapes)))
+            out.append((total, Layout(blocks, shapes)))
+    out.sort(key=lambda c: c[0])
+    return out
+
+
+def windowed_brute_force(prob: Problem) -> Optimum:
+    """The exact optimum of a small windowed problem: every partition whose batches stay within one window x
+    every shape per batch (at most K per bucket and jointly) x every spike placement, judged by plan_metrics
+    with each member's wait to its window's end.  Plans are visited cheapest first (a lazy merge of the
+    buckets' sorted layouts), so the first whose limits some spike placement meets is optimal; every plan is
+    visited when none does (cost inf).  For up to about 7 requests over a few distinct prompt lengths."""
+    values = sorted({int(s) for b in prob.buckets for s in align(b.prompt_len)})
+    if prob.allowed_shapes is not None:
+        values = sorted(prob.allowed_shapes)
+    if prob.max_seq_len is not None:
+        values = [v for v in values if v <= prob.max_seq_len]
+    per_bucket = [windowed_layouts(prob, i, values) for i in range(len(prob.buckets))]
+    if any(not lays for lays in per_bucket):
+        return Optimum(float("inf"), None)
+    waits = [waits_of(prob, b) for b in prob.buckets]
+    start = (0,) * len(per_bucket)
+    heap = [(sum(lays[0][0] for lays in per_bucket), start)]
+    seen = {start}
+    feasible: dict[tuple[int, int], bool] = {}
+    while heap:
+        total, idx = heapq.heappop(heap)
+        combo = [lays[j] for lays, j in zip(per_bucket, idx, strict=True)]
+        if len(set().union(*(set(lay.shapes) for _, lay in combo))) <= prob.max_shapes:
+            ok = True
+            for i, (j, (_, lay)) in enumerate(zip(idx, combo, strict=True)):
+                if (i, j) not in feasible:
+                    feasible[(i, j)] = meets_limits(prob.buckets[i], lay, prob, prob.limits[i], waits[i])
+                ok = ok and feasible[(i, j)]
+                if not ok:
+                    break
+            if ok:
+                return Optimum(total, tuple(lay for _, lay in combo))
+        for i in range(len(idx)):
+            nxt = (*idx[:i], idx[i] + 1, *idx[i + 1:])
+            if nxt[i] < len(per_bucket[i]) and nxt not in seen:
+                seen.add(nxt)
+                heapq.heappush(heap, (sum(lays[j][0] for lays, j in zip(per_bucket, nxt, strict=True)), nxt))
     return Optimum(float("inf"), None)
 
 

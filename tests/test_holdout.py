@@ -194,3 +194,28 @@ def test_azure_conv_shapes_hold_out_of_sample(azure_conv):
 def test_azure_conv_target_within_3_percent(azure_conv):
     check, _ = azure_conv
     assert check.loss <= 0.03
+
+
+def test_the_hold_out_s_planner_runs_share_one_deadline(monkeypatch):
+    """solve --holdout gave each of its planner runs the whole --time-limit (14.8 s at 5 s).  Each planner run
+    here takes all the time it is granted (a frozen fake clock advanced by the run's limit: nothing is timed),
+    and the runs together must fit the one limit, every run granted time (none starved by an earlier one)."""
+    from helpers import FakeClock
+
+    from model.deploy import holdout as holdout_module
+
+    clock = FakeClock(monkeypatch, frozen=True)
+    real, granted = pipeline.run, []
+
+    def uses_its_whole_limit(prob, solver="mip", backend="highs", time_limit=60.0):
+        if solver == pipeline.MIP:
+            granted.append(time_limit)
+            clock.jump(time_limit)
+        return real(prob, "dpfill")  # a real plan, made at once
+
+    monkeypatch.setattr(holdout_module.pipeline, "run", uses_its_whole_limit)
+    b = timed([64, 130, 200, 260, 64, 300, 140, 70] * 3, [5, 9, 3, 7, 2, 8, 4, 6] * 3, np.arange(24.0))
+    start = clock.now()
+    holdout(problem(b, k=2), 0.3, time_limit=5.0)
+    assert len(granted) == 3 and min(granted) > 0
+    assert clock.now() - start <= 5.0 * (1 + 1e-9), granted

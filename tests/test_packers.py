@@ -192,3 +192,17 @@ def test_cli_solve_then_evaluate(tmp_path):
     assert (tmp_path / "plan_b1.jsonl").is_file() and (tmp_path / "plan_b2.jsonl").is_file()
     evaluate = cli("model.evaluate", "--scenario", scenario, "--plans", str(tmp_path), cwd=REPO)
     assert evaluate.returncode == 0, evaluate.stdout + evaluate.stderr
+
+
+def test_greedy_in_device_mode_with_a_sequential_limit_returns_its_cells_plan():
+    """greedy's merge prices batches by the analytic member latency: in device mode with a sequential-time limit
+    it read Tshape_compile_ms off the device profile and crashed (an AttributeError out of every planner that
+    tries the packers); it now leaves the cells plan as it is there, a valid plan the judge then measures."""
+    from model.cost.device import DeviceProfile
+
+    prof = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02), compile_ms=40.0)
+    prob = problem(bucket(PROMPTS, GENS), k=8, mode="device", params=prof, limits=Limits(max_sequential_ms=1.0))
+    got = PACKERS["greedy"](prob)
+    cells = PACKERS["cells"](prob)
+    assert got[0].batch_of.tolist() == cells[0].batch_of.tolist()
+    check_valid(prob, got)

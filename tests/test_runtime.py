@@ -370,3 +370,49 @@ def test_a_grid_pass_is_not_started_with_less_time_than_a_pricing_took(monkeypat
     assert not called  # no Lagrangian over the exact grid was started
     assert out.report.bound <= out.report.objective * (1 + 1e-9)
     check_valid(prob, out.batchings)
+
+
+def test_a_time_limit_too_short_for_the_mip_returns_the_packer_plan_with_a_time_limit_status(monkeypatch):
+    """At 10^7 requests greedy is skipped and a 10 s limit left the MIP no time: plan_mip raised NoPlanFound
+    although dpfill's plan was seconds away.  Here greedy is skipped the same way and the clock passes the
+    deadline while the MIP searches (a fake clock jumps: no seconds are measured); the plan must be a packer's,
+    valid, with the status time_limit and a note saying where it came from."""
+    from dataclasses import replace
+
+    from helpers import FakeClock
+
+    from model.planning.options import PlannerOptions
+
+    clock = FakeClock(monkeypatch)
+    real = mip.search
+
+    def all_the_time(*args, **kw):
+        outcome = real(*args, **kw)  # its bound stays: only the plan is lost
+        clock.jump(1e6)  # the search used the whole limit, and found nothing
+        return replace(outcome, batchings=None, objective=None, status=Status.TIME_LIMIT_NO_SOLUTION)
+
+    monkeypatch.setattr(mip, "search", all_the_time)
+    prob = Problem(synthetic(300, 4), (Limits(max_pad_ratio=5.0), Limits(max_pad_ratio=5.0)), 4, StrictCost())
+    out = plan_mip(prob, time_limit=5.0, options=PlannerOptions(greedy_max_requests=0))
+    assert not broken_limits(check_valid(prob, out.batchings))
+    assert out.report.status is Status.TIME_LIMIT_FEASIBLE
+    assert any("the time limit ran out before the MIP found a plan" in n and "packer's plan" in n
+               for n in out.report.notes), out.report.notes
+
+
+def test_a_first_lp_without_duals_still_leaves_the_floor_bound(monkeypatch):
+    """On a loaded host the first LP relaxation of column generation ran out of its time: the run then reported
+    no lower bound at all (``solve`` printed no gap).  The own-box floor needs no LP: it is the bound then."""
+    real = highs.BACKEND.solve
+
+    def no_lp(model, options: SolveOptions) -> BackendResult:
+        if options.relax:
+            return BackendResult(Status.TIME_LIMIT_NO_SOLUTION, None, None, None, None, 0.0, "highs", "test", "")
+        return real(model, options)
+
+    monkeypatch.setattr(highs.BACKEND, "solve", no_lp)
+    prob = two_buckets(60)
+    out = plan_mip(prob, time_limit=5)
+    cost = sum(r.metrics.cost for r in check_valid(prob, out.batchings))
+    assert out.report.bound is not None and np.isfinite(out.report.bound) and out.report.bound <= cost
+    assert out.report.gap is not None

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, TRACES, bucket, check_valid, mode_cost, problem, set_partitions
+from helpers import REPO, TRACES, bucket, check_valid, mode_cost, plan_windowed, problem, set_partitions
 
 from model import evaluate, pipeline, solve, sweep
-from model.base.errors import InputError
+from model.base.errors import InfeasibleError, InputError
 from model.base.runtime import Deadline
 from model.cli_common import run_main
 from model.cost.device import DeviceProfile, batch_time
@@ -257,14 +257,15 @@ def test_devices_needed_by_hand():
     bt = (Batching(np.array([0, 1, 2, 2]), np.array([64, 64, 64])),)
     use = device_use(prob, bt, "x")
     one, two = float(batch_time(1, 64, 10, TOY)), float(batch_time(2, 64, 10, TOY))
-    assert np.allclose(use.device_ms[0], [2 * one, 0.0, two])
-    assert use.devices[0].tolist() == [1, 0, 1]
+    assert use.windows.tolist() == [0, 2] and use.n_windows == 3  # window 1 is empty: stored as nothing
+    assert np.allclose(use.device_ms[0], [2 * one, two])
+    assert use.devices[0].tolist() == [1, 1]
     assert use.peak() == 1 and use.mean() == pytest.approx(2 / 3)
     assert use.mean_utilisation() == pytest.approx((2 * one + two) / (2 * 10000.0))
     # a window with more work than one device does in the window needs more devices
     slow = replace(TOY, prefill=(6000.0, 0.0, 0.0))
     use = device_use(device(b, prof=slow, window=10.0), bt, "x")
-    assert use.devices[0].tolist() == [math.ceil(2 * float(batch_time(1, 64, 10, slow)) / 10000.0), 0,
+    assert use.devices[0].tolist() == [math.ceil(2 * float(batch_time(1, 64, 10, slow)) / 10000.0),
                                        math.ceil(float(batch_time(2, 64, 10, slow)) / 10000.0)]
 
 
@@ -380,3 +381,184 @@ def test_azure_traces_in_60s_windows():
         assert run.evaluation.total_cost <= other.evaluation.total_cost
         assert device_use(prob, run.planned.batchings, "mip").mean() <= \
             device_use(prob, other.planned.batchings, name).mean()
+
+
+def test_the_spike_is_placed_by_the_waited_latency_for_p95_and_the_unwaited_one_for_sequential_time():
+    """Sequential time is device time (no waits), P95 judges latency with the wait: the expansion once added
+    the waits to the latencies it placed the spike by, for both, and judged this plan -- one shape, which some
+    placement keeps within both limits (brute force: every recipient) -- to break its sequential time."""
+    from helpers import Layout, meets_limits
+
+    from model.domain.windowing import waits_of
+
+    b = timed(bucket([63, 314, 167, 338, 356, 41], [82, 80, 187, 197, 185, 117]),
+              [0.195, 7.974, 9.008, 5.239, 1.972, 1.808])
+    prob = replace(windowed(problem(b, k=3), 20 / 3),
+                   limits=(Limits(max_p95_latency_ms=296121.23238760384, max_sequential_ms=792630.7130299213),))
+    lay = Layout(((1, 2), (3,), (0, 4, 5)), (384, 384, 384))
+    assert meets_limits(prob.buckets[0], lay, prob, prob.limits[0], waits_of(prob, prob.buckets[0]))
+    batch_of = np.empty(6, dtype=np.int64)
+    for k, blk in enumerate(lay.blocks):
+        batch_of[list(blk)] = k
+    judged = pipeline.judge(prob, "x", (Batching(batch_of, np.array(lay.shapes)),))
+    assert judged.acceptable, judged.broken
+
+
+# -- the windowed planner: fallbacks, candidates, monotone in K, one deadline -----------------------------
+
+
+def pad_limited_four() -> Problem:
+    """Four requests in 1 s windows (0, 0, 1, 2), K = 1, device mode, a pad limit that only plans of one request
+    per batch meet (solo's, greedy's): the per-window plans, dpfill and pow2 break it."""
+    b = timed(bucket([586, 183, 77, 209], [124, 244, 135, 28]), [0.17, 0.56, 1.8, 2.19])
+    base = device(b, k=1, window=1.0)
+    pad = pipeline.judge(base, "solo", PACKERS["solo"](base)).evaluation.results[0].metrics.pad_ratio
+    return replace(base, limits=(Limits(max_pad_ratio=pad * (1 + 1e-9)),))
+
+
+def best_packer(prob: Problem) -> float:
+    """The cheapest windowed packer plan that meets every limit."""
+    judged = [pipeline.judge(prob, name, pack(prob)) for name, pack in PACKERS.items()]
+    return min(j.cost for j in judged if j.acceptable)
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["as run", "without the exact enumeration"])
+def test_a_windowed_plan_is_found_whenever_a_packer_has_one(monkeypatch, exact):
+    """The windowed planner gave up (exit 4, "no windowed plan meets every limit") here while solo's plan meets
+    the limit and the same input without windows plans fine: every packer is a fallback now -- also on the
+    heuristic path the exact enumeration of tiny problems would otherwise take."""
+    from model.planning import windowed as windowed_module
+
+    if not exact:
+        monkeypatch.setattr(windowed_module, "exact_plan", lambda *a, **k: None, raising=False)
+    prob = pad_limited_four()
+    assert pipeline.run(replace(prob, windowing=None), "mip", time_limit=5).evaluation.ok
+    run = pipeline.run(prob, "mip", time_limit=10)
+    assert run.evaluation.ok
+    assert run.evaluation.total_cost <= best_packer(prob) * (1 + 1e-9)
+
+
+def test_more_shapes_never_cost_more_on_the_heuristic_path(monkeypatch):
+    """Every plan with K - 1 shapes is a plan with K: the windowed planner once found one at K = 3 (greedy's)
+    and none at K = 4 (greedy keeps more shapes, and breaks a limit).  The plan for K - 1 is now a candidate
+    (and its shapes a start), so the cost never rises with K (here with the exact enumeration off)."""
+    from test_window_oracle import instance
+
+    from model.planning import windowed as windowed_module
+
+    monkeypatch.setattr(windowed_module, "exact_plan", lambda *a, **k: None, raising=False)
+    prob = instance(13, "reference")
+    costs = [plan_windowed(replace(prob, max_shapes=k), time_limit=10).report.objective for k in (3, 4)]
+    assert costs[1] <= costs[0] * (1 + 1e-9), costs
+
+
+@pytest.mark.parametrize("mode, seed", [("device", 105), ("device", 108), ("strict", 104), ("strict", 108),
+                                        ("reference", 101), ("reference", 109)])
+def test_more_shapes_never_cost_more_on_small_instances(mode, seed):
+    """Four or five requests in two buckets: the plan for K = 1, 2, 3 never gets dearer (three requests in two
+    buckets once cost 6577.1 at K = 2 and 9561.7 at K = 3)."""
+    from test_window_oracle import instance
+
+    prob = instance(seed, mode)
+    assert len(prob.buckets) == 2 and sum(len(b) for b in prob.buckets) <= 5
+    costs = []
+    for k in (1, 2, 3):
+        try:
+            costs.append(plan_windowed(replace(prob, max_shapes=k), time_limit=10).report.objective)
+        except InfeasibleError:  # proven: fewer shapes than the limits need
+            costs.append(math.inf)
+    assert math.isfinite(costs[-1])
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(costs, costs[1:], strict=False)), costs
+
+
+def test_the_un_windowed_plan_cut_at_the_windows_is_a_candidate(monkeypatch):
+    """With long windows the un-windowed MIP's plan, its batches cut at the window ends, is a windowed plan the
+    per-window planning need not find: the windowed plan costs no more than the one the planner cut (heuristic
+    path: 40 requests, two windows)."""
+    from model.planning import window_merge
+    from model.planning import windowed as windowed_module
+
+    monkeypatch.setattr(windowed_module, "exact_plan", lambda *a, **k: None, raising=False)
+    cut = []
+
+    def spy(prob, batchings):
+        cut.append(window_merge.split_at_windows(prob, batchings))
+        return cut[-1]
+
+    monkeypatch.setattr(windowed_module, "split_at_windows", spy, raising=False)
+    prob = random_windowed("strict", n=20, window=50.0)
+    run = plan_windowed(prob, time_limit=8)
+    assert cut, "the un-windowed plan was not cut at the windows"
+    judged = [pipeline.judge(prob, "cut", c) for c in cut]
+    assert any(j.acceptable for j in judged)
+    assert run.report.objective <= min(j.cost for j in judged if j.acceptable) * (1 + 1e-9)
+
+
+def test_no_window_mip_starts_after_the_deadline(monkeypatch):
+    """10^4 windows at --time-limit 10 took 77 s: each window's MIP got at least 0.2 s whatever was left.  Here the
+    clock passes the deadline during the second window's MIP (a fake clock jumps: nothing is timed); no window's
+    MIP may start after it -- the remaining windows keep the fast plan -- and the plan is still valid."""
+    from helpers import FakeClock
+
+    from model.planning import windowed as windowed_module
+
+    clock = FakeClock(monkeypatch)
+    real, calls = windowed_module.plan_mip, []
+
+    def counted(prob, *args, **kw):
+        if prob.windowing is not None:  # a window's MIP (the un-windowed plan's has no windows)
+            calls.append(clock.offset > 0)
+            if len(calls) == 2:
+                clock.jump(1e6)
+        return real(prob, *args, **kw)
+
+    monkeypatch.setattr(windowed_module, "plan_mip", counted)
+    prob = random_windowed("reference", n=30, window=10.0)
+    prob = replace(prob, max_shapes=1)
+    assert len(split(prob)) > 4
+    run = pipeline.run(prob, "mip", time_limit=30)
+    assert len(calls) >= 2 and not any(calls), calls  # the second call jumped the clock; none came after
+    assert run.evaluation.ok or run.evaluation.results  # valid (limits are none): judged
+    check_valid(prob, run.planned.batchings)
+
+
+def test_windows_are_stored_sparsely_from_the_planner_to_the_devices_report(tmp_path):
+    """Two arrivals 10^9 s apart in windows of a millisecond are 10^12 windows: devices needed made one slot per
+    window (7 TiB, a MemoryError) -- only windows holding requests are stored now, in the planner (the tiny exact
+    path and the heuristic one) and in the devices report (table, picture, CSV)."""
+    from model.deploy.window_devices import devices_csv, devices_figure, window_table
+    from model.domain.schema import Windowing
+
+    rng = np.random.default_rng(4)
+    for n in (3, 30):  # the exact enumeration and the heuristic path
+        arrivals = np.r_[rng.uniform(0, 0.01, n - 1), 1e9]
+        b = timed(bucket(rng.integers(1, 700, n).tolist(), rng.integers(1, 200, n).tolist()), arrivals)
+        prob = replace(problem(b, k=2, params=TOY, mode="device"), windowing=Windowing(1e-3, 0.0))
+        assert n_windows(prob) > 10**12
+        run = pipeline.run(prob, "mip", time_limit=5)
+        assert run.evaluation.ok
+        use = device_use(prob, run.planned.batchings, "mip")
+        assert len(use.windows) <= n and use.device_ms.shape == (1, len(use.windows))
+        assert use.mean() <= use.peak() * len(use.windows) / use.n_windows
+        assert len(window_table([use]).rows) == len(use.windows)
+        assert devices_csv([use]).count(b"\n") == 1 + 2 * len(use.windows)
+        devices_figure([use]).savefig(tmp_path / f"devices-{n}.png")
+
+
+@pytest.mark.parametrize("mode", ["reference", "strict", "device"])
+def test_the_floors_of_many_windows_at_once_equal_each_window_s_own(mode):
+    """10^4 windows took 12 s for a 2.5 s share of the bound: a floor-pricing call per window and shape.  The
+    windows past the LP's deadline are now floored all at once; the prices are each window's own, and with the
+    deadline already passed no LP is solved at all (work counted, not timed)."""
+    from model.planning.window_bound import candidate_shapes, floor_windows, window_prices
+
+    prob = random_windowed(mode, seed=5, n=60, window=3.0)
+    pools = window_pools(prob)
+    cands = candidate_shapes(pools, None)
+    for pb in pools:
+        rows, phi = floor_windows(prob, pb, list(range(len(pb))), cands)
+        own = [window_prices(prob, pb.S[w], pb.G[w], cands, False) for w in range(len(pb))]
+        ref = np.vstack([np.minimum.accumulate(p[:, ::-1], axis=1)[:, ::-1] for p in own])
+        assert rows.tolist() == np.concatenate(pb.rows).tolist()
+        assert (np.isinf(phi) == np.isinf(ref)).all() and np.allclose(phi[np.isfinite(ref)], ref[np.isfinite(ref)])
+    assert window_bound(prob, pools, Deadline(0.0), use_lp=True).lp_windows == 0

@@ -121,6 +121,10 @@ class DeviceCost(AtDeclaredShape, PlanRules):
         """(fixed, per_member) with ``T = fixed + n * per_member`` within the regime ``large``."""
         return linear_parts(t, g, large, self.params)
 
+    def run_parts(self, t, g, large) -> tuple[np.ndarray, np.ndarray]:
+        """(fixed, per_member) of a batch's cost, which is its device time T (``linear_parts``)."""
+        return self.linear_parts(t, g, large)
+
     def box_fixed(self, t, g, large) -> tuple[np.ndarray, np.ndarray]:
         """Per batch of box (t, g, class): T's per-batch part F, which is both its fixed cost and its fixed
         part of sequential time (a batch's time is its cost and its sequential-time contribution)."""

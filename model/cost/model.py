@@ -99,9 +99,10 @@ class _Analytic(PlanRules):
         raise TypeError(f"{self.name} mode counts pad per member and arc, not per box")
 
     def without_compile(self) -> CostModel:
-        """The same model with compiles free of cost (the windowed planner prices the shared compiles once,
-        itself); the spike's latency stays, since Tshape_compile_ms is time, not cost."""
-        return replace(self, params=replace(self.params, Kshape_attn=0.0, Kshape_mlp=0.0))
+        """The same model with compiles free and instant: no compile cost and no compile spike, as in device
+        mode (the windowed planner prices the shared compiles once, itself; a window that kept the spike
+        charged one per window and shape, where the whole plan takes one per shape and bucket)."""
+        return replace(self, params=replace(self.params, Kshape_attn=0.0, Kshape_mlp=0.0, Tshape_compile_ms=0.0))
 
     def decode_regimes(self) -> list[bool]:
         """One decode regime."""
@@ -161,6 +162,11 @@ class ReferenceCost(_Analytic):
         """Cost per member of box (t, g): its decode (its prefill is fixed: ``constant_cost``)."""
         return decode_cost(t, g, self.params)
 
+    def run_parts(self, t, g, large) -> tuple[np.ndarray, np.ndarray]:
+        """Not defined: a reference-mode batch decodes at its members' longest prompt, not its declared shape,
+        so its cost is no function of (declared shape, longest gen, size) alone."""
+        raise TypeError("reference mode: a batch's cost depends on its members' own prompts")
+
     def prompt_pad(self, S, t) -> np.ndarray:
         """Prompt pad per member beyond its own alignment: none (it prefills at its own S)."""
         return np.zeros(np.broadcast_shapes(np.shape(S), np.shape(t)), dtype=np.int64)
@@ -183,6 +189,13 @@ class StrictCost(AtDeclaredShape, _Analytic):
     def box_unit_cost(self, t, g, large) -> np.ndarray:
         """Cost per member of box (t, g): decode plus prefill at the declared shape."""
         return decode_cost(t, g, self.params) + prefill_cost(t, self.params)
+
+    def run_parts(self, t, g, large) -> tuple[np.ndarray, np.ndarray]:
+        """(fixed, per_member) with a batch's cost = fixed + n * per_member at declared shape t and longest gen g
+        (one regime): the batch overhead, and each member's prefill and decode at (t, g).  Broadcasts t, g and
+        large, so the windowed planner's runs DP prices a whole matrix of (window, position) at once."""
+        per = self.box_unit_cost(t, g, large)
+        return np.full(np.shape(per), float(self.params.Kbatch_overhead_cost)), per
 
 
 def cost_model(mode: Mode, params: CostParams | DeviceProfile | None = None) -> CostModel:

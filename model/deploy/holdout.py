@@ -29,10 +29,13 @@ import numpy as np
 
 from model import pipeline
 from model.base.errors import InfeasibleError, InputError
+from model.base.runtime import Deadline
 from model.cost.common import align
 from model.domain.schema import Bucket, Limits, Problem
 
 POW2 = "pow2"
+PLANNER_RUNS = 3  # a hold-out plans with the solver three times: the first part, under the chosen shapes, its own
+MIN_RUN_S = 1e-3  # a planner run is granted at least this (a positive limit); past the deadline it returns fast
 SCALED = ("max_cost", "max_sequential_ms")  # limits that grow with the number of requests
 
 
@@ -171,6 +174,15 @@ def _excess(cost: float | None, reference: float | None) -> float | None:
     return cost / reference - 1
 
 
+def run_limit(deadline: Deadline | None, runs_left: int, time_limit: float) -> float:
+    """The time limit of the next planner run: with one ``deadline`` for the whole check, an equal share of what
+    is left among the ``runs_left`` runs still to come (one that ends early leaves its time to the next); without,
+    ``time_limit`` itself (the sweep gives each point its own)."""
+    if deadline is None:
+        return time_limit
+    return max(MIN_RUN_S, deadline.left() / max(1, runs_left))
+
+
 def _attempt(problem: Problem, solver: str, backend: str, time_limit: float,
              messages: list[str], what: str) -> pipeline.Run | None:
     try:
@@ -182,9 +194,10 @@ def _attempt(problem: Problem, solver: str, backend: str, time_limit: float,
 
 def check_shapes(split_: Split, shapes: tuple[int, ...], in_sample: float | None, solver: str = pipeline.MIP,
                  backend: str = "highs", time_limit: float = 60.0, pow2_in_sample: float | None = None,
-                 k: int | None = None) -> Holdout:
+                 k: int | None = None, deadline: Deadline | None = None) -> Holdout:
     """Plan the held-out part under ``shapes`` (chosen on the first part), under its own choice, and with pow2,
-    all with at most ``k`` shapes (default: the split's K)."""
+    all with at most ``k`` shapes (default: the split's K).  With ``deadline`` the two planner runs share it
+    (``run_limit``); without, each gets ``time_limit``."""
     k = split_.test.max_shapes if k is None else k
     messages: list[str] = []
     compared, uncovered = covered(split_.test.with_shapes(k), max(shapes)) if shapes else (None, 0)
@@ -194,9 +207,10 @@ def check_shapes(split_: Split, shapes: tuple[int, ...], in_sample: float | None
         messages.append(f"{uncovered} held-out request(s) are longer than the largest chosen shape {max(shapes)} "
                         "and cannot run under the chosen shapes; the held-out plans cover the others")
     # the own run and pow2 keep the problem's own allowed set (if any): hindsight, under the same rules
-    fixed = _attempt(replace(compared, allowed_shapes=shapes), solver, backend, time_limit, messages,
-                     "held-out part under the chosen shapes")
-    own = _attempt(compared, solver, backend, time_limit, messages, "held-out part, its own shapes")
+    fixed = _attempt(replace(compared, allowed_shapes=shapes), solver, backend, run_limit(deadline, 2, time_limit),
+                     messages, "held-out part under the chosen shapes")
+    own = _attempt(compared, solver, backend, run_limit(deadline, 1, time_limit), messages,
+                   "held-out part, its own shapes")
     pow2 = _attempt(compared, POW2, backend, time_limit, messages, "pow2, held-out part")
     return Holdout(split_, solver, k, shapes, in_sample, pow2_in_sample, compared, fixed, own, pow2, uncovered,
                    tuple(messages))
@@ -241,10 +255,12 @@ def holdout(problem: Problem, fraction: float, solver: str = pipeline.MIP, backe
     """Split, plan the first part (its shapes are the choice), and check them on the held-out part.
 
     Returns the check and the first part's run.  The first part's limits must be
-    met (an InfeasibleError otherwise, as for any plan).
+    met (an InfeasibleError otherwise, as for any plan).  ``time_limit`` bounds the whole check: its three
+    planner runs share one deadline (each had the whole limit, so --time-limit 5 took 15 s).
     """
+    deadline = Deadline.after(time_limit)
     part = split(problem, fraction)
-    train = pipeline.run(part.train, solver, backend, time_limit)
+    train = pipeline.run(part.train, solver, backend, run_limit(deadline, PLANNER_RUNS, time_limit))
     check = check_shapes(part, used_shapes(train), train.evaluation.total_cost, solver, backend, time_limit,
-                         pow2_cost(part.train))
+                         pow2_cost(part.train), deadline=deadline)
     return check, train

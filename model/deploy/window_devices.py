@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pandas as pd
 
 from model import pipeline
@@ -58,16 +57,17 @@ def summary_table(uses: Sequence[DeviceUse]) -> Table:
 
 
 def window_table(uses: Sequence[DeviceUse]) -> Table:
-    """Every window with its pooled device-ms, devices needed and utilisation, planners side by side."""
+    """Every window holding requests with its pooled device-ms, devices needed and utilisation, planners side by
+    side (the others need no device)."""
     head = ["window", "opens"]
     for use in uses:
         head += [f"{use.planner} device-ms", f"{use.planner} devices", f"{use.planner} util"]
     rows = []
-    first = uses[0]
-    for w in range(len(first.total_ms)):
+    first = uses[0]  # every planner's plan of one problem: the same windows hold requests
+    for i, w in enumerate(first.windows.tolist()):
         cells = [str(w), opens(first.window_start_s(w))]
         for use in uses:
-            ms, d = use.total_ms[w], int(use.total_devices[w])
+            ms, d = use.total_ms[i], int(use.total_devices[i])
             cells += [fmt(float(ms)), str(d), pct(ms / (d * use.window_ms)) if d else "-"]
         rows.append(tuple(cells))
     return Table(tuple(head), tuple(rows))
@@ -89,14 +89,13 @@ def devices_figure(uses: Sequence[DeviceUse]) -> Figure:
     fig = new_figure(9, 4.5)
     ax = fig.add_subplot()
     for use in uses:
-        d = use.total_devices
-        minutes = np.arange(len(d) + 1) * use.window_s / 60.0  # one step per window, the last one closed
-        (line,) = ax.step(minutes, np.r_[d, d[-1:]], where="post",
+        edges, d = use.steps(use.total_devices)  # empty windows step down to 0, without a point each
+        minutes = edges * use.window_s / 60.0
+        (line,) = ax.step(minutes, d, where="post",
                           label=f"{use.planner} (peak {use.peak()}, mean {use.mean():.2f})", gid=LINE_GID + use.planner)
-        w = use.peak_window()
-        ax.scatter([minutes[w]], [d[w]], marker="v", s=70, color=line.get_color(), zorder=5,
-                   gid=PEAK_GID + use.planner)
-        ax.annotate(f"peak {int(d[w])}", (minutes[w], d[w]), textcoords="offset points", xytext=(4, 6),
+        at, peak = use.peak_window() * use.window_s / 60.0, use.peak()
+        ax.scatter([at], [peak], marker="v", s=70, color=line.get_color(), zorder=5, gid=PEAK_GID + use.planner)
+        ax.annotate(f"peak {peak}", (at, peak), textcoords="offset points", xytext=(4, 6),
                     fontsize=8, color=line.get_color())
     first = uses[0]
     ax.set_xlabel(f"minutes since the first arrival ({opens(first.origin_s)}); windows of {first.window_s:g} s")
@@ -109,15 +108,15 @@ def devices_figure(uses: Sequence[DeviceUse]) -> Figure:
 
 
 def devices_csv(uses: Sequence[DeviceUse]) -> bytes:
-    """The tidy per-window table: one row per planner, window and bucket ("*" = pooled)."""
+    """The tidy per-window table: one row per planner, window holding requests and bucket ("*" = pooled)."""
     buf = io.StringIO()
     out = csv.writer(buf, lineterminator="\n")
     out.writerow(["planner", "window", "opens_s", "bucket", "device_ms", "devices", "utilisation"])
     for use in uses:
-        for w in range(use.device_ms.shape[1]):
+        for i, w in enumerate(use.windows.tolist()):  # the windows holding requests: the others need none
             for b, name in [*enumerate(use.buckets), (None, "*")]:
-                ms = float(use.total_ms[w] if b is None else use.device_ms[b, w])
-                d = int(use.total_devices[w] if b is None else use.devices[b, w])
+                ms = float(use.total_ms[i] if b is None else use.device_ms[b, i])
+                d = int(use.total_devices[i] if b is None else use.devices[b, i])
                 util = ms / (d * use.window_ms) if d else None
                 out.writerow([use.planner, w, repr(use.window_start_s(w)), name, repr(ms), d,
                               "" if util is None else repr(util)])

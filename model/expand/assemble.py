@@ -7,8 +7,9 @@ least (``model.expand.spikes``): on a member it does not push over the P95 limit
 where it raises its batch's largest latency (the sequential-time contribution) the
 least -- trading the two off exactly when both limits are set.
 
-With arrival windows a member's latency includes its wait to its window's end (so the
-spike is placed by the latency the evaluator judges), ids carry the window
+With arrival windows a member's P95 latency includes its wait to its window's end, its
+sequential time does not (the spike is placed by the latencies the evaluator judges each
+limit by), ids carry the window
 (``s<seq_align>-<k>-w<window>``) and the plan lists windows in order.
 """
 
@@ -34,18 +35,17 @@ def assemble(bucket: Bucket, batching: Batching, cost: CostModel = ReferenceCost
     shape_of = np.asarray(batching.shape_of, dtype=np.int64)
     nb = len(shape_of)
     latency = cost.batch_latencies(bucket.prompt_len, bucket.gen_len, codes, shape_of)[0]
-    if wait_ms is not None:
-        latency = latency + np.asarray(wait_ms, dtype=np.float64)
+    wait = np.zeros(len(codes)) if wait_ms is None else np.asarray(wait_ms, dtype=np.float64)
     # per shape, the member that takes the spike (``model.expand.spikes``) leads the batch that ranks 0;
     # every other batch leads with its gentlest member, the one with the least latency
     by_batch = member_order(codes, latency)
-    lead, takes = spike_leads(codes, shape_of, latency, cost.spike_ms, limits, order=by_batch)
+    lead, takes = spike_leads(codes, shape_of, latency, cost.spike_ms, limits, order=by_batch, wait=wait)
     first_lat = latency[lead]
     batch_max = segment_max(np.asarray(latency, dtype=np.float64), codes, nb)
-    spiked = first_lat + cost.spike_ms
-    seq_hurt = np.maximum(0.0, spiked - batch_max)
+    seq_hurt = np.maximum(0.0, first_lat + cost.spike_ms - batch_max)  # sequential time: no waits
     limit = limits.max_p95_latency_ms
-    crosses = (first_lat <= limit) & (spiked > limit) if limit is not None else np.zeros(nb, bool)
+    waited = first_lat + wait[lead]  # P95: with the wait
+    crosses = (waited <= limit) & (waited + cost.spike_ms > limit) if limit is not None else np.zeros(nb, bool)
     # per shape, the batch that takes the spike ranks 0; the rest keep their order
     rank = shape_ranks(shape_of, np.lexsort((np.arange(nb), first_lat, seq_hurt, crosses, ~takes, shape_of)))
     order = lead_first(by_batch, codes, lead)

@@ -11,9 +11,13 @@ shape):
 - sequential time: its batch's largest latency grows by
   ``max(0, lat + spike - batch max)`` -- least for the batch's fastest member.
 
-Per batch two candidates suffice: its fastest member (least growth, and harmless
-if any member of the batch stays under L with the spike), and its fastest member
-already over L (the cheapest harmless one among those).  Per shape that gives the
+Per batch two candidates suffice: its fastest member (least growth), and its fastest
+harmless member (already over L, or under L even with the spike).  With arrival windows
+the two latencies differ: P95 judges a member's latency with its wait to its window's end,
+sequential time (device time run back to back) without it; so "harmless" reads the
+waited latency and "growth" the unwaited one, and a member that waits less may stay under
+L with the spike while a faster one crosses (the wait once counted in the growth too, and
+a plan meeting both limits was judged to break its sequential time).  Per shape that gives the
 best harmless option and the best option overall; across shapes, the P95 limit
 allows ``allowed_above(n) - (members already over)`` crossings, and they go to the
 shapes where crossing saves the most sequential time.  That is exact: it minimises
@@ -36,7 +40,8 @@ def member_order(codes: np.ndarray, latency: np.ndarray) -> np.ndarray:
 
 
 def spike_leads(codes: np.ndarray, shape_of: np.ndarray, latency: np.ndarray, spike: float, limits: Limits,
-                weight: np.ndarray | None = None, order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                weight: np.ndarray | None = None, order: np.ndarray | None = None,
+                wait: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(lead, takes): per batch the record that goes first, and whether that batch takes its shape's spike.
 
     ``codes`` numbers each record's batch 0..nb-1 (every batch non-empty), ``latency``
@@ -44,7 +49,8 @@ def spike_leads(codes: np.ndarray, shape_of: np.ndarray, latency: np.ndarray, sp
     its recipient, every other batch with its fastest member.  With ``weight`` a record
     stands for that many members of equal latency (a run of one cell in one batch): the
     P95 allowance counts members, and the spike goes to one member of the chosen record.  ``order`` is
-    ``member_order(codes, latency)`` when the caller has it (a sort of 10^7 records takes seconds).
+    ``member_order(codes, latency)`` when the caller has it (a sort of 10^7 records takes seconds).  ``wait``
+    (per record, arrival windows) is added to the latency the P95 limit judges, not to sequential time.
     """
     codes = np.asarray(codes, dtype=np.int64)
     shape_of = np.asarray(shape_of, dtype=np.int64)
@@ -57,16 +63,18 @@ def spike_leads(codes: np.ndarray, shape_of: np.ndarray, latency: np.ndarray, sp
         return lead, takes
     batch_max = segment_max(np.asarray(latency, dtype=np.float64), codes, nb)
     limit = limits.max_p95_latency_ms
+    waited = np.asarray(latency, dtype=np.float64) + (0.0 if wait is None else np.asarray(wait, dtype=np.float64))
     cand = [fastest]
     if limit is not None:
-        slow = order[latency[order] > limit]
-        if len(slow):
-            cand.append(slow[np.r_[True, codes[slow][1:] != codes[slow][:-1]]])
+        harmless = order[(waited[order] > limit) | (waited[order] + spike <= limit)]
+        if len(harmless):
+            cand.append(harmless[np.r_[True, codes[harmless][1:] != codes[harmless][:-1]]])
     cand = np.concatenate(cand)
     cb = codes[cand]
     lat = latency[cand]
     inc = np.maximum(0.0, lat + spike - batch_max[cb])
-    cross = (lat <= limit) & (lat + spike > limit) if limit is not None else np.zeros(len(cand), bool)
+    cross = ((waited[cand] <= limit) & (waited[cand] + spike > limit) if limit is not None
+             else np.zeros(len(cand), bool))
     shape = shape_of[cb]
     # per shape: the best option overall (least growth; harmless first on ties) and the best harmless one
     best_all = _first_per_shape(shape, np.lexsort((cb, lat, cross, inc, shape)))
@@ -79,7 +87,7 @@ def spike_leads(codes: np.ndarray, shape_of: np.ndarray, latency: np.ndarray, sp
         slack = np.inf
         if limit is not None:
             w = np.ones(n, dtype=np.int64) if weight is None else np.asarray(weight, dtype=np.int64)
-            slack = allowed_above(int(w.sum())) - int(w[latency > limit].sum())
+            slack = allowed_above(int(w.sum())) - int(w[waited > limit].sum())
         forced = [s for s in best_all if s not in best_safe]
         slack -= sum(int(cross[best_all[s]]) for s in forced)
         saving = sorted(((inc[best_safe[s]] - inc[a], s) for s, a in best_all.items() if s in best_safe),

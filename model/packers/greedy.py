@@ -6,7 +6,9 @@ identical (aligned prompt, gen_len) cell, shapes capped as in ``cells``), then
 repeatedly merge the pair of batches that adds the least cost per millisecond of
 sequential time it saves, and stop as soon as the bucket's ``max_sequential_ms``
 holds.  Without a sequential-time limit nothing needs merging and the cells plan is
-returned as is.
+returned as is; so it is in device mode, where a batch's time grows with its size, which
+this merge's latency arithmetic (the analytic member latency) does not model (it read
+the analytic coefficients off a device profile and crashed).
 
 Candidate set: two batches may merge only if they are declared at the same capped
 shape (so the shape count never changes) and are neighbours in one of two orders
@@ -189,7 +191,7 @@ def merge(bucket: Bucket, batching: Batching, limits: Limits, problem: Problem,
     Raises DeadlineExceeded if ``deadline`` passes first (checked every 1024 merges).
     """
     p = problem.cost.params
-    if limits.max_sequential_ms is None or len(batching.shape_of) == 0:
+    if limits.max_sequential_ms is None or len(batching.shape_of) == 0 or problem.cost.shared_batch_time:
         return batching
     st = initial_state(bucket, batching, problem.cost,
                        windows_of(problem, bucket) if problem.windowing is not None else None)

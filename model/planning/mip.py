@@ -52,6 +52,9 @@ from solvers.backends.result import Feature
 
 log = logging.getLogger("shapeplan")
 LAST_RESORT = ("solo", "cells", "pow2", "exp", "baseline")  # analytic modes: tried when nothing else meets the limits
+# when the clock ran out before any plan met every limit: a good packer first, then every request alone (the plan
+# that meets most latency and pad limits); judged past the deadline, since a late plan beats none
+OVERDUE = ("dpfill", "solo")
 
 
 def tightened(problem: Problem, reserves: tuple[int, ...], broken: tuple[tuple[int, str, float, float], ...],
@@ -117,6 +120,28 @@ def last_resort(problem: Problem, judge: Judge, deadline: Deadline, spent: float
     limit.  A search over part of the boxes, or a time limit, may miss a plan such a simple rule has; no plan
     should be given up for that."""
     return packer_plans(problem, judge, LAST_RESORT, deadline, spent, options)
+
+
+def overdue_packers(problem: Problem, judge: Judge, tried: list[Judged]) -> list[Judged]:
+    """The clock ran out before any plan met every limit (at 10^7 requests greedy is skipped, and the MIP had no
+    time to start): the OVERDUE packers not tried yet, judged past the deadline until one meets every limit.
+    A time limit too short for the MIP must not end in "no plan" when a packer's plan is seconds away; the
+    report's status says the time limit ran out, and a note that the plan is the packer's."""
+    out: list[Judged] = []
+    seen = {j.name for j in tried}
+    for name in (n for n in OVERDUE if n not in seen):
+        try:
+            out.append(judge(problem, name, PACKERS[name](problem)))
+        except InfeasibleError:
+            continue
+        if out[-1].acceptable:
+            break
+    return out
+
+
+def ran_out(clock: Deadline, spent: float, options: PlannerOptions) -> bool:
+    """Whether the clock left too little for one more judging: the packers were then skipped, not tried."""
+    return clock.left() < options.judge_margin * spent
 
 
 def final_shapes(problem: Problem, judge: Judge, judged: Judged, deadline: Deadline, spent: float,
@@ -279,13 +304,23 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
         resort = last_resort(problem, judge, clock, spent, options)
         tried += resort
         candidates = [j for j in resort if j.acceptable]
+    overdue = False
+    if not candidates and not first.proven_infeasible and ran_out(clock, spent, options):
+        late = overdue_packers(problem, judge, tried)
+        tried += late
+        candidates = [j for j in late if j.acceptable]
+        overdue = bool(candidates)
     if not candidates:
         raise no_plan(problem, judge, solver.name, first, outcome, judged, judged_greedy, tried, attempt, clock)
     said = []
     for cand in sorted(candidates, key=lambda j: j.cost):
         passed, pass_note = final_shapes(problem, judge, cand, clock, spent, options)
         notes = []  # what the report says if this candidate is returned
-        if passed.name != "mip":
+        if overdue:
+            notes.append(f"the time limit ran out before the MIP found a plan meeting every limit ({solver.name}: "
+                         f"{outcome.status.text}); the {passed.name} packer's plan, judged after the time limit, "
+                         "is returned")
+        elif passed.name != "mip":
             notes.append(f"the {passed.name} plan is cheaper under the exact cost model than the MIP's and is "
                          "returned (the MIP searched a coarsened or time-limited space)" if mip_ok else
                          f"the MIP found no plan meeting every limit ({solver.name}: {outcome.status.text}); the "

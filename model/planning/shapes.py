@@ -69,28 +69,55 @@ def floor_table(bm: BucketModel, shapes: np.ndarray, deadline: Deadline = Deadli
     return acc
 
 
-def shape_dp(acc: np.ndarray, cands: np.ndarray, max_shapes: int, top: int | None = None,
-             deadline: Deadline = Deadline.never()) -> tuple[float, tuple[int, ...]]:
-    """min over shape sets Y (|Y| <= K, the largest Y = cands[top] covering every request) of the summed
-    interval costs ``acc`` (acc[lo + 1, hi], row 0 for "no shape below"): (value, argmin Y).  Exact: a
-    shortest path with at most K edges."""
-    T = len(cands)
-    top = T - 1 if top is None else top
+def _dp_tables(acc: np.ndarray, max_shapes: int, deadline: Deadline) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(f, back): f[k-1][hi] the least summed interval cost with exactly k shapes, the highest cands[hi], and
+    back[k-1][hi] the index of the shape below it (a shortest path with k edges)."""
+    T = acc.shape[1]
     valid = np.arange(T + 1)[:, None] <= np.arange(T)[None, :]
     cost = np.where(valid, acc, np.inf)
-    f = [cost[0]]  # f[k-1][hi]: best with k shapes, the highest being cands[hi]
+    f = [cost[0]]
     back = [np.full(T, -1)]
     for _ in range(1, max_shapes):
         deadline.tick("shape relaxation")
         cand = f[-1][:, None] + cost[1:, :]  # [lo, hi]
         back.append(np.argmin(cand, axis=0))
         f.append(cand[back[-1], np.arange(T)])
-    k = int(np.argmin([fk[top] for fk in f]))
+    return f, back
+
+
+def _backtrack(back: list[np.ndarray], cands: np.ndarray, top: int, k: int) -> tuple[int, ...]:
+    """The shapes of the best path with k + 1 shapes ending at cands[top]."""
     picks, hi = [top], top
     for kk in range(k, 0, -1):
         hi = int(back[kk][hi])
         picks.append(hi)
-    return float(f[k][top]), tuple(int(cands[i]) for i in sorted(picks))
+    return tuple(int(cands[i]) for i in sorted(picks))
+
+
+def shape_dp(acc: np.ndarray, cands: np.ndarray, max_shapes: int, top: int | None = None,
+             deadline: Deadline = Deadline.never()) -> tuple[float, tuple[int, ...]]:
+    """min over shape sets Y (|Y| <= K, the largest Y = cands[top] covering every request) of the summed
+    interval costs ``acc`` (acc[lo + 1, hi], row 0 for "no shape below"): (value, argmin Y).  Exact: a
+    shortest path with at most K edges."""
+    top = len(cands) - 1 if top is None else top
+    f, back = _dp_tables(acc, max_shapes, deadline)
+    k = int(np.argmin([fk[top] for fk in f]))
+    return float(f[k][top]), _backtrack(back, cands, top, k)
+
+
+def shape_sets(acc: np.ndarray, cands: np.ndarray, max_shapes: int, top: int | None = None,
+               deadline: Deadline = Deadline.never()) -> tuple[tuple[int, ...], ...]:
+    """``shape_dp``'s argmin under every cap k = 1..K (the best set of at most k shapes): the windowed planner
+    starts its shape search from each, so a cap K never plans from worse shapes than the cap K - 1 would."""
+    top = len(cands) - 1 if top is None else top
+    f, back = _dp_tables(acc, max_shapes, deadline)
+    out, best = [], None
+    for k in range(len(f)):
+        if best is None or f[k][top] < f[best][top]:
+            best = k
+        if np.isfinite(f[best][top]):
+            out.append(_backtrack(back, cands, top, best))
+    return tuple(dict.fromkeys(out))
 
 
 def charged_tables(floors: np.ndarray, charge: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:

@@ -20,7 +20,7 @@ from model.histogram.cells import Histogram, coarsen
 from model.packers import PACKERS
 from model.packers.greedy import pack as greedy_pack
 from model.planning.cell_runs import batching_of_runs, box_runs, deal
-from model.planning.colgen import NoDuals, exact_bound, generate
+from model.planning.colgen import NoDuals, exact_bound, floor_bound, generate
 from model.planning.options import PlannerOptions
 from model.planning.reshape import reference_shape_set
 from model.planning.search import (
@@ -212,7 +212,14 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
         cg = generate(space, res, lp_solver, deadline.share(options.colgen_share))
     except NoDuals as exc:
         notes.append(f"{exc}: no search")
-        return SearchOutcome(None, None, setup.bound, None, exc.result.status, lp_solver.name, lp_solver.version(),
+        bound, per = setup.bound, None
+        if setup.covers_all and not coarsened:
+            # the own-box floor needs no LP: a first LP cut short by a loaded host still leaves a bound
+            floor = floor_bound(space)
+            if floor.total > bound:
+                bound, per = floor.total, floor.per_bucket
+                notes.append("the bound is the own-box floor (still valid)")
+        return SearchOutcome(None, None, bound, per, exc.result.status, lp_solver.name, lp_solver.version(),
                              tuple(notes), native=f"its first LP relaxation gave no duals ({exc.result.native})")
     if cg.cut:
         notes.append(f"the time limit cut column generation's pricing short: its bound is from "

@@ -48,7 +48,7 @@ from model.cost.device import DeviceProfile, batch_time, linear_parts
 from model.domain.schema import Problem, Windowing
 from model.packers.grouping import batch_capacity
 from model.planning.parallel import chunks, run_items, shared, workers_available
-from model.planning.shapes import charged_tables, own_bound, shape_dp
+from model.planning.shapes import charged_tables, own_bound, shape_dp, shape_sets
 from model.planning.window_runs import WindowPools, window_pools
 
 # gen levels per LP (gens rounded down to request-weighted quantiles beyond that) and projection rounds:
@@ -138,6 +138,7 @@ def floor_prices(problem: Problem, S: np.ndarray, g: np.ndarray, s, pool) -> np.
 
 
 FLOOR_BLOCK = 2_000_000  # requests x shapes priced per call by ``floor_block``
+FLOOR_S_PER_ENTRY = 5e-7  # seconds a (request, shape) floor takes in ``floor_windows`` (measured: 3.3e-7)
 
 
 def floor_block(problem: Problem, S: np.ndarray, g: np.ndarray, shapes: np.ndarray) -> np.ndarray:
@@ -217,16 +218,46 @@ def growth(g: np.ndarray, base: int, shapes: np.ndarray, p: DeviceProfile) -> np
     return np.maximum(out, 0.0)
 
 
-def _price_windows(item: tuple[int, range]) -> list[tuple[np.ndarray, np.ndarray, bool]]:
-    """Worker: (rows, phi rows, priced by the LP) of the windows ``item`` names (one bucket's)."""
+def floor_windows(problem: Problem, pools_b: WindowPools, windows: list[int], cands: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, phi) of many windows of one bucket priced by per-request floors at once: what ``window_prices``
+    gives each of them without the LP, in blocks of about FLOOR_BLOCK (request, shape) pairs rather than a
+    call per window and shape (10^4 windows took 12 s that way, over a 2.5 s share).  A request's pool at a
+    shape is the requests of its own window with entry shape at most it."""
+    if not windows:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, len(cands)))
+    rows = np.concatenate([pools_b.rows[w] for w in windows])
+    S = np.concatenate([pools_b.S[w] for w in windows])
+    g = np.concatenate([pools_b.G[w] for w in windows])
+    win = np.repeat(np.arange(len(windows)), [len(pools_b.rows[w]) for w in windows])
+    T = len(cands)
+    j_of = np.searchsorted(cands, S)  # entry shapes are candidates (or above the last, which none covers)
+    fits = j_of < T
+    counts = np.bincount(win[fits] * T + j_of[fits], minlength=len(windows) * T).reshape(len(windows), T)
+    pool = np.cumsum(counts, axis=1)  # pool[w, j]: requests of window w with entry shape <= cands[j]
+    phi = np.empty((len(rows), T))
+    step = max(1, FLOOR_BLOCK // max(1, T))
+    for lo in range(0, len(rows), step):
+        sl = slice(lo, lo + step)
+        psi = floor_prices(problem, S[sl, None], g[sl, None], cands[None, :], pool[win[sl]])
+        psi = np.where(cands[None, :] >= S[sl, None], psi, np.inf)
+        phi[sl] = np.minimum.accumulate(psi[:, ::-1], axis=1)[:, ::-1]
+    return rows, phi
+
+
+def _price_windows(item: tuple[int, range]) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[int]]:
+    """Worker: the LP prices (rows, phi rows) of the windows ``item`` names (one bucket's), one window after
+    another until the deadline, and the windows left for the floors (which the caller prices all at once: on
+    a worker they cost their arrays' transfer back, seconds at 10^5 windows)."""
     problem, pools, cands, use_lp, deadline = shared()
     b, windows = item
     out = []
-    for w in windows:
-        lp = use_lp and not deadline.expired()
-        psi = window_prices(problem, pools[b].S[w], pools[b].G[w], cands, lp, deadline)
-        out.append((pools[b].rows[w], np.minimum.accumulate(psi[:, ::-1], axis=1)[:, ::-1], lp))
-    return out
+    rest = list(windows)
+    while rest and use_lp and not deadline.expired():
+        w = rest.pop(0)
+        psi = window_prices(problem, pools[b].S[w], pools[b].G[w], cands, True, deadline)
+        out.append((pools[b].rows[w], np.minimum.accumulate(psi[:, ::-1], axis=1)[:, ::-1]))
+    return out, rest
 
 
 PARALLEL_MIN_REQUESTS = 4000  # below this the LP prices take well under a second: no processes
@@ -234,31 +265,40 @@ PARALLEL_MIN_REQUESTS = 4000  # below this the LP prices take well under a secon
 
 def all_prices(problem: Problem, pools: list[WindowPools], cands: np.ndarray, use_lp: bool, deadline: Deadline
                ) -> tuple[list[np.ndarray], int]:
-    """phi of every bucket (rows in file order x candidates) and how many windows got LP prices; the windows
-    are priced on several processes when the LP has enough to do."""
+    """phi of every bucket (rows in file order x candidates) and how many windows got LP prices; the LPs run
+    on several processes when they have enough to do, and stop early enough for the floors of every window
+    (``floor_windows``, here, all at once) to fit before the deadline."""
     n_req = sum(len(b) for b in problem.buckets)
     parallel = use_lp and n_req >= PARALLEL_MIN_REQUESTS
     parts = 2 * workers_available() if parallel else 1
     items = [(b, r) for b, pb in enumerate(pools) for r in chunks(len(pb), parts)]
-    results = run_items(_price_windows, items, (problem, pools, cands, use_lp, deadline), parallel)
+    lp_until = Deadline(deadline.at - FLOOR_S_PER_ENTRY * n_req * len(cands))
+    results = run_items(_price_windows, items, (problem, pools, cands, use_lp, lp_until), parallel)
     phis = [np.full((len(problem.buckets[pb.bucket]), len(cands)), np.inf) for pb in pools]
     lp_windows = 0
-    for (b, _), res in zip(items, results, strict=True):
-        for rows, phi, lp in res:
+    rest: list[list[int]] = [[] for _ in pools]
+    for (b, _), (priced, left) in zip(items, results, strict=True):
+        for rows, phi in priced:
             phis[b][rows] = phi
-            lp_windows += int(lp)
+        lp_windows += len(priced)
+        rest[b] += left
+    for b, windows in enumerate(rest):
+        rows, phi = floor_windows(problem, pools[b], windows, cands)
+        phis[b][rows] = phi
     return phis, lp_windows
 
 
 @dataclass(frozen=True)
 class WindowBound:
-    """The certified bound, the shapes achieving its relaxation (a good start), and how it was priced."""
+    """The certified bound, the shapes achieving its relaxation (a good start), and how it was priced;
+    ``shape_sets`` are the relaxation's best sets under every cap k <= K (more starts)."""
 
     bound: float
     bucket_bounds: tuple[float, ...]
     shapes: tuple[int, ...]
     lp_windows: int
     windows: int
+    shape_sets: tuple[tuple[int, ...], ...] = ()
 
 
 def candidate_shapes(pools: list[WindowPools], max_seq_len: int | None) -> np.ndarray:
@@ -300,18 +340,20 @@ def window_bound(problem: Problem, pools: list[WindowPools], deadline: Deadline,
     bucket's own DP's, or with several the joint DP's."""
     cands = candidate_shapes(pools, problem.max_seq_len)
     phis, lp_windows = all_prices(problem, pools, cands, use_lp and problem.cost.shared_batch_time, deadline)
-    joint, bucket_bounds, own_shapes = 0.0, [], ()
+    joint, bucket_bounds, own_shapes, own_sets = 0.0, [], (), ()
     for pools_b, phi in zip(pools, phis, strict=True):
         acc, charge, top = interval_table(problem, pools_b, phi, cands)
         own_table, joint_table = charged_tables(acc, charge, top)
         joint = joint + joint_table
         value, own_shapes = own_bound(own_table, cands, top, problem.max_shapes)
+        own_sets = shape_sets(own_table[:top + 2, :top + 1], cands[:top + 1], problem.max_shapes)
         bucket_bounds.append(value)
     value, shapes = shape_dp(joint, cands, problem.max_shapes)
+    sets = shape_sets(joint, cands, problem.max_shapes)
     if len(pools) == 1:
-        shapes = own_shapes
+        shapes, sets = own_shapes, own_sets
     return WindowBound(max(value, sum(bucket_bounds)), tuple(bucket_bounds), shapes, lp_windows,
-                       sum(len(p) for p in pools))
+                       sum(len(p) for p in pools), sets)
 
 
 def whole_trace_bound(problem: Problem, deadline: Deadline) -> float:

@@ -1,8 +1,10 @@
 """Device mode under fixed shapes: the best batches of every window at once, by dynamic programming.
 
-At one declared shape s a batch's time depends only on its size n and its longest gen,
-so with a window's requests sorted by gen some optimal batching cuts the sorted list
-into consecutive runs (``model.planning.exact_runs``).  ``batched_runs`` solves that DP for
+Wherever every member is processed at its batch's declared shape (strict and device mode:
+``CostModel.pads_to_shape``), a batch's cost at one declared shape s depends only on its
+size n and its longest gen -- fixed + n * per-member within a decode regime
+(``CostModel.run_parts``) -- so with a window's requests sorted by gen some optimal batching
+cuts the sorted list into consecutive runs (``model.planning.exact_runs``).  ``batched_runs`` solves that DP for
 many windows together -- one numpy step per position, vectorised over the windows and
 the batch sizes -- so a whole trace's windows cost about as much as its largest one.
 
@@ -16,17 +18,17 @@ It is a plan, never a bound.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from model.base.runtime import Deadline
 from model.cost.common import align
-from model.cost.device import DeviceProfile, linear_parts
+from model.cost.model import CostModel
 from model.domain.schema import Batching, Bucket, Problem
 from model.domain.shapeset import round_up_to, usable
 from model.domain.windowing import windows_of
-from model.packers.grouping import batch_capacity
 
 INF = np.inf
 
@@ -55,10 +57,19 @@ class WindowPools:
     def __len__(self) -> int:
         return len(self.windows)
 
-    @property
+    @functools.cached_property
     def top(self) -> np.ndarray:
         """The longest entry shape of each window."""
         return np.array([int(s.max()) for s in self.S], dtype=np.int64)
+
+    @functools.cached_property
+    def flat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(entry shape, gen, window position) of every request, window by window in gen order: what the
+        interval costs select from with one mask instead of a Python step per window."""
+        sizes = [len(r) for r in self.rows]
+        return (np.concatenate(self.S) if sizes else np.zeros(0, np.int64),
+                np.concatenate(self.G) if sizes else np.zeros(0, np.int64),
+                np.repeat(np.arange(len(sizes)), sizes))
 
 
 def window_pools(problem: Problem) -> list[WindowPools]:
@@ -76,40 +87,49 @@ def window_pools(problem: Problem) -> list[WindowPools]:
     return out
 
 
-def batched_runs(gens: np.ndarray, m: np.ndarray, s, prof: DeviceProfile, max_batch: int | None,
+def batched_runs(gens: np.ndarray, m: np.ndarray, s, cost: CostModel, max_batch: int | None,
                  keep_choice: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
     """Cheapest cut of each row of ``gens`` (sorted ascending in its first m[i] entries) into consecutive
-    batches at shape s (one shape, or one per row): (device time per row, inf where a request fits no batch;
-    the size of the batch ending at each position when ``keep_choice``)."""
+    batches at shape s (one shape, or one per row): (cost per row, inf where a request fits no batch; the size
+    of the batch ending at each position when ``keep_choice``).  A batch of n members ending at a position
+    costs fixed + n * per there (``CostModel.run_parts``, in the regime a batch of n runs), if n is within that
+    regime's sizes (the batch-size cap, the KV capacity)."""
     n_inst, width = gens.shape
-    cost = np.zeros((n_inst, width + 1))
+    cost_to = np.zeros((n_inst, width + 1))
     take = np.zeros((n_inst, width + 1), dtype=np.int64) if keep_choice else None
     if width == 0 or n_inst == 0:
-        return cost[:, 0], take
+        return cost_to[:, 0], take
     g = np.maximum(gens, 1)
-    shape = np.asarray(s, dtype=np.int64).reshape(-1, 1) if np.ndim(s) else int(s)
-    caps = batch_capacity(shape, g, max_batch, prof.kv_capacity_tokens)
-    small = linear_parts(shape, g, np.zeros(g.shape, bool), prof)
-    large = linear_parts(shape, g, np.ones(g.shape, bool), prof) if prof.decode_large is not None else small
-    switch = prof.decode_large_from if prof.decode_large is not None else np.iinfo(np.int64).max
-    top = int(min(caps.max(initial=0), width))
+    shape = np.asarray(s, dtype=np.int64).reshape(-1, 1) if np.ndim(s) else np.int64(s)
+    regimes = cost.decode_regimes()
+    parts, his = {}, {}
+    for large in regimes:
+        fixed, per = cost.run_parts(shape, g, large)
+        parts[large] = (np.broadcast_to(fixed, g.shape), np.broadcast_to(per, g.shape))
+        his[large] = np.broadcast_to(cost.regime_range(shape, g, large, max_batch)[1], g.shape)
+    small_f, small_p = parts[False]
+    large_f, large_p = parts.get(True, parts[False])
+    small_hi, large_hi = his[False], his.get(True, his[False])
+    top = int(min(max(int(h.max(initial=0)) for h in his.values()), width))
     sizes = np.arange(1, max(top, 1) + 1)
-    big = sizes >= switch
+    big = cost.is_large(sizes) if True in parts else np.zeros(len(sizes), dtype=bool)
     rows = np.arange(n_inst)
     for i in range(1, width + 1):
         sz = sizes[:min(i, top)]
         if not len(sz):
-            cost[:, i] = INF
+            cost_to[:, i] = INF
             continue
-        fixed = np.where(big[:len(sz)], large[0][:, i - 1, None], small[0][:, i - 1, None])
-        per = np.where(big[:len(sz)], large[1][:, i - 1, None], small[1][:, i - 1, None])
-        total = cost[:, i - sz] + fixed + sz * per
-        total = np.where(sz[None, :] <= caps[:, i - 1, None], total, INF)
+        b = big[:len(sz)]
+        fixed = np.where(b, large_f[:, i - 1, None], small_f[:, i - 1, None])
+        per = np.where(b, large_p[:, i - 1, None], small_p[:, i - 1, None])
+        cap = np.where(b, large_hi[:, i - 1, None], small_hi[:, i - 1, None])
+        total = cost_to[:, i - sz] + fixed + sz * per
+        total = np.where(sz[None, :] <= cap, total, INF)
         k = np.argmin(total, axis=1)
-        cost[:, i] = total[rows, k]
+        cost_to[:, i] = total[rows, k]
         if take is not None:
             take[:, i] = sz[k]
-    return cost[rows, m], take
+    return cost_to[rows, m], take
 
 
 def padded(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -138,23 +158,23 @@ def _length_chunks(lengths: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def group_costs(groups: list[np.ndarray], shapes: np.ndarray, prof: DeviceProfile, max_batch: int | None
+def group_costs(groups: list[np.ndarray], shapes: np.ndarray, cost: CostModel, max_batch: int | None
                 ) -> np.ndarray:
-    """Device time of each group of gens (sorted ascending) batched optimally at its shape (0 if empty)."""
+    """Cost of each group of gens (sorted ascending) batched optimally at its shape (0 if empty)."""
     out = np.zeros(len(groups))
     for chunk in _length_chunks(np.array([len(g) for g in groups], dtype=np.int64)):
         gens, m = padded([groups[i] for i in chunk])
-        out[chunk] = batched_runs(gens, m, np.asarray(shapes)[chunk], prof, max_batch)[0]
+        out[chunk] = batched_runs(gens, m, np.asarray(shapes)[chunk], cost, max_batch)[0]
     return out
 
 
-def group_cuts(groups: list[np.ndarray], shapes: np.ndarray, prof: DeviceProfile, max_batch: int | None
+def group_cuts(groups: list[np.ndarray], shapes: np.ndarray, cost: CostModel, max_batch: int | None
                ) -> list[list[int]]:
     """The optimal batch sizes of each group of gens (sorted ascending), from its shortest gens up."""
     out: list[list[int]] = [[] for _ in groups]
     for chunk in _length_chunks(np.array([len(g) for g in groups], dtype=np.int64)):
         gens, m = padded([groups[i] for i in chunk])
-        _, take = batched_runs(gens, m, np.asarray(shapes)[chunk], prof, max_batch, keep_choice=True)
+        _, take = batched_runs(gens, m, np.asarray(shapes)[chunk], cost, max_batch, keep_choice=True)
         for row, i in enumerate(chunk.tolist()):
             sizes, at = [], int(m[row])
             while at > 0:
@@ -165,29 +185,50 @@ def group_cuts(groups: list[np.ndarray], shapes: np.ndarray, prof: DeviceProfile
 
 
 class IntervalCosts:
-    """Device time of each window's requests with entry shape in (lo, hi] run at hi, cached per (lo, hi)."""
+    """Cost of each window's requests with entry shape in (lo, hi] run at hi, cached per (lo, hi)."""
 
-    def __init__(self, pools: WindowPools, prof: DeviceProfile, max_batch: int | None) -> None:
+    def __init__(self, pools: WindowPools, cost: CostModel, max_batch: int | None) -> None:
         self.pools = pools
-        self.prof = prof
+        self.cost = cost
         self.max_batch = max_batch
         self.cache: dict[tuple[int, int], np.ndarray] = {}
-
-    def members(self, lo: int, hi: int) -> list[np.ndarray]:
-        """Per window, the positions (in its gen-sorted list) of the requests with entry shape in (lo, hi]."""
-        return [np.flatnonzero((S > lo) & (S <= hi)) for S in self.pools.S]
 
     def __call__(self, lo: int, hi: int) -> np.ndarray:
         key = (lo, hi)
         if key not in self.cache:
-            sel = self.members(lo, hi)
+            S, G, win = self.pools.flat
+            sel = (S > lo) & (S <= hi)
             out = np.zeros(len(self.pools))
-            busy = [w for w, s in enumerate(sel) if len(s)]
-            if busy:
-                gens, m = padded([self.pools.G[w][sel[w]] for w in busy])
-                out[busy] = batched_runs(gens, m, hi, self.prof, self.max_batch)[0]
+            for rows, gens, m in padded_windows(G[sel], win[sel]):
+                out[rows] = batched_runs(gens, m, hi, self.cost, self.max_batch)[0]
             self.cache[key] = out
         return self.cache[key]
+
+
+def padded_windows(gens: np.ndarray, win: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The selected gens (grouped by window ``win``, ascending within each) as padded matrices of windows of
+    similar size: (window positions, gens padded with each row's last, lengths) per block, built without a
+    Python step per window (10^5 windows took seconds per shape interval that way)."""
+    if not len(gens):
+        return []
+    rows, start, m = np.unique(win, return_index=True, return_counts=True)
+    rank = np.arange(len(gens)) - np.repeat(start, m)
+    row_of = np.repeat(np.arange(len(rows)), m)
+    out = []
+    order = np.argsort(m, kind="stable")
+    lo = 0
+    while lo < len(order):  # blocks of windows whose sizes are within 1.5x + 8 of the block's smallest
+        hi = int(np.searchsorted(m[order], 1.5 * m[order[lo]] + 8, side="right"))
+        block = order[lo:hi]
+        width = int(m[block].max())
+        at = np.full(len(rows), -1, dtype=np.int64)
+        at[block] = np.arange(len(block))
+        mat = np.repeat(gens[start[block] + m[block] - 1][:, None], width, axis=1)  # each row's last (largest)
+        take = at[row_of] >= 0
+        mat[at[row_of[take]], rank[take]] = gens[take]
+        out.append((rows[block], mat, m[block]))
+        lo = hi
+    return out
 
 
 def subset_dp(costs: IntervalCosts, shapes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -220,12 +261,13 @@ def subset_dp(costs: IntervalCosts, shapes: np.ndarray) -> tuple[np.ndarray, np.
 
 
 def shape_set_cost(problem: Problem, all_costs: list[IntervalCosts], shapes: np.ndarray) -> float:
-    """Total device time of the windowed plan ``window_plan`` makes with these shapes (compile included:
-    each bucket compiles the shapes some window of it uses)."""
+    """Total cost of the windowed plan ``subset_dp`` makes with these shapes (compile included: each bucket
+    compiles the shapes some window of it uses)."""
+    shapes = np.asarray(shapes, dtype=np.int64)
     total = 0.0
     for costs in all_costs:
         value, used = subset_dp(costs, shapes)
-        total += float(value.sum()) + problem.cost.params.compile_ms * int(used.any(axis=0).sum())
+        total += float(value.sum()) + float(problem.cost.shape_charge(shapes[used.any(axis=0)]).sum())
     return total
 
 
@@ -250,7 +292,7 @@ def improve(costs: IntervalCosts, assign: list[np.ndarray], deadline: Deadline, 
     """Move part of a used shape's requests up to the next used shape of their window -- the q longest or
     the q shortest gens, q from ``TAIL_SIZES`` or all -- where that lowers the window's exact cost (runs
     re-cut on both sides); the best move per window per round, until none helps or the deadline."""
-    pools, prof, max_batch = costs.pools, costs.prof, costs.max_batch
+    pools, cost, max_batch = costs.pools, costs.cost, costs.max_batch
     assign = [a.copy() for a in assign]
     active = set(range(len(assign)))  # a window with no helpful move keeps none until it changes
     for rnd in range(rounds):
@@ -259,7 +301,9 @@ def improve(costs: IntervalCosts, assign: list[np.ndarray], deadline: Deadline, 
         deadline.tick("windowed plan: moves between shapes", "round %d, %d windows still moving", rnd + 1, len(active))
         base_groups, base_shape, base = [], [], {}
         cand, cand_groups, cand_shape = [], [], []
-        for w in sorted(active):
+        for n_done, w in enumerate(sorted(active)):
+            if n_done % 1000 == 999 and deadline.expired():  # a round is a Python step per window
+                break
             a_w = assign[w]
             used = np.unique(a_w)
             for s in used.tolist():
@@ -275,8 +319,8 @@ def improve(costs: IntervalCosts, assign: list[np.ndarray], deadline: Deadline, 
                         cand_shape += [a, b]
         if not cand:
             break
-        now = group_costs(base_groups, np.asarray(base_shape), prof, max_batch)
-        after = group_costs(cand_groups, np.asarray(cand_shape), prof, max_batch).reshape(-1, 2).sum(axis=1)
+        now = group_costs(base_groups, np.asarray(base_shape), cost, max_batch)
+        after = group_costs(cand_groups, np.asarray(cand_shape), cost, max_batch).reshape(-1, 2).sum(axis=1)
         best: dict[int, tuple[float, int]] = {}
         for c, (w, a, b, _) in enumerate(cand):
             before = now[base[(w, a)]] + now[base[(w, b)]]
@@ -304,7 +348,7 @@ def assignment_batchings(problem: Problem, costs: IntervalCosts, assign: list[np
             shapes.append(s)
     batch_of = np.full(len(bucket), -1, dtype=np.int64)
     shape_out: list[int] = []
-    for mem, s, sizes in zip(members, shapes, group_cuts(gens, np.asarray(shapes), problem.cost.params,
+    for mem, s, sizes in zip(members, shapes, group_cuts(gens, np.asarray(shapes), problem.cost,
                                                          problem.max_batch_size), strict=True):
         at = 0
         for n in sizes:

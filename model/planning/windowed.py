@@ -1,28 +1,34 @@
-"""The windowed planner: one shape set for the whole trace, then every window planned under it.
+"""The windowed planner: one shape set for the whole trace, every window planned under it, many candidates judged.
 
 With arrival windows the shapes stay global (at most K across every window and bucket)
 while batches never span two windows.  So:
 
 1. Bound (``model.planning.window_bound``): a certified lower bound for the windowed problem,
-   and the shapes of its relaxation as a first guess.
-2. Shapes.  Device mode: the bound's shapes, dpfill's (an exact padding DP over the whole
-   trace) and the previous shapes are scored by the exact cost of the plan step 3 makes
-   with them, then improved by moving, dropping or adding one shape at a time (interval
-   costs are cached, so a move re-batches only the intervals it changes).  The analytic
-   modes take the bound's shapes: there the relaxation is nearly exact.
-3. Windows.  With the shapes fixed the windows are independent.  Device mode plans all of
-   them at once by an exact DP over runs (``model.planning.window_runs``); the analytic modes run
-   the MIP planner on every window (allowed shapes = the chosen set, compile cost left to
-   the whole), on several processes when the windows are many and large.
-4. Merge and judge: the windows' batchings become one plan per bucket, judged exactly
-   (waits, compile spikes, limits).  A window meets per-window shares of the bucket's
-   absolute limits and the bucket's pad and P95 limits, which imply the bucket's own.  If
-   the merged plan still breaks a limit, each window is re-planned by the MIP planner
-   with those limits; the cheaper of that plan and the windowed dpfill packer's that
-   meets every limit is returned; if neither does, no plan was found (NoPlanFound: not a proof).
+   and the shapes of its relaxation under every cap k <= K as starts.
+2. Tiny problems (``model.planning.window_exact``): every plan enumerated, cheapest first, and
+   judged until one meets every limit -- the optimum, with a gap of 0 (or a proof that no plan
+   meets the limits).  The rest is for problems too big for that.
+3. The un-windowed plan: the MIP planner on the trace without windows, its batches cut at the
+   window ends (``window_merge.split_at_windows``) -- a candidate, and its shapes a start.
+4. Shapes.  Where members are processed at the declared shape (strict and device mode), the
+   starts (the bound's sets for every k <= K, so a cap K starts from the shapes a cap K - 1
+   would plan with; dpfill's; the un-windowed plan's) are scored by the exact cost of the
+   windows' runs plan and improved one shape at a time (``search_shapes``).  Reference mode
+   takes the bound's shapes: there a declared shape moves only compile cost.
+5. Windows.  With the shapes fixed the windows are independent: the runs plan (exact DP over
+   gen runs, ``model.planning.window_runs``) plans all of them at once; then the MIP planner
+   plans window after window (largest first, on several processes when they are many) under
+   the one deadline -- once it has passed, no MIP starts and the remaining windows keep the
+   fast plan (the runs plan, or in reference mode dpfill's under the shapes).  Each window
+   keeps the cheaper of its MIP plan and its fast plan.
+6. Every candidate -- runs plan, per-window MIPs, the un-windowed plan cut at windows, every
+   packer (windowed packers respect windows) -- is judged exactly (waits, compile spikes,
+   limits); the cheapest that meets every limit gets the final shape pass and is returned.
+   With none, the packers are judged past the deadline until one meets every limit (a late
+   plan beats none; the status says time limit); only then is it NoPlanFound (not a proof).
 
-The time limit bounds the whole run: the bound gets 35% of it, the shape search up to
-75%, the rest expands, judges and compares.
+One deadline runs through every step: the bound gets 25% of the limit, the per-window MIPs
+start only before 85%, the rest judges and compares.
 """
 
 from __future__ import annotations
@@ -36,21 +42,34 @@ import numpy as np
 from model.base.errors import InfeasibleError, NoPlanFound
 from model.base.runtime import Deadline
 from model.domain.schema import Batching, Planned, Problem
-from model.domain.windowing import WindowPart, n_windows, split
+from model.domain.windowing import WindowPart, n_windows
 from model.packers import PACKERS
 from model.packers.dpfill import pad_shapes
 from model.planning.contract import Candidates, Judge, Judged, select
-from model.planning.mip import plan_mip
-from model.planning.parallel import run_items, shared
+from model.planning.mip import final_shapes, packer_plans, plan_mip
+from model.planning.options import PlannerOptions
+from model.planning.parallel import run_items, shared, workers_available
 from model.planning.window_bound import WindowBound, candidate_shapes, window_bound
-from model.planning.window_merge import merge
+from model.planning.window_exact import Exact, exact_plan
+from model.planning.window_merge import overlay, split_at_windows, window_slices
+from model.planning.window_parts import WindowIndex, WindowLimits, window_index, window_limits, window_part
 from model.planning.window_runs import IntervalCosts, shape_set_cost, window_plan, window_pools
 from solvers.backends import get_backend
 
 log = logging.getLogger("shapeplan")
 
-BOUND_SHARE = 0.35
-SEARCH_SHARE = 0.75
+BOUND_SHARE = 0.25  # of the time limit
+EXACT_SHARE = 0.5  # of the time left: tiny problems only, which it settles in well under a second
+PLAIN_SHARE = 0.2  # of the time left: the MIP planner on the trace without windows
+SEARCH_SHARE = 0.5  # of the time left: the shape search
+RUNS_SHARE = 0.3  # of the time left: the runs plan's moves between shapes
+WINDOWS_END = 0.85  # no window's MIP starts once this share of the time limit has passed
+MIN_WINDOW_MIP_S = 0.05  # nor with less than this left: a MIP call costs about that before it searches
+FEWER_SHARE = 0.3  # of the time left: the plan for K - 1 shapes, one more candidate (recursively)
+FEWER_MAX_REQUESTS = 2000  # above this, the K - 1 shapes' start alone stands for it (a whole run per K costs)
+FEWER_MIN_S = 0.2  # nor with less time than this for it: each level judges a few plans past a tiny limit
+# every packer, the usual winners first; greedy merges per request, so it is skipped on big inputs
+PACKER_ORDER = ("dpfill", "greedy", "exp", "pow2", "cells", "solo", "baseline")
 
 
 def search_shapes(problem: Problem, costs: list[IntervalCosts], cands: np.ndarray, starts: list[np.ndarray],
@@ -79,8 +98,18 @@ def search_shapes(problem: Problem, costs: list[IntervalCosts], cands: np.ndarra
                                                                                                 default=np.inf))
         return True
 
-    best = min((np.asarray(sorted(set(int(x) for x in s) | {top}), dtype=np.int64) for s in starts), key=score)
-    current = score(best)
+    # the starts in the order given (the likeliest first), each while a scoring still fits -- the first always
+    # (at 10^4 windows a scoring takes a second, and there are up to K + 4 starts)
+    best, current = None, np.inf
+    for start in starts:
+        if best is not None and not time_left():
+            break
+        trial = np.asarray(sorted(set(int(x) for x in start) | {top}), dtype=np.int64)
+        if score(trial) < current:
+            best, current = trial, score(trial)
+    if best is None:  # every start has more than K shapes with the top one added: the top one alone
+        best = np.asarray([top], dtype=np.int64)
+        current = score(best)
     improved = True
     while improved and time_left():
         improved = False
@@ -91,7 +120,7 @@ def search_shapes(problem: Problem, costs: list[IntervalCosts], cands: np.ndarra
             if value < current * (1 - 1e-9):
                 best, current, improved = trial, value, True
                 break
-    log.info("windows: shape search ends at %.6e ms with shapes %s (%d sets scored)", current,
+    log.info("windows: shape search ends at %.6e with shapes %s (%d sets scored)", current,
              [int(s) for s in best], len(seen))
     return best, current
 
@@ -122,24 +151,18 @@ def dpfill_shapes(problem: Problem, pools) -> np.ndarray:
     return pad_shapes(values, counts, problem.max_shapes)
 
 
-def acceptable(problem: Problem, judge: Judge, name: str, batchings: tuple[Batching, ...] | None) -> Judged | None:
-    """The candidate judged exactly, or None when it breaks a rule or a limit (or does not exist)."""
+def acceptable(problem: Problem, judge: Judge, name: str, batchings: tuple[Batching, ...] | None,
+               notes: tuple[str, ...] = ()) -> Judged | None:
+    """The candidate judged exactly, with the notes it carries if returned; None when it breaks a rule or a
+    limit (or does not exist)."""
     if batchings is None:
         return None
     judged = judge(problem, name, batchings)
     if judged.acceptable:
-        return judged
+        return replace(judged, notes=notes)
     log.info("windows: the %s plan breaks %s", name,
              ", ".join(f"{problem.buckets[b].name} {m}" for b, m, _, _ in judged.broken) or "a rule")
     return None
-
-
-def packer_plan(problem: Problem, name: str) -> tuple[Batching, ...] | None:
-    """A packer's windowed plan, or None if it cannot plan."""
-    try:
-        return PACKERS[name](problem)
-    except InfeasibleError:
-        return None
 
 
 def window_problem(part: WindowPart, shapes: np.ndarray, k: int) -> Problem:
@@ -152,34 +175,170 @@ def window_problem(part: WindowPart, shapes: np.ndarray, k: int) -> Problem:
     return replace(part.problem, cost=cost, allowed_shapes=allowed, max_shapes=k)
 
 
-def _plan_window(item: tuple[int, float]) -> tuple[tuple[Batching, ...] | None, str, str]:
-    """Worker: one window's MIP plan (batchings or None, backend, version)."""
-    parts, shapes, k, backend, judge = shared()
-    w, time_limit = item
-    sub = window_problem(parts[w], shapes, k)
+def batching_cost(problem: Problem, batchings: tuple[Batching, ...]) -> float:
+    """The batches' cost (prefill, decode, overhead; compiles aside, the shapes being shared) by the cost
+    model's own arithmetic: what one window's candidates are compared by."""
+    cm, total = problem.cost, 0.0
+    for b, bt in zip(problem.buckets, batchings, strict=True):
+        codes = np.asarray(bt.batch_of, dtype=np.int64)
+        shape_of = np.asarray(bt.shape_of, dtype=np.int64)
+        S, s_max, g_max = cm.batch_extents(b.prompt_len, b.gen_len, codes, shape_of)
+        n_b = np.bincount(codes, minlength=len(shape_of))
+        pre, dec, over, _ = cm.batch_costs(n_b, shape_of, s_max, g_max, cm.prefill_total(S))
+        total += pre + dec + over
+    return float(total)
+
+
+def _plan_window(item: tuple[int, float]) -> tuple[int, WindowPart | None, tuple[Batching, ...] | None]:
+    """Worker: one window's MIP plan under the shared deadline: (window, its part, its batchings), the part and
+    batchings None when no MIP starts -- past the deadline, or with less than a MIP call's set-up left -- and
+    the batchings None when the MIP finds none (the window keeps its fast plan either way)."""
+    problem, pools, index, limits, shapes, backend, judge, end = shared()
+    i, share = item
+    left = end.left()
+    if left < MIN_WINDOW_MIP_S:
+        return i, None, None
+    part = window_part(problem, pools, index, limits, i)
+    sub = window_problem(part, shapes, problem.max_shapes)
     try:
-        planned = plan_mip(sub, backend=backend, time_limit=max(0.2, time_limit), judge=judge)
-    except (InfeasibleError, NoPlanFound) as exc:  # under these shapes only: proves nothing for the trace
-        log.info("windows: window %d: %s", parts[w].index, exc)
-        return None, backend, ""
-    return planned.batchings, planned.report.backend, planned.report.version
+        planned = plan_mip(sub, backend=backend, time_limit=min(left, max(MIN_WINDOW_MIP_S, share)), judge=judge)
+    except (InfeasibleError, NoPlanFound) as exc:  # under these shapes and shares only: proves nothing
+        log.info("windows: window %d: %s", part.index, exc)
+        return i, part, None
+    return i, part, planned.batchings
 
 
-def mip_per_window(problem: Problem, parts: list[WindowPart], shapes: np.ndarray, backend: str,
-                   deadline: Deadline, judge: Judge) -> tuple[tuple[Batching, ...] | None, str, str]:
-    """Every window planned by the MIP planner under ``shapes``, merged (None if a window has no plan)."""
-    left = max(1.0, deadline.left())
-    total = max(1, sum(p.n_requests for p in parts))
-    items = [(w, left * part.n_requests / total) for w, part in enumerate(parts)]
-    big = len(parts) > 2 and total > 2000
-    results = run_items(_plan_window, items, (parts, shapes, problem.max_shapes, backend, judge), big)
-    _, backend_name, version = results[0]
-    if any(r[0] is None for r in results):
-        return None, backend_name, version
-    return merge(problem, parts, [r[0] for r in results]), backend_name, version
+def mip_per_window(problem: Problem, pools: list, index: WindowIndex, limits: WindowLimits, shapes: np.ndarray,
+                   backend: str, end: Deadline, judge: Judge) -> tuple[list[tuple[WindowPart, tuple[Batching, ...]]],
+                                                                     int]:
+    """The windows' MIP plans under ``shapes`` while ``end`` allows, largest windows first, each granted its
+    share (by requests) of the time left: (part, batchings) of every window that got one, and how many MIPs
+    started.  A window's sub-problem is built only when its MIP starts (``window_parts``)."""
+    left = end.left()
+    if left < MIN_WINDOW_MIP_S:
+        return [], 0
+    total = max(1, int(index.sizes.sum()))
+    # no more windows than MIPs of the least length fit in the time on every core (10^5 items that each
+    # only find the deadline passed cost seconds of messages between processes)
+    most = int(left / MIN_WINDOW_MIP_S) * workers_available() + 1
+    order = np.argsort(-index.sizes, kind="stable")[:most].tolist()
+    items = [(i, left * int(index.sizes[i]) / total) for i in order]
+    big = len(items) > 2 and total > 2000
+    results = run_items(_plan_window, items, (problem, pools, index, limits, shapes, backend, judge, end), big)
+    planned = [(part, bts) for _, part, bts in results if part is not None and bts is not None]
+    return planned, sum(part is not None for _, part, _ in results)
 
 
-def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 60.0, *, judge: Judge) -> Planned:
+def fast_plan(problem: Problem, shapes: np.ndarray) -> tuple[Batching, ...] | None:
+    """Reference mode's fast plan under ``shapes``: dpfill's (then every request alone) with the allowed set
+    narrowed to them, which keeps each batch inside its window."""
+    allowed = tuple(int(s) for s in shapes)
+    if problem.allowed_shapes is not None:
+        allowed = tuple(s for s in allowed if s in set(problem.allowed_shapes))
+    narrowed = replace(problem, allowed_shapes=allowed)
+    for name in ("dpfill", "solo"):
+        try:
+            return PACKERS[name](narrowed)
+        except InfeasibleError:
+            continue
+    return None
+
+
+def window_candidates(problem: Problem, planned: list[tuple[WindowPart, tuple[Batching, ...]]],
+                      fast: tuple[Batching, ...]) -> list[tuple[str, tuple[Batching, ...]]]:
+    """From the windows' MIP plans and the fast plan: every window on its MIP plan where it has one, and every
+    window on the cheaper of the two (each window's limits are its own shares, so the two can differ)."""
+    if not planned:
+        return []
+    parts = [part for part, _ in planned]
+    slices = window_slices(parts, fast)
+    cheaper = [(p, m) for (p, m), f in zip(planned, slices, strict=True)
+               if batching_cost(p.problem, m) < batching_cost(p.problem, f)]
+    out = [("every window's MIP plan", overlay(problem, fast, planned))]
+    if len(cheaper) < len(planned):
+        out.append(("each window's cheaper of its MIP plan and the fast plan", overlay(problem, fast, cheaper)))
+    return out
+
+
+def plain_plan(problem: Problem, backend: str, judge: Judge, deadline: Deadline) -> tuple[Batching, ...] | None:
+    """The MIP planner's plan of the trace without windows, its batches cut at the window ends (None if it has
+    none).  Without windows every windowed plan is still a plan whose latencies only drop (no waits), so a proof
+    that the limits cannot all be met there is one here too: it is raised."""
+    try:
+        planned = plan_mip(replace(problem, windowing=None), backend=backend, time_limit=max(1e-3, deadline.left()),
+                           judge=judge)
+    except NoPlanFound as exc:
+        log.info("windows: the un-windowed plan: %s", exc)
+        return None
+    except InfeasibleError as exc:
+        raise InfeasibleError(f"{exc} (without arrival windows already; windows only add waits)") from None
+    return split_at_windows(problem, planned.batchings)
+
+
+def fewer_shapes(problem: Problem, backend: str, judge: Judge, deadline: Deadline, options: PlannerOptions
+                 ) -> Judged | None:
+    """The windowed plan for one shape fewer (K - 1), as a candidate: every plan with fewer shapes is a plan
+    here, so a cap K never returns worse than the cap K - 1 would (three requests once cost 6577 at K = 2 and
+    9562 at K = 3).  Planned recursively while the problem is small enough to plan once per K in the time; None
+    at K = 1, above ``FEWER_MAX_REQUESTS``, with less than ``FEWER_MIN_S`` for it, or when it finds no plan.
+    Planned in less time than a run of its own, it may come out dearer than that run."""
+    if (problem.max_shapes <= 1 or sum(len(b) for b in problem.buckets) > FEWER_MAX_REQUESTS
+            or deadline.left() < FEWER_MIN_S):
+        return None
+    try:
+        planned = plan_windowed(replace(problem, max_shapes=problem.max_shapes - 1), backend,
+                                max(1e-3, deadline.left()), judge=judge, options=options)
+    except (InfeasibleError, NoPlanFound) as exc:  # with fewer shapes only: proves nothing here
+        log.info("windows: K = %d: %s", problem.max_shapes - 1, exc)
+        return None
+    return acceptable(problem, judge, "mip", planned.batchings,
+                      (f"the plan for K = {problem.max_shapes - 1} (one shape fewer) is the cheapest",))
+
+
+def packer_candidates(problem: Problem, judge: Judge, deadline: Deadline, spent: float,
+                      options: PlannerOptions) -> list[Judged]:
+    """Every packer's windowed plan judged exactly, while a judging still fits before ``deadline`` (greedy
+    skipped above its request limit)."""
+    n = sum(len(b) for b in problem.buckets)
+    names = tuple(p for p in PACKER_ORDER if p != "greedy" or n <= options.greedy_max_requests)
+    return packer_plans(problem, judge, names, deadline, spent, options)
+
+
+def late_packers(problem: Problem, judge: Judge, tried: set[str]) -> list[Judged]:
+    """Nothing met every limit in time: the packers not tried yet, judged past the deadline until one does (a
+    time limit too short for the search must not end in "no plan" while a packer has one)."""
+    out = []
+    for name in (p for p in PACKER_ORDER if p not in tried):
+        try:
+            out.append(judge(problem, name, PACKERS[name](problem)))
+        except InfeasibleError:
+            continue
+        if out[-1].acceptable:
+            break
+    return out
+
+
+def exact_answer(problem: Problem, exact: Exact, bound: WindowBound, t0: float, deadline: Deadline,
+                 notes: list[str]) -> Planned:
+    """The exact enumeration's optimum as the planner's answer (its cost is the certified bound: gap 0), or the
+    proof that no plan meets the limits."""
+    if exact.judged is None:
+        none = [problem.buckets[i].name for i, v in enumerate(exact.bucket_bounds) if not np.isfinite(v)]
+        raise InfeasibleError(f"the limits cannot all be met: every windowed plan of these "
+                              f"{sum(len(b) for b in problem.buckets)} requests was enumerated ({exact.layouts} "
+                              "bucket layouts: every batching within the windows, every declared shape within K) "
+                              "and judged exactly, and none meets every limit"
+                              + (f" (bucket {', '.join(none)})" if none and len(none) < len(problem.buckets) else ""))
+    judged = replace(exact.judged, notes=(f"every windowed plan enumerated ({exact.layouts} bucket layouts) and "
+                                          "judged cheapest first: the plan is the optimum",))
+    buckets = tuple(max(a, b) for a, b in zip(bound.bucket_bounds, exact.bucket_bounds, strict=True))
+    chosen, report = select(Candidates((judged,), max(bound.bound, exact.optimum), "windows-exact", "1", t0,
+                                       deadline, bucket_bounds=buckets, lead=tuple(notes)))
+    return Planned(chosen.batchings, report, chosen.plans, chosen.evaluation)
+
+
+def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 60.0, *, judge: Judge,
+                  options: PlannerOptions = PlannerOptions()) -> Planned:
     """Plan a windowed problem (see module docstring); the report's bound covers the windowed problem."""
     t0 = time.perf_counter()
     deadline = Deadline.after(time_limit)
@@ -188,10 +347,10 @@ def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 
         """The instant ``share`` of the time limit after the start."""
         return Deadline(t0 + share * time_limit)
 
-    get_backend(backend)  # an unknown backend is bad input whichever path runs
+    solver = get_backend(backend)  # an unknown backend is bad input whichever path runs
     pools = window_pools(problem)
-    device = problem.cost.shared_batch_time
-    bound = window_bound(problem, pools, part(BOUND_SHARE), use_lp=device)
+    runs_mode = problem.cost.pads_to_shape  # a batch's cost follows from (declared shape, longest gen, size)
+    bound = window_bound(problem, pools, part(BOUND_SHARE), use_lp=problem.cost.shared_batch_time)
     log.info("windows: %d windows of %g s; bound %.6e (LP prices in %d of %d window-buckets) at shapes %s",
              n_windows(problem), problem.windowing.seconds, bound.bound, bound.lp_windows, bound.windows,
              list(bound.shapes))
@@ -199,44 +358,70 @@ def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 
     notes = [f"arrival windows of {problem.windowing.seconds:g} s ({n_windows(problem)} windows): batches never span "
              "two windows, the shapes are one set for every window; latency includes each member's wait to its "
              "window's end"]
+    exact = exact_plan(problem, judge, cands, deadline.share(EXACT_SHARE))
+    if exact is not None:
+        return exact_answer(problem, exact, bound, t0, deadline, notes)
+    n_requests = sum(len(b) for b in problem.buckets)
+    spent = options.judge_s_per_request * n_requests  # a judging, until one is timed
     candidates: list[Judged] = []
-    backend_name, version = "windows", "1"
-    parts = None
-    if device:
-        costs = [IntervalCosts(p, problem.cost.params, problem.max_batch_size) for p in pools]
-        starts = [np.asarray(bound.shapes), dpfill_shapes(problem, pools)]
-        shapes, _ = search_shapes(problem, costs, cands, starts, part(SEARCH_SHARE))
-        judged = acceptable(problem, judge, "mip", window_plan(problem, costs, shapes, part(0.9)))
-        backend_name = "windows-runs-dp"
-        notes.append("device mode: shapes by local search scored with each window's exact-for-its-family plan "
-                     "(requests on the smallest used shape, optimal runs of gens per shape)")
-        if judged is None:
-            parts = split(problem)
-            batchings, backend_name, version = mip_per_window(problem, parts, shapes, backend, deadline, judge)
-            judged = acceptable(problem, judge, "mip", batchings)
-            notes.append("the runs plan broke a limit: every window re-planned by the MIP planner under the shapes")
-        if judged is not None:
-            candidates.append(judged)
+
+    def consider(name: str, batchings: tuple[Batching, ...] | None, said: tuple[str, ...]) -> None:
+        nonlocal spent
+        t = time.perf_counter()
+        found = acceptable(problem, judge, name, batchings, said)
+        spent = max(spent, time.perf_counter() - t) if batchings is not None else spent
+        if found is not None:
+            candidates.append(found)
+
+    fewer = fewer_shapes(problem, backend, judge, deadline.share(FEWER_SHARE), options)
+    if fewer is not None:
+        candidates.append(fewer)
+    plain = plain_plan(problem, backend, judge, deadline.share(PLAIN_SHARE))
+    consider("mip", plain, ("the MIP planner's plan of the trace without windows, its batches cut at the window "
+                            "ends, is the cheapest",))
+    if runs_mode:
+        costs = [IntervalCosts(p, problem.cost, problem.max_batch_size) for p in pools]
+        known = [np.unique(np.concatenate([bt.shape_of for bt in k])) for k in
+                 (fewer.batchings if fewer is not None else None, plain) if k is not None]
+        # the likeliest first: the bound's shapes, the K - 1 plan's, dpfill's, the un-windowed plan's, then
+        # the bound's best sets under smaller caps
+        starts = [np.asarray(bound.shapes), *known[:1], dpfill_shapes(problem, pools), *known[1:],
+                  *(np.asarray(s) for s in bound.shape_sets[::-1])]
+        shapes, score = search_shapes(problem, costs, cands, starts, deadline.share(SEARCH_SHARE))
+        if np.isfinite(score):  # else some request fits no batch on the shape above it (the KV capacity)
+            fast = window_plan(problem, costs, shapes, deadline.share(RUNS_SHARE))
+            consider("mip", fast, ("shapes by local search scored with each window's exact-for-its-family plan "
+                                   "(requests on the smallest used shape, optimal runs of gens per shape)",))
+        else:
+            fast = fast_plan(problem, shapes)
     else:
         shapes = np.asarray(bound.shapes, dtype=np.int64)
-        parts = split(problem)
-        batchings, backend_name, version = mip_per_window(problem, parts, shapes, backend, deadline, judge)
-        judged = acceptable(problem, judge, "mip", batchings)
-        if judged is not None:
-            candidates.append(judged)
-    packer = "dpfill" if device else "greedy"
-    other = acceptable(problem, judge, packer, packer_plan(problem, packer))
-    if other is not None:
-        candidates.append(other)
+        fast = fast_plan(problem, shapes)
+    if fast is not None:
+        index = window_index(pools)
+        limits = window_limits(problem, index, fast)
+        planned, started = mip_per_window(problem, pools, index, limits, shapes, backend, part(WINDOWS_END), judge)
+        log.info("windows: %d of %d windows planned by the MIP planner before its deadline", started, len(index))
+        for what, batchings in window_candidates(problem, planned, fast):
+            consider("mip", batchings, (f"{what} under the searched shapes ({started} of {len(index)} windows got "
+                                        "a MIP before the deadline, the rest the fast plan)",))
+    packers = packer_candidates(problem, judge, deadline, spent, options)
+    tried = {j.name for j in packers}
+    late = [] if candidates or any(j.acceptable for j in packers) else late_packers(problem, judge, tried)
+    for j in (*packers, *late):
+        if j.acceptable:
+            candidates.append(replace(j, notes=(f"the windowed {j.name} packer's plan is the cheapest under the "
+                                                "exact cost model" + (", judged after the time limit (nothing "
+                                                                     "else met every limit)" if j in late else ""),)))
     if not candidates:
-        raise NoPlanFound("no windowed plan meets every limit (the per-window plans and the windowed "
-                          f"{packer} packer's each break one; not proven unmeetable); try longer windows or "
-                          "looser limits")
-    said = tuple(j if j.name == "mip" else replace(j, notes=(f"the windowed {j.name} packer's plan is cheaper under "
-                                                              "the exact cost model and is returned",))
-                 for j in candidates)
-    chosen, report = select(Candidates(said, bound.bound, backend_name,
-                                       version if backend_name != "windows-runs-dp" else "1", t0, deadline,
+        raise NoPlanFound("no windowed plan meets every limit (the per-window plans, the un-windowed plan cut at the "
+                          "windows and every windowed packer's each break one; not proven unmeetable); try longer "
+                          "windows or looser limits")
+    best = min(candidates, key=lambda j: j.cost)
+    passed, pass_note = final_shapes(problem, judge, best, deadline, spent, options)
+    if pass_note:
+        candidates.append(replace(passed, notes=(*best.notes, pass_note)))
+    chosen, report = select(Candidates(tuple(candidates), bound.bound, solver.name, solver.version(), t0, deadline,
                                        bucket_bounds=bound.bucket_bounds, lead=tuple(notes),
                                        closing=(bound_note(bound),)))
     return Planned(chosen.batchings, report, chosen.plans, chosen.evaluation)
