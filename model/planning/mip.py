@@ -127,9 +127,15 @@ def overdue_packers(problem: Problem, judge: Judge, tried: list[Judged]) -> list
     time to start): the OVERDUE packers not tried yet, judged past the deadline until one meets every limit.
     A time limit too short for the MIP must not end in "no plan" when a packer's plan is seconds away; the
     report's status says the time limit ran out, and a note that the plan is the packer's."""
-    out: list[Judged] = []
     seen = {j.name for j in tried}
-    for name in (n for n in OVERDUE if n not in seen):
+    return until_acceptable(problem, judge, [n for n in OVERDUE if n not in seen])
+
+
+def until_acceptable(problem: Problem, judge: Judge, names: list[str]) -> list[Judged]:
+    """The named packers' plans judged in order until one meets every limit (a packer that cannot plan the
+    problem is skipped): the fallback of a run whose clock left nothing else."""
+    out: list[Judged] = []
+    for name in names:
         try:
             out.append(judge(problem, name, PACKERS[name](problem)))
         except InfeasibleError:
