@@ -109,3 +109,15 @@ def test_cli_sweep_and_solve_judge_the_warm_up_cap(tmp_path: Path):
     out = tmp_path / "out"
     assert cli("model.solve", *flags, "--solver", "solo", "--out", str(out), cwd=tmp_path).returncode == 1
     assert cli("model.solve", *flags, "--out", str(out), cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("value", ["9" * 400, " 1,2", "1, 2", "+1", "2147483648"])
+def test_a_batch_bucket_flag_no_batch_can_have_is_one_line(value):
+    """A 400-digit bucket passed the digit check and overflowed int64 later (a traceback on solve, evaluate
+    and sweep); a leading space was taken as if absent."""
+    from model.base.errors import InputError
+    from model.deploy.flags import parse_batch_buckets
+
+    with pytest.raises(InputError, match="--batch-buckets"):
+        parse_batch_buckets(value)
+    assert parse_batch_buckets("1,2,4") == (1, 2, 4)

@@ -58,16 +58,23 @@ def add_graph_cap_args(parser: argparse.ArgumentParser) -> None:
                         help="with batch buckets: warm-up (compile time x distinct graphs) at most S seconds")
 
 
+MAX_BATCH_BUCKET = 2**31 - 1  # as max_batch_size: a larger batch is a typo, not a plan
+
+
 def parse_batch_buckets(text: str | None) -> tuple[int, ...] | None:
     """``--batch-buckets 1,2,4,8``: strictly increasing positive integers (None: not given)."""
     if text is None:
         return None
-    parts = [t.strip() for t in text.split(",")]
-    if not all(p.isdigit() for p in parts):
+    parts = text.split(",")
+    if not all(p.isascii() and p.isdigit() for p in parts):  # ASCII digits only: no spaces, signs or exponents
         raise InputError("--batch-buckets", None, None,
                          f"expected strictly increasing positive integers like 1,2,4,8, got {text!r}")
+    if any(len(p.lstrip("0")) > len(str(MAX_BATCH_BUCKET)) or int(p) > MAX_BATCH_BUCKET for p in parts):
+        raise InputError("--batch-buckets", None, None, f"a batch size is at most {MAX_BATCH_BUCKET} (as "
+                         f"--max-batch-size), got {text if len(text) <= 40 else text[:40] + '...'!r}")
     try:
         return checked_buckets([int(p) for p in parts])
+
     except ValueError as exc:
         raise InputError("--batch-buckets", None, None, f"{exc} ({text!r})") from None
 
