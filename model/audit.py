@@ -22,17 +22,17 @@ import logging
 import sys
 from pathlib import Path
 
-from model import pipeline
 from model.base.errors import InputError
-from model.cli_common import add_input_args, add_limit_args, build_problem, run_main
-from model.deploy.auditing import audit
-from model.deploy.flags import add_holdout_args, add_window_args, parse_fraction, shapes_from_file
-from model.deploy.present import audit_blocks, write_audit_report
-from model.report.document import to_text
-from model.serving.formats import READERS
+from model.base.numbers import float_flag, int_flag
+from model.cli_common import add_input_args, add_limit_args, build_problem, given_inputs, run_main
+from model.load.outputs import Target, check_targets, files_in
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from model import pipeline
+    from model.deploy.flags import add_holdout_args, add_server_settings_arg, add_window_args
+    from model.serving.formats import READERS
+
     parser = argparse.ArgumentParser(prog="python -m model.audit", description=__doc__.split("\n")[0])
     parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each (or --scenario)")
     add_input_args(parser)
@@ -41,18 +41,28 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the serving config whose shapes are today's")
     parser.add_argument("--shapes-format", dest="config_format", default="list",
                         help=f"format of the config: {', '.join(READERS)} (default list)")
+    add_server_settings_arg(parser, "config_settings")
     add_holdout_args(parser)
     add_window_args(parser)
     parser.add_argument("--solver", default=pipeline.MIP, help=f"planner: {', '.join(pipeline.solver_names())}")
     parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
-    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per MIP solve (default 60)")
-    parser.add_argument("--max-batch-size", type=int, default=None, help="at most this many requests per batch")
+    parser.add_argument("--time-limit", type=float_flag("--time-limit"),
+                        default=60.0, help="seconds per MIP solve (default 60)")
+    parser.add_argument("--max-batch-size", type=int_flag("--max-batch-size"),
+                        default=None, help="at most this many requests per batch")
     parser.add_argument("--report", type=Path, help="folder for report.md, report.html and heatmap.png")
     parser.add_argument("--quiet", action="store_true", help="no progress log")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    from model import pipeline
+    from model.deploy.auditing import audit
+    from model.deploy.flags import import_config, parse_fraction, warning_text
+    from model.deploy.present import AUDIT_REPORT_FILES, audit_blocks, write_audit_report
+    from model.report.document import to_text
+
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="[%(relativeCreated)6.0f ms] %(message)s")
@@ -64,12 +74,18 @@ def main(argv: list[str] | None = None) -> int:
         raise InputError("--solver", None, None,
                          f"unknown solver {args.solver!r} ({', '.join(pipeline.solver_names())})")
     fraction = parse_fraction(args.holdout)
-    config, warning = shapes_from_file(args.config, args.config_format)
+    targets = [Target("--report", args.report, "folder", "give a folder for report.md, report.html and heatmap.png"),
+               *files_in("--report", args.report, AUDIT_REPORT_FILES)] if args.report else []
+    check_targets(targets, given_inputs(args))  # before anything is read or planned
+    imported = import_config(args.config, args.config_format, args.config_settings)
+    config, warning = imported.shapes, warning_text(imported)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO)
+    check_targets(targets)  # against every file the loaders read
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
-    result = audit(problem, config, args.limit_shapes, args.solver, args.backend, args.time_limit, fraction)
+    result = audit(problem, config, args.limit_shapes, args.solver, args.backend, args.time_limit, fraction,
+                   args.config_format, None if imported.graphs is None else len(imported.graphs))
     print(to_text(audit_blocks(result, source, str(args.config))))
     if args.report:
         md, page = write_audit_report(args.report, result, source, str(args.config))

@@ -2,13 +2,16 @@
 
     python -m model.calibrate MEASUREMENTS.csv --out PROFILE.toml [--report DIR]
         [--decode-split auto|none|N] [--compile-ms X] [--kv-capacity-tokens N] [--name NAME]
+        [--stack gaudi|nxdi --max-num-seqs N --max-num-batched-tokens N ...]
 
 Prints the fit of each phase (rows, R^2, mean and max relative error), then writes
 the profile -- and with ``--report`` one predicted-vs-measured PNG per phase -- all
 together or not at all: bad input exits 2 with ``file:line`` and leaves every
 existing file as it was.  The measurements say nothing about compile time or KV
 capacity, so those come from flags (compile_ms defaults to 20 s per shape, the
-shared example's assumption) and the output says where they came from.
+shared example's assumption) and the output says where they came from.  The file ends
+with serving mode's ``[server]`` table: the settings given as flags (checked as the
+replay checks them), or a commented skeleton to fill in.
 """
 
 from __future__ import annotations
@@ -18,30 +21,36 @@ import json
 import math
 import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from model.base.errors import InputError
-from model.calibration.fit import DEFAULT_COMPILE_MS, Calibration, Split, fit_profile
-from model.calibration.fit_plots import report_pngs
-from model.calibration.measurements import read_measurements
+from model.base.numbers import float_flag, int_flag, integer_text
 from model.cli_common import run_main
-from model.cost.device import DeviceProfile
-from model.load.plans import write_together
-from model.load.profile import profile_from_table
+from model.load.outputs import Target, check_targets, files_in, write_together
+
+if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
+    from model.calibration.fit import Calibration, Split
+    from model.cost.device import DeviceProfile
+    from model.domain.server import ServerSettings
+
+# the [server] keys (model.domain.server.SERVER_KEYS, spelt here so the flags need no import before run_main)
+SERVER_KEYS = ("stack", "max_num_seqs", "max_num_batched_tokens", "block_size", "max_prefill_seqs",
+               "ctx_batch_size")
 
 KEY_ORDER = ("name", "prefill", "decode", "decode_large", "decode_large_from", "batch_overhead_ms", "compile_ms",
-             "kv_capacity_tokens", "cost_per_device_hour")
+             "kv_capacity_tokens", "cost_per_device_hour", "runtime_compile_ms")
 
 
 def parse_split(text: str) -> Split:
     """``--decode-split``: auto, none, or the first batch size that runs decode_large."""
+    from model.load.profile import MAX_COUNT
+
     if text in ("auto", "none"):
         return text  # type: ignore[return-value]
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise InputError("--decode-split", None, None, f"must be auto, none or a positive integer, got {text!r}")
+    value = integer_text(text)
+    if value is None or not 1 <= value <= MAX_COUNT:
+        raise InputError("--decode-split", None, None, f"must be auto, none or a positive integer"
+                         f"{'' if value is None or value < 1 else f' up to {MAX_COUNT}'}, got {text!r}")
     return value
 
 
@@ -99,8 +108,39 @@ def notes(cal: Calibration, compile_given: bool) -> list[str]:
     return [split, compile_ms, kv]
 
 
-def profile_toml(cal: Calibration, note_lines: list[str]) -> str:
-    """The profile file: a comment header (source, fit quality, assumptions) and the [device] table."""
+SERVER_SKELETON = [
+    "# Serving mode (python -m model.replay, shared/serving_model.md) also reads a [server] table: fill it in and",
+    "# uncomment it, or give these settings as flags of model.calibrate or model.replay. In [device],",
+    "# runtime_compile_ms = N prices a graph compiled while serving (default: compile_ms).",
+    "# [server]",
+    '# stack = "gaudi"                 # gaudi or nxdi: the lookup rules, KV pool and run-time compiles',
+    "# max_num_seqs = 64               # requests running at once",
+    "# max_num_batched_tokens = 8192   # token budget of a step; at least the longest prompt (no chunked prefill)",
+    "# block_size = 128                # gaudi: KV block size in tokens",
+    "# max_prefill_seqs = 4            # gaudi: prompts a step (default: the largest batch of the prompt graphs)",
+    "# ctx_batch_size = 1              # nxdi, instead of the two gaudi keys: the context-encoding batch",
+]
+
+
+def flag_name(key: str) -> str:
+    """The flag of a [server] key (``max_num_seqs`` -> ``--max-num-seqs``), as model.replay spells it."""
+    return "--" + key.replace("_", "-")
+
+
+def server_lines(server: ServerSettings | None, given: dict[str, object]) -> list[str]:
+    """The [server] table with the settings given as flags, or the commented skeleton when none were."""
+    if server is None:
+        return SERVER_SKELETON
+    lines = ["", "[server]"]
+    for key in SERVER_KEYS:
+        if given.get(key) is not None:
+            lines.append(f"{key} = {toml_string(str(given[key]), flag_name(key)) if key == 'stack' else given[key]}")
+    return lines
+
+
+def profile_toml(cal: Calibration, note_lines: list[str], server: list[str] | None = None) -> str:
+    """The profile file: a comment header (source, fit quality, assumptions), the [device] table and the
+    [server] table (or its commented skeleton)."""
     head = [f"# Device profile fitted by shapeplan-calibrate (model/calibrate.py) from {comment_text(cal.source)}",
             "# by non-negative least squares on relative error (see model/calibration/fit.py). Fit per phase:"]
     head += [f"#   {line}" for line in fit_lines(cal)]
@@ -111,45 +151,74 @@ def profile_toml(cal: Calibration, note_lines: list[str]) -> str:
         if value is None:
             continue
         body.append(f"{key} = {toml_string(value, '--name') if key == 'name' else _value(value)}")
-    return "\n".join(head + body) + "\n"
+    return "\n".join(head + body + (server if server is not None else SERVER_SKELETON)) + "\n"
 
 
-def check_loads_back(text: str, profile: DeviceProfile, target: Path) -> None:
-    """The written text must load (with the loader's own checks) to exactly the fitted profile."""
-    loaded = profile_from_table(tomllib.loads(text)["device"], str(target), text)
+def check_loads_back(text: str, profile: DeviceProfile, target: Path, server: ServerSettings | None = None) -> None:
+    """The written text must load (with the loader's own checks) to exactly the fitted profile and server."""
+    from model.load.profile import profile_from_table
+    from model.load.server import server_settings, server_table
+
+    data = tomllib.loads(text)
+    loaded = profile_from_table(data["device"], str(target), text)
     if loaded != profile:
         raise AssertionError(f"profile text does not load back: {loaded} != {profile}")
+    table = server_table(data["server"], str(target), text) if "server" in data else None
+    if (server_settings(table, {}) if table is not None else None) != server:
+        raise AssertionError(f"server table does not load back: {table} != {server}")
 
 
 def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    from model.calibration import fit_plots
+    from model.calibration.fit import DEFAULT_COMPILE_MS, fit_profile
+    from model.calibration.fit_plots import REPORT_FILES
+    from model.calibration.measurements import read_measurements
+    from model.load.profile import MAX_COUNT, MAX_VALUE
+    from model.load.server import server_settings
+
     parser = argparse.ArgumentParser(prog="python -m model.calibrate", description=__doc__.split("\n")[0])
     parser.add_argument("measurements", type=Path, help="CSV: phase,batch_size,seq_len,ms[,weight]")
     parser.add_argument("--out", type=Path, required=True, help="profile TOML to write")
     parser.add_argument("--report", type=Path, help="folder for prefill.png and decode.png")
     parser.add_argument("--decode-split", default="auto", help="auto (default), none, or the first large batch size")
-    parser.add_argument("--compile-ms", type=float, default=None,
+    parser.add_argument("--compile-ms", type=float_flag("--compile-ms"), default=None,
                         help=f"compile time per shape, not measurable from step times (default {DEFAULT_COMPILE_MS:g})")
-    parser.add_argument("--kv-capacity-tokens", type=int, default=None, help="KV-cache capacity in tokens")
+    parser.add_argument("--kv-capacity-tokens", type=int_flag("--kv-capacity-tokens"), default=None,
+                        help="KV-cache capacity in tokens")
     parser.add_argument("--name", help="profile name (default: 'calibrated from <measurements file>')")
+    for key in SERVER_KEYS:
+        parser.add_argument(flag_name(key), type=str if key == "stack" else int_flag(flag_name(key)), default=None,
+                            help=f"[server] {key} (serving mode; with any of these the table is written, else a "
+                                 "commented skeleton)")
     args = parser.parse_args(argv)
+    targets = [Target("--out", args.out, "file", "give the path of the profile TOML to write")]
+    if args.report is not None:
+        targets += [Target("--report", args.report, "folder", "give a folder for prefill.png and decode.png"),
+                    *files_in("--report", args.report, REPORT_FILES)]
+    check_targets(targets, [args.measurements])  # before anything is read or fitted
     split = parse_split(args.decode_split)
     compile_ms = DEFAULT_COMPILE_MS if args.compile_ms is None else args.compile_ms
     if not (math.isfinite(compile_ms) and compile_ms >= 0):
         raise InputError("--compile-ms", None, None, f"must be a finite non-negative number, got {compile_ms}")
+    if compile_ms > MAX_VALUE:  # what a profile may hold (else the written file would not load back)
+        raise InputError("--compile-ms", None, None, f"must be at most {MAX_VALUE:g}, got {compile_ms:g}")
     if args.kv_capacity_tokens is not None and args.kv_capacity_tokens < 1:
         raise InputError("--kv-capacity-tokens", None, None,
                          f"must be a positive integer, got {args.kv_capacity_tokens}")
+    if args.kv_capacity_tokens is not None and args.kv_capacity_tokens > MAX_COUNT:  # what a profile may hold
+        raise InputError("--kv-capacity-tokens", None, None,
+                         f"must be at most {MAX_COUNT} (2**53), got {args.kv_capacity_tokens}")
+    given = {key: getattr(args, key) for key in SERVER_KEYS}
+    server = server_settings(None, given) if any(v is not None for v in given.values()) else None
     name = args.name if args.name is not None else f"calibrated from {args.measurements.name}"
     cal = fit_profile(read_measurements(args.measurements), split, compile_ms, args.kv_capacity_tokens, name)
     note_lines = notes(cal, args.compile_ms is not None)
-    text = profile_toml(cal, note_lines)
-    check_loads_back(text, cal.profile, args.out)
+    text = profile_toml(cal, note_lines, server_lines(server, given))
+    check_loads_back(text, cal.profile, args.out, server)
     files = {args.out: text.encode("utf-8")}
     if args.report is not None:
-        pngs = {args.report / file: data for file, data in report_pngs(cal).items()}
-        if any(p.resolve() == args.out.resolve() for p in pngs):
-            raise InputError(str(args.out), None, None, "is also a report picture; choose another --out or --report")
-        files.update(pngs)
+        files.update({args.report / file: data for file, data in fit_plots.report_pngs(cal).items()})
     write_together({path: [data] for path, data in files.items()})
     print("\n".join(fit_lines(cal) + note_lines))
     print("wrote " + ", ".join(str(p) for p in files))

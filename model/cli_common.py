@@ -1,4 +1,13 @@
-"""Argument pieces shared by the command-line entry points (solve, evaluate, sweep)."""
+"""Argument pieces shared by the command-line entry points (solve, evaluate, sweep, audit, export, calibrate).
+
+Start-up.  A command line's ``entry()`` calls ``run_main`` first, which installs the SIGINT and
+SIGTERM handlers before anything heavy is imported: this module and the command-line modules
+import only the standard library and ``model.base`` / ``model.load.files`` / ``model.load.outputs``
+at their top, and everything else (numpy, pandas, pyarrow, the solvers: about two seconds)
+inside the functions that use it.  Ctrl-C during those imports is then exit 130 with one line,
+as at any other moment, instead of a KeyboardInterrupt traceback and death by signal.
+``tests/test_robustness.py`` holds a start-up import back until it is signalled.
+"""
 
 from __future__ import annotations
 
@@ -6,24 +15,24 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from model.base.errors import InfeasibleError, InputError, NoPlanFound
+from model.base.numbers import float_flag, int_flag
 from model.base.runtime import Interrupted, leave, shielded, signal_handlers
-from model.cost.common import GRANULARITY, MODES
-from model.cost.model import cost_from_flags, flag_coefficients
-from model.deploy.flags import allowed_from_args
-from model.domain.schema import LIMIT_KEYS, Limits, Problem, Scenario
-from model.domain.windowing import parse_window
-from model.load.params import cost_params_from_toml
-from model.load.profile import load_profile
-from model.load.scenario import MAX_BATCH, MAX_SEQ_LEN, MAX_SHAPES
-from model.pipeline import InputSpec, load_problem
+from model.load.files import recorded_inputs
+
+if TYPE_CHECKING:
+    from model.domain.schema import Limits, Problem, Scenario
 
 ABANDONED_WAIT_S = 5.0  # at exit, a solver left behind gets this long to end before the process leaves anyway
 
 
 def add_input_args(parser: argparse.ArgumentParser) -> None:
     """Options that say what to plan or judge and under which cost model."""
+    from model.cost.common import MODES
+    from model.deploy.flags import add_batch_buckets_arg, add_graph_cap_args
+
     parser.add_argument("--scenario", type=Path, help="scenario.toml (request paths relative to it)")
     parser.add_argument("--columns", help="column mapping: 'azure' or PROMPT,GEN[,ID] (CSV/Parquet inputs)")
     parser.add_argument("--format", choices=("jsonl", "csv", "parquet"), help="input format (default: by suffix)")
@@ -33,20 +42,26 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-profile", type=Path,
                         help="device profile TOML ([device] table, see data/profiles/): device mode")
     parser.add_argument("--cost-params", type=Path, help="TOML file overriding cost-model coefficients")
-    parser.add_argument("--limit-shapes", type=int, default=None, help="at most K shapes across all buckets")
-    parser.add_argument("--max-seq-len", type=int, default=None, help="largest shape the accelerator allows")
+    parser.add_argument("--limit-shapes", type=int_flag("--limit-shapes"),
+                        default=None, help="at most K shapes across all buckets")
+    parser.add_argument("--max-seq-len", type=int_flag("--max-seq-len"),
+                        default=None, help="largest shape the accelerator allows")
+    add_batch_buckets_arg(parser)
+    add_graph_cap_args(parser)
 
 
 def add_limit_args(parser: argparse.ArgumentParser) -> None:
     """Per-bucket limits given on the command line (they apply to every request file)."""
-    parser.add_argument("--max-cost", type=float)
-    parser.add_argument("--max-pad-ratio", type=float)
-    parser.add_argument("--max-p95-latency-ms", type=float)
-    parser.add_argument("--max-sequential-ms", type=float)
+    parser.add_argument("--max-cost", type=float_flag("--max-cost"))
+    parser.add_argument("--max-pad-ratio", type=float_flag("--max-pad-ratio"))
+    parser.add_argument("--max-p95-latency-ms", type=float_flag("--max-p95-latency-ms"))
+    parser.add_argument("--max-sequential-ms", type=float_flag("--max-sequential-ms"))
 
 
 def cli_limits(args: argparse.Namespace) -> Limits:
     """Limits from flags; a negative one is an input error."""
+    from model.domain.schema import LIMIT_KEYS, Limits
+
     values = {}
     for key in LIMIT_KEYS:
         v = getattr(args, key, None)
@@ -67,6 +82,9 @@ def check_count(flag: str, value: int | None, most: int) -> None:
 
 def check_sizes(args: argparse.Namespace) -> None:
     """--limit-shapes, --max-seq-len (a positive multiple of the granularity) and --max-batch-size in range."""
+    from model.cost.common import GRANULARITY
+    from model.load.scenario import MAX_BATCH, MAX_SEQ_LEN, MAX_SHAPES
+
     check_count("--limit-shapes", args.limit_shapes, MAX_SHAPES)
     if args.max_seq_len is not None and (args.max_seq_len < GRANULARITY or args.max_seq_len % GRANULARITY):
         raise InputError("--max-seq-len", None, None,
@@ -82,7 +100,17 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
     Limit flags (``limits``, by default read from ``args``) apply to every bucket; with
     a scenario they override its limits one by one.
     """
+    from model.deploy.flags import allowed_from_args, parse_batch_buckets, parse_graph_caps
+    from model.domain.windowing import parse_window
+    from model.load.params import cost_params_from_toml
+    from model.load.profile import load_profile
+    from model.load.requests import Columns
+    from model.load.scenario import MAX_BATCH, MAX_SHAPES
+    from model.pipeline import InputSpec, load_problem
+
     check_sizes(args)
+    if args.columns is not None:
+        Columns.parse(args.columns)  # an empty --columns is bad input, not "no mapping"
     window_s = parse_window(getattr(args, "window", None))
     limits = limits if limits is not None else cli_limits(args)
     params = cost_params_from_toml(args.cost_params) if args.cost_params else None
@@ -90,11 +118,16 @@ def build_problem(args: argparse.Namespace, files: list[Path], default_scenario:
     allowed, warning = allowed_from_args(args)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
+    max_graphs, max_warmup_s = parse_graph_caps(getattr(args, "limit_graphs", None),
+                                                getattr(args, "max_warmup_s", None),
+                                                MAX_SHAPES * MAX_BATCH)  # a graph is a (batch bucket, shape) pair
     spec = InputSpec(files=tuple(files), scenario=args.scenario, columns=args.columns, fmt=args.format,
                      limits=limits, max_shapes=args.limit_shapes, params=params, device=device, mode=args.cost_model,
                      max_batch_size=getattr(args, "max_batch_size", None), max_seq_len=args.max_seq_len,
                      params_source=str(args.cost_params) if args.cost_params else None,
-                     allowed_shapes=allowed, time_column=getattr(args, "time_column", None), window_s=window_s)
+                     allowed_shapes=allowed, time_column=getattr(args, "time_column", None), window_s=window_s,
+                     batch_buckets=parse_batch_buckets(getattr(args, "batch_buckets", None)), max_graphs=max_graphs,
+                     max_warmup_s=max_warmup_s)
     return load_problem(spec, default_scenario)
 
 
@@ -129,17 +162,40 @@ def check_engine_flags(args: argparse.Namespace, unsupported: tuple[str, ...]) -
 
 def dask_settings(args: argparse.Namespace):
     """The engine settings the flags describe, checked as ``build_problem`` checks them for request files."""
+    from model.cost.model import cost_from_flags, flag_coefficients
     from model.distributed.engine import Settings
+    from model.load.params import cost_params_from_toml
+    from model.load.profile import load_profile
 
     check_sizes(args)
+    given = [flag for flag in ("--batch-buckets", "--limit-graphs", "--max-warmup-s")
+             if getattr(args, flag.lstrip("-").replace("-", "_"), None) is not None]
+    if given:
+        raise InputError("--engine", None, None, f"dask does not support {', '.join(given)}")
     params = cost_params_from_toml(args.cost_params) if args.cost_params else None
     device = load_profile(args.device_profile) if getattr(args, "device_profile", None) else None
     cost = cost_from_flags(*flag_coefficients(args.cost_model, params, device))
+    if cost.batch_buckets is not None:
+        raise InputError("--engine", None, None, "dask does not support compiled batch sizes (batch_buckets in the "
+                         "device profile): plan graphs with the memory engine")
     return Settings(limits=cli_limits(args), max_shapes=args.limit_shapes or 8, cost=cost,
                     max_batch_size=getattr(args, "max_batch_size", None), max_seq_len=args.max_seq_len,
                     params_source=str(args.cost_params) if args.cost_params else None,
-
                     columns=args.columns, fmt=args.format)
+
+
+INPUT_FLAGS = ("requests", "pairs", "scenario", "device_profile", "cost_params", "shapes_from", "config",
+               "measurements")  # the argparse destinations that name input files
+
+
+def given_inputs(args: argparse.Namespace) -> list[Path]:
+    """Every input path the command line names (what outputs must not overwrite before anything is read; the
+    files a scenario names are added as the loaders read them, ``model.load.files``)."""
+    out: list[Path] = []
+    for name in INPUT_FLAGS:
+        value = getattr(args, name, None)
+        out += [Path(v) for v in value] if isinstance(value, list) else [Path(value)] if value is not None else []
+    return out
 
 
 def check_time_limit(seconds: float) -> float:
@@ -160,7 +216,7 @@ def run_main(main, hard_exit: bool = False) -> None:
     its stop is still running (``model.base.runtime.leave``); in-process callers get SystemExit.
     """
     code = 1
-    with signal_handlers():
+    with signal_handlers(), recorded_inputs():
         try:
             code = main()
         except InputError as exc:

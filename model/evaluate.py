@@ -14,9 +14,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
-
-from model import pipeline
 from model.base.errors import InputError
 from model.cli_common import (
     add_engine_args,
@@ -28,14 +25,19 @@ from model.cli_common import (
     dask_settings,
     run_main,
 )
-from model.deploy.flags import add_shape_args, add_window_args
-from model.domain.schema import Evaluation
-from model.evaluation.validate import evaluate_plans, joint_shape_cap, time_text
-from model.load.plans import read_plan
-from model.report.tables import bucket_table, verdict
 
 
 def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    import numpy as np
+
+    from model import pipeline
+    from model.deploy.flags import add_shape_args, add_window_args
+    from model.domain.schema import Evaluation
+    from model.evaluation.validate import evaluate_plans, time_text
+    from model.load.plans import read_plan
+    from model.report.tables import bucket_table, graph_totals, verdict
+
     parser = argparse.ArgumentParser(prog="python -m model.evaluate", description=__doc__.split("\n")[0])
     parser.add_argument("pairs", nargs="*", type=Path, help="REQUESTS PLAN pairs")
     parser.add_argument("--plans", type=Path, help="with --scenario: folder of plan_<bucket>.jsonl")
@@ -72,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
               "mix requests of two windows")
     for result, f in zip(results, plan_files, strict=True):
         print(bucket_table(result, {"plan": str(f)}, problem.cost, problem.windowing))
+    print(graph_totals(results, problem.cost))
     print(verdict(results, global_problems))
     return 0 if all(r.ok for r in results) and not global_problems else 1
 
@@ -82,10 +85,16 @@ DASK_UNSUPPORTED = ("--scenario", "--plans", "--window", "--time-column", "--sha
 def main_dask(args: argparse.Namespace) -> int:
     """``--engine dask``: REQUESTS (a folder or glob of partitions) PLAN (a plan dataset folder) pairs, judged
     partition-wise on the cluster with exact global metrics."""
+    import numpy as np
+
+    from model import pipeline
     from model.distributed import require_dask
     from model.distributed.cluster import connect
     from model.distributed.judge import judge_bucket
     from model.distributed.read import check_unique_ids, partitions, request_frame
+    from model.domain.schema import Evaluation
+    from model.evaluation.validate import joint_shape_cap
+    from model.report.tables import bucket_table, verdict
 
     if not args.pairs or len(args.pairs) % 2:
         raise InputError("<command line>", None, None, "expected REQUESTS PLAN pairs (an even number of paths)")

@@ -1,52 +1,65 @@
-"""``python -m model.export``: write the shapes a set of plans uses in a serving stack's format.
+"""``python -m model.export``: write the graphs a set of plans runs in a serving stack's format, or check a config.
 
     python -m model.export --plans DIR --format F --out FILE [--block-size 128] [--max-model-len N]
     python -m model.export --plans DIR --format nxdi --out neuron.json --scenario S.toml
     python -m model.export --plans DIR --format gaudi-file --out buckets.txt --requests chat.jsonl short.jsonl
+    python -m model.export --check buckets.txt --format gaudi-file [--plans DIR --scenario S.toml]
 
 Reads every ``plan_*.jsonl`` in DIR.  F is one of gaudi-file, gaudi-env, nxdi, vllm-neuron,
-vllm-tpu, json (or list); ``model.serving.formats`` says what each writes and what reading
-the file back gives.
+vllm-tpu, json (or list); ``model.serving.formats`` says what each writes.  The file holds
+exactly the graphs the plans run -- a batch of n requests at shape s runs the graph
+(n, s), and its decode graph covers s + the longest generation -- and the server
+settings the stack needs for them; a format that cannot express them is refused with
+the reason and the format that can.  The header and the printed line give the number
+of graphs the stack will compile and the warm-up (graphs x compile_ms of
+``--device-profile`` or the scenario's device profile).
 
 Plans alone determine the shapes and the batch sizes used at each shape.  Plans do not
 carry generation lengths, so the decode/context buckets (context = shape + longest
-generation of the shape's batches; Gaudi decode buckets in KV blocks of --block-size)
-need the requests: ``--scenario S.toml`` (bucket <name> is plan_<name>.jsonl) or
-``--requests FILE ...`` (chat.jsonl goes with plan_chat.jsonl).  Without them those
-buckets are left out and the file says so.  ``--max-model-len`` caps every shape and
-context (and is the TPU ladder's and NxDI's seq_len maximum when given).
+generation of the batches; Gaudi decode buckets in KV blocks of --block-size) need
+the requests: ``--scenario S.toml`` (bucket <name> is plan_<name>.jsonl) or
+``--requests FILE ...`` (chat.jsonl goes with plan_chat.jsonl).  Without them the
+formats with decode graphs (gaudi-file, gaudi-env, nxdi) are refused.
+``--max-model-len`` caps every shape and context.
+
+``--check FILE`` writes nothing: it lists the graphs the stack compiles from FILE by its
+rules (settings from the file or ``--server-settings NAME=N,...``) and, with ``--plans``,
+compares them with the plans' graphs.
 
 FILE is written atomically (a temporary file in its folder, then renamed): on any error
-an existing FILE is left as it was.  Exit status: 0 written; 2 bad input, one line
-naming file, line and field, nothing written.
+an existing FILE is left as it was.  Exit status: 0 written (or: the check found the
+config exactly the plans); 1 the check found a difference (missing or extra graphs,
+graphs a setting drops); 2 bad input, one line naming file, line and field, nothing
+written.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from model.base.errors import InputError
+from model.base.numbers import int_flag
 from model.cli_common import run_main
-from model.cost.metrics import batch_index
-from model.domain.schema import Bucket, Plan
-from model.evaluation.validate import plan_rows
-from model.load.plans import read_plan, write_together
-from model.load.requests import MAX_LEN, load_requests
-from model.load.scenario import load_scenario
-from model.pipeline import check_unique_names
-from model.serving.formats import WRITERS, render
-from model.serving.spec import DEFAULT_BLOCK_SIZE, ExportSpec, ShapeUse
+from model.load.outputs import Target, check_targets, write_together
+
+if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
+    from model.domain.schema import Bucket
 
 PLAN_PREFIX = "plan_"
 
 
 def plan_files(folder: Path) -> list[Path]:
     """Every plan_*.jsonl in folder, sorted (the export must not depend on listing order)."""
-    if not folder.is_dir():
+    try:
+        is_folder = folder.is_dir()
+    except (OSError, ValueError) as exc:  # a NUL byte, a name longer than the file system allows
+        raise InputError(str(folder), None, None, f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    if not is_folder:
         raise InputError(str(folder), None, None, "not a folder (--plans names the folder of plan_*.jsonl)")
+
     files = sorted(p for p in folder.glob(f"{PLAN_PREFIX}*.jsonl") if p.is_file())
     if not files:
         raise InputError(str(folder), None, None, f"no {PLAN_PREFIX}*.jsonl files")
@@ -60,6 +73,10 @@ def bucket_name(plan_file: Path) -> str:
 
 def request_buckets(scenario: Path | None, requests: list[Path]) -> dict[str, Bucket] | None:
     """The requests behind the plans, by bucket name; None when neither option is given."""
+    from model.load.requests import load_requests
+    from model.load.scenario import load_scenario
+    from model.pipeline import check_unique_names
+
     if scenario is not None and requests:
         raise InputError("<command line>", None, None, "give --scenario or --requests, not both")
     if scenario is not None:
@@ -72,81 +89,23 @@ def request_buckets(scenario: Path | None, requests: list[Path]) -> dict[str, Bu
     return None
 
 
-def plan_batches(plan: Plan, bucket: Bucket | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(shape, size, context or None) of every batch of one plan.
-
-    A batch declaring two shapes is an error naming its line; with requests, the plan
-    must cover them exactly once (model.validate's rule) so every generation is known.
-    """
-    codes, ids = batch_index(plan.batch_ids)
-    first = np.unique(codes, return_index=True)[1]
-    shape = plan.seq_align[first]
-    mixed = plan.seq_align != shape[codes]
-    if mixed.any():
-        k = int(mixed.argmax())
-        line = int(plan.lines[k]) if plan.lines is not None else None
-        raise InputError(plan.source, line, "shape.seq_align",
-                         f"batch {ids[codes[k]]!r} declares two shapes, {int(shape[codes[k]])} and "
-                         f"{int(plan.seq_align[k])}")
-    size = np.bincount(codes, minlength=len(ids))
-    if bucket is None:
-        return shape, size, None
-    rows, problems = plan_rows(bucket, plan)
-    if problems:
-        raise InputError(plan.source, None, "request_id", f"plan and requests {bucket.source} disagree: "
-                         f"{problems[0].message}")
-    g_max = np.zeros(len(ids), dtype=np.int64)
-    np.maximum.at(g_max, codes, bucket.gen_len[rows])
-    return shape, size, shape + g_max
-
-
-def shape_uses(plans: list[Plan], buckets: list[Bucket | None]) -> tuple[ShapeUse, ...]:
-    """Per shape across all plans: the batch sizes used at it and its longest context."""
-    sizes: dict[int, set[int]] = {}
-    context: dict[int, int] = {}
-    known = all(b is not None for b in buckets)
-    for plan, bucket in zip(plans, buckets, strict=True):
-        shape, size, ctx = plan_batches(plan, bucket)
-        for k, s in enumerate(shape.tolist()):
-            sizes.setdefault(s, set()).add(int(size[k]))
-            if ctx is not None:
-                context[s] = max(context.get(s, 0), int(ctx[k]))
-    return tuple(ShapeUse(s, tuple(sorted(sizes[s])), context[s] if known else None) for s in sorted(sizes))
-
-
 def write_atomic(target: Path, text: str) -> None:
-    """Write the export through the project's all-or-nothing writer (a folder target is named as such)."""
-    if target.is_dir():
-        raise InputError(str(target), None, None, "is a folder; --out names the file to write")
+    """Write the export through the project's all-or-nothing writer (its target checked by ``main`` first)."""
     write_together({target: [text.encode("utf-8")]})
 
 
 def positive_option(name: str, value: int | None) -> int | None:
     """A positive integer option up to 2**20 (or None when not given)."""
+    from model.load.requests import MAX_LEN
+
     if value is not None and not 1 <= value <= MAX_LEN:
         raise InputError(name, None, None, f"must be a positive integer up to {MAX_LEN}, got {value}")
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m model.export", description=__doc__.split("\n")[0])
-    parser.add_argument("--plans", type=Path, required=True, help="folder of plan_*.jsonl")
-    parser.add_argument("--format", required=True, help=f"output format: {', '.join(WRITERS)}")
-    parser.add_argument("--out", type=Path, required=True, help="file to write (atomically)")
-    parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE,
-                        help=f"KV block size for Gaudi decode buckets (default {DEFAULT_BLOCK_SIZE})")
-    parser.add_argument("--max-model-len", type=int, default=None, help="the server's max model length")
-    parser.add_argument("--scenario", type=Path, help="scenario.toml of the plans (gives generation lengths)")
-    parser.add_argument("--requests", type=Path, nargs="+", default=[],
-                        help="request files of the plans, <name>.jsonl for plan_<name>.jsonl")
-    args = parser.parse_args(argv)
-    if args.format not in WRITERS:
-        raise InputError("--format", None, None, f"unknown format {args.format!r} ({', '.join(WRITERS)})")
-    block_size = positive_option("--block-size", args.block_size)
-    max_model_len = positive_option("--max-model-len", args.max_model_len)
-    files = plan_files(args.plans)
-    plans = [read_plan(f) for f in files]
-    by_name = request_buckets(args.scenario, args.requests)
+def plan_buckets(files: list[Path], scenario: Path | None, requests: list[Path]) -> list[Bucket | None]:
+    """The requests of each plan file (None each when neither --scenario nor --requests is given)."""
+    by_name = request_buckets(scenario, requests)
     buckets: list[Bucket | None] = [None] * len(files)
     if by_name is not None:
         for i, f in enumerate(files):
@@ -154,11 +113,125 @@ def main(argv: list[str] | None = None) -> int:
                 raise InputError(str(f), None, None, f"no requests for bucket {bucket_name(f)!r} "
                                  f"(known: {', '.join(sorted(by_name))})")
             buckets[i] = by_name[bucket_name(f)]
-    spec = ExportSpec(shape_uses(plans, buckets), block_size, max_model_len)
+    return buckets
+
+
+def regular_file(flag: str, path: Path) -> Path:
+    """A file the command reads: a folder, a FIFO or a device is refused before anything opens it."""
+    try:
+        folder, other = path.is_dir(), path.exists() and not path.is_file()
+    except (OSError, ValueError) as exc:  # a NUL byte, a name longer than the file system allows
+        raise InputError(str(path), None, None, f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    if folder:
+        raise InputError(str(path), None, None, f"is a folder; {flag} names a file")
+    if other:
+
+        raise InputError(str(path), None, None, f"not a regular file (a FIFO, device or socket); {flag} names a file")
+    return path
+
+
+def compile_time(device_profile: Path | None, scenario: Path | None) -> float | None:
+    """compile_ms of --device-profile, else of the scenario's device profile (None: no profile, no time)."""
+    from model.load.profile import load_profile
+    from model.load.scenario import load_scenario
+
+    if device_profile is not None:
+        return load_profile(regular_file("--device-profile", device_profile)).compile_ms
+    if scenario is not None:
+        cost = load_scenario(scenario, load=False).cost
+        return cost.params.compile_ms if cost.device_time else None
+    return None
+
+
+def run_check(args: argparse.Namespace, block_size: int | None, max_model_len: int | None,
+              compile_ms: float | None) -> int:
+    """--check FILE: the graphs FILE makes its stack compile, and (with --plans) how they differ from the plans'."""
+    from model.deploy.graph_check import GraphCheck, check_lines
+    from model.load.plans import read_plan
+    from model.serving.formats import compile_config, planned
+    from model.serving.plan_use import shape_uses
+    from model.serving.settings import Setting, Settings, parse_flag
+    from model.serving.spec import DEFAULT_BLOCK_SIZE, ExportSpec
+
+    if args.out is not None:
+        raise InputError("--out", None, None, "--check writes nothing; leave --out out")
+    given = {n: v for n, v in (("block_size", block_size), ("max_model_len", max_model_len)) if v is not None}
+    flags = Settings({n: Setting(v, "--" + n.replace("_", "-"), None, n) for n, v in given.items()})
+    settings = parse_flag(args.server_settings).merged(flags)
+    compiled = compile_config(regular_file("--check", args.check), args.format, settings)
+    if compiled.graphs is None:
+        raise InputError(str(args.check), None, None, "cannot count the graphs: " + "; ".join(compiled.notes))
+    graphs = None
+    decode_known = True
+    if args.plans is not None:
+        files = plan_files(args.plans)
+        buckets = plan_buckets(files, args.scenario, args.requests)
+        known = dict(compiled.settings)
+        spec = ExportSpec(shape_uses([read_plan(f) for f in files], buckets),
+                          known.get("block_size", DEFAULT_BLOCK_SIZE), known.get("max_model_len"), compile_ms)
+        graphs, decode_known = planned(args.format, spec), spec.has_contexts
+    elif args.scenario is not None or args.requests:
+        raise InputError("--plans", None, None, "--scenario and --requests go with --plans (the plans to compare)")
+    result = GraphCheck(str(args.check), args.format, compiled, graphs, decode_known, compile_ms)
+    print("\n".join(check_lines(result)))
+    for note in compiled.notes:
+        print(f"warning: {note}", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    from model.load.plans import read_plan
+    from model.serving.formats import WRITERS, planned, render
+    from model.serving.graphs import FREE_BATCH_NOTE, count_text
+    from model.serving.plan_use import shape_uses
+    from model.serving.spec import DEFAULT_BLOCK_SIZE, ExportSpec
+
+    parser = argparse.ArgumentParser(prog="python -m model.export", description=__doc__.split("\n")[0])
+    parser.add_argument("--plans", type=Path, help="folder of plan_*.jsonl")
+    parser.add_argument("--format", required=True, help=f"output format: {', '.join(WRITERS)}")
+    parser.add_argument("--out", type=Path, help="file to write (atomically)")
+    parser.add_argument("--check", type=Path, metavar="FILE", help="list the graphs FILE makes its stack compile "
+                        "(and, with --plans, compare them with the plans'); writes nothing")
+    parser.add_argument("--block-size", type=int_flag("--block-size"), default=None,
+                        help=f"KV block size for Gaudi decode buckets (default {DEFAULT_BLOCK_SIZE})")
+    parser.add_argument("--max-model-len", type=int_flag("--max-model-len"), default=None,
+                        help="the server's max model length")
+    parser.add_argument("--scenario", type=Path, help="scenario.toml of the plans (gives generation lengths)")
+    parser.add_argument("--requests", type=Path, nargs="+", default=[],
+                        help="request files of the plans, <name>.jsonl for plan_<name>.jsonl")
+    parser.add_argument("--device-profile", type=Path, help="device profile TOML: warm-up = graphs x its compile_ms")
+    parser.add_argument("--server-settings", help="with --check: settings the config does not state, e.g. "
+                        "max_num_batched_tokens=8192,max_num_seqs=64")
+    args = parser.parse_args(argv)
+    if args.format not in WRITERS:
+        raise InputError("--format", None, None, f"unknown format {args.format!r} ({', '.join(WRITERS)})")
+    block_size = positive_option("--block-size", args.block_size)
+    max_model_len = positive_option("--max-model-len", args.max_model_len)
+    compile_ms = compile_time(args.device_profile, args.scenario)
+    if args.check is not None:
+        return run_check(args, block_size, max_model_len, compile_ms)
+    for flag, value in (("--plans", args.plans), ("--out", args.out)):
+        if value is None:
+            raise InputError(flag, None, None, "required (or --check FILE to check a config)")
+    if args.server_settings is not None:
+        raise InputError("--server-settings", None, None, "only with --check: an export writes the settings its "
+                         "graphs need")
+    target = [Target("--out", args.out, "file", "give the path of the file to write")]
+    check_targets(target, [*args.requests, *([args.scenario] if args.scenario else [])])  # before any reading
+    files = plan_files(args.plans)
+    plans = [read_plan(f) for f in files]
+    buckets = plan_buckets(files, args.scenario, args.requests)
+    check_targets(target)  # not one of the plans or requests just read
+    spec = ExportSpec(shape_uses(plans, buckets), block_size or DEFAULT_BLOCK_SIZE, max_model_len, compile_ms)
     text = render(args.format, spec)
     write_atomic(args.out, text)
+    stack = args.format not in ("list", "json")  # shapeplan's own formats name no stack
+    graphs = count_text(planned(args.format if stack else "json", spec), compile_ms)
     print(f"wrote {args.out} ({args.format}) from {len(files)} plans: shapes {list(spec.shapes)}, "
-          f"batch sizes {list(spec.batch_sizes)}")
+          f"batch sizes {list(spec.batch_sizes)}; " + ("the stack compiles " if stack else "the plans run ") + graphs)
+    if compile_ms is None:
+        print(f"note: {FREE_BATCH_NOTE}")
     if not spec.has_contexts:
         print("note: no --scenario or --requests, so no decode/context buckets (plans carry no generation lengths)")
     return 0

@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib.resources
 import importlib.util
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from model.base.runtime import Deadline
 from model.cost.analytic import CostParams
 from model.cost.common import Mode, align
 from model.cost.device import DeviceProfile
-from model.cost.model import cost_from_flags, flag_coefficients
+from model.cost.model import CostModel, cost_from_flags, flag_coefficients, with_batch_buckets
 from model.domain.schema import (
     Batching,
     Bucket,
@@ -39,10 +40,10 @@ from model.expand.assemble import assemble_all
 from model.load.plans import write_plans
 from model.load.requests import Columns, load_requests
 from model.load.scenario import load_scenario
+from model.packers import PACKERS
 from model.planning.contract import Candidates, Judged, select
 from model.planning.mip import plan_mip
 from model.planning.windowed import plan_windowed
-from solvers.packers import PACKERS
 
 # The embedded default scenario: pyproject.toml installs the repository's data/ as the package model._data (no
 # top-level ``data`` in site-packages), found with importlib.resources in a wheel and an editable install; a source
@@ -77,6 +78,9 @@ class InputSpec:
     time_column: str | None = None  # read each request's arrival time from this column (request files only)
     window_s: float | None = None  # batch only requests arriving in the same window of this many seconds
     params_source: str | None = None  # the file ``params`` came from, named if its costs overflow
+    batch_buckets: tuple[int, ...] | None = None  # compiled batch sizes (device mode; None: the scenario's/profile's)
+    max_graphs: int | None = None  # at most this many distinct graphs across all buckets (with batch buckets)
+    max_warmup_s: float | None = None  # warm-up (compile time x distinct graphs) at most this many seconds
 
 
 def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple[Problem, Scenario | None]:
@@ -92,7 +96,8 @@ def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple
             raise InputError("--time-column", None, None, "applies to request files, not a scenario (a scenario "
                              "bucket with columns = \"azure\" reads TIMESTAMP by itself)")
         scenario = load_scenario(spec.scenario or default_scenario)
-        problem = scenario.problem(max_shapes=spec.max_shapes, cost=cost_from_flags(mode, params, scenario.cost),
+        problem = scenario.problem(max_shapes=spec.max_shapes,
+                                   cost=flag_buckets(cost_from_flags(mode, params, scenario.cost), spec),
                                    max_batch_size=spec.max_batch_size, max_seq_len=spec.max_seq_len,
                                    allowed_shapes=spec.allowed_shapes,
                                    limits=tuple(lim.overridden_by(spec.limits) for lim in scenario.limits))
@@ -102,10 +107,11 @@ def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple
         columns = Columns.parse(spec.columns) if spec.columns else None
         buckets = tuple(load_requests(f, None, columns, spec.fmt, time_column=spec.time_column) for f in spec.files)
         check_unique_names(buckets)
-        cost = cost_from_flags(mode, params)
+        cost = flag_buckets(cost_from_flags(mode, params), spec)
         problem = Problem(buckets=buckets, limits=tuple(spec.limits for _ in buckets),
                           max_shapes=spec.max_shapes or 8, cost=cost, max_batch_size=spec.max_batch_size,
                           max_seq_len=spec.max_seq_len, allowed_shapes=spec.allowed_shapes)
+    problem = with_graph_caps(problem, spec)
     check_seq_len(problem)
     check_fits(problem)
     if spec.params is not None or scenario is not None:
@@ -113,6 +119,24 @@ def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple
     if spec.window_s is not None:
         problem = windowed(problem, spec.window_s)
     return problem, scenario
+
+
+def flag_buckets(cost: CostModel, spec: InputSpec) -> CostModel:
+    """The cost model with ``--batch-buckets`` (they replace a scenario's or a profile's own)."""
+    try:
+        return with_batch_buckets(cost, spec.batch_buckets)
+    except ValueError as exc:
+        raise InputError("--batch-buckets", None, None, str(exc)) from None
+
+
+def with_graph_caps(problem: Problem, spec: InputSpec) -> Problem:
+    """The problem under ``--limit-graphs`` and ``--max-warmup-s``: caps on graphs, which only a stack that
+    compiles batch sizes has (with the batch free a cap would have the planner choose the buckets)."""
+    for flag, value in (("--limit-graphs", spec.max_graphs), ("--max-warmup-s", spec.max_warmup_s)):
+        if value is not None and problem.cost.batch_buckets is None:
+            raise InputError(flag, None, None, "caps compiled graphs (batch bucket, shape): give --batch-buckets "
+                             "(or batch_buckets in the device profile or the scenario)")
+    return replace(problem, max_graphs=spec.max_graphs, max_warmup_s=spec.max_warmup_s)
 
 
 OVERFLOW = "costs overflow float64 with these coefficients"
@@ -182,6 +206,16 @@ def check_seq_len(problem: Problem) -> None:
                              f"{int(b.prompt_len[k])} is longer than the largest allowed shape {problem.max_seq_len}")
 
 
+def check_graph_cap(problem: Problem) -> None:
+    """A graph cap below one graph leaves no plan (every plan runs at least one): InfeasibleError, a proof."""
+    cap = problem.graph_cap
+    if cap is not None and cap < 1:
+        raise InfeasibleError(f"no plan runs fewer than one graph, and --max-warmup-s {problem.max_warmup_s:g} is "
+                              f"below one graph's compile time ({problem.cost.spike_ms / 1000.0:g} s)"
+                              if problem.max_graphs is None or problem.max_graphs >= 1 else
+                              "no plan runs fewer than one graph")
+
+
 def judge(problem: Problem, name: str, batchings: tuple[Batching, ...]) -> Judged:
     """The judge every planner is given: expand a candidate (spike placement included), then evaluate it with
     the one cost model."""
@@ -193,8 +227,12 @@ def judge(problem: Problem, name: str, batchings: tuple[Batching, ...]) -> Judge
 def plan(problem: Problem, solver: str = MIP, backend: str = "highs", time_limit: float = 60.0) -> Planned:
     """Run one planner by name: batchings for every bucket with a typed report (``contract.select``'s)."""
     check_kv_fits(problem)
+    check_graph_cap(problem)
     if solver == MIP:
         if problem.windowing is not None:
+            if problem.cost.batch_buckets is not None:
+                raise InputError("--window", None, None, "the windowed MIP planner does not plan compiled batch "
+                                 "sizes (batch buckets) yet; give --solver dpfill or another packer")
 
             return plan_windowed(problem, backend=backend, time_limit=time_limit, judge=judge)
         return plan_mip(problem, backend=backend, time_limit=time_limit, judge=judge)
@@ -259,12 +297,14 @@ def plan_path(out_dir: Path, bucket_name: str) -> Path:
     return out_dir / f"plan_{bucket_name}.jsonl"
 
 
-def write(out_dir: Path, problem: Problem, plans: tuple[Plan, ...]) -> tuple[Path, ...]:
-    """Write every bucket's plan into ``out_dir`` together: all replaced, or none changed.
+def write(out_dir: Path, problem: Problem, plans: tuple[Plan, ...],
+          also: Mapping[Path, Iterable[bytes]] | None = None) -> tuple[Path, ...]:
+    """Write every bucket's plan into ``out_dir`` -- and ``also`` the other files of the result, a report -- together:
+    all replaced, or none changed.
 
     Nothing is ever written outside ``out_dir``: the loaders refuse names that are not plain, and
     ``write_plans`` checks again that every target lies directly inside the folder.
     """
     paths = tuple(plan_path(out_dir, b.name) for b in problem.buckets)
-    write_plans(dict(zip(paths, plans, strict=True)), inside=out_dir)
+    write_plans(dict(zip(paths, plans, strict=True)), inside=out_dir, also=also)
     return paths

@@ -26,8 +26,8 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from model import pipeline
-from model.base.errors import InputError
+from model.base.errors import InfeasibleError, InputError
+from model.base.numbers import float_flag, int_flag
 from model.cli_common import (
     add_engine_args,
     add_input_args,
@@ -37,30 +37,37 @@ from model.cli_common import (
     check_time_limit,
     cli_limits,
     dask_settings,
+    given_inputs,
     run_main,
 )
-from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args, parse_fraction
-from model.deploy.holdout import holdout
-from model.deploy.present import holdout_blocks
-from model.deploy.window_devices import device_blocks, device_comparison, write_devices_report
-from model.evaluation.validate import time_text
-from model.report.compare import compare_table
-from model.report.document import to_text
-from model.report.tables import bucket_table, device_units, fmt, verdict
+from model.load.files import note_input
+from model.load.outputs import Target, check_targets, files_in
 
 log = logging.getLogger("shapeplan")
 
 
 def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    from model import pipeline
+    from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args, parse_fraction
+    from model.deploy.holdout import holdout
+    from model.deploy.present import holdout_blocks
+    from model.deploy.window_devices import device_blocks, device_comparison, devices_report
+    from model.evaluation.validate import time_text
+    from model.report.compare import compare_table
+    from model.report.document import to_text
+    from model.report.tables import bucket_table, device_units, fmt, graph_totals, verdict
+
     parser = argparse.ArgumentParser(prog="python -m model.solve", description=__doc__.split("\n")[0])
     parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each")
     add_input_args(parser)
     add_limit_args(parser)
     parser.add_argument("--solver", default="mip", help=f"planner: {', '.join(pipeline.solver_names())}")
     parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
-    parser.add_argument("--time-limit", type=float, default=60.0,
+    parser.add_argument("--time-limit", type=float_flag("--time-limit"), default=60.0,
                         help="seconds for planning: the whole run apart from loading and writing (default 60)")
-    parser.add_argument("--max-batch-size", type=int, default=None, help="at most this many requests per batch")
+    parser.add_argument("--max-batch-size", type=int_flag("--max-batch-size"),
+                        default=None, help="at most this many requests per batch")
     parser.add_argument("--out", type=Path, default=Path("out"), help="folder for plan_<bucket>.jsonl (default out/)")
     parser.add_argument("--compare", action="store_true", help="also run every heuristic packer and compare")
     parser.add_argument("--quiet", action="store_true", help="no progress log")
@@ -81,13 +88,16 @@ def main(argv: list[str] | None = None) -> int:
         raise InputError("--plan-from", None, None, "needs --engine dask")
     if args.engine == "dask":
         return main_dask(args)
-    if args.report is not None and args.report.exists() and not args.report.is_dir():
-        raise InputError("--report", None, None, f"{args.report} is a file; give a folder for the report")
+    fraction = parse_fraction(args.holdout)
+    targets = output_targets(args, fraction is None)
+    check_targets(targets, given_inputs(args))  # before anything is loaded or planned
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="[%(relativeCreated)6.0f ms] %(message)s")
     check_time_limit(args.time_limit)
-    fraction = parse_fraction(args.holdout)
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO, cli_limits(args))
+    plans_at = [Target("--out", pipeline.plan_path(args.out, b.name)) for b in problem.buckets] \
+        if fraction is None else []
+    check_targets(targets + plans_at)  # against every file the loaders read (a scenario's requests, profile)
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
     devices = problem.windowing is not None and problem.cost.shared_batch_time
     if args.report is not None and not devices:
@@ -101,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     if fraction is not None:
         check, train = holdout(problem, fraction, args.solver, args.backend, args.time_limit)
         print(to_text(holdout_blocks(check)))
+        if check.fixed is None:  # proven: as model.audit says it (exit 3, not "a plan breaks a limit")
+            raise InfeasibleError("hold-out: the shapes chosen on the first part cannot plan the held-out part: "
+                                  + "; ".join(check.messages))
         print("hold-out check only: no plans written")
         return 0 if train.evaluation.ok and check.ok else 1
     run = pipeline.run(problem, args.solver, args.backend, args.time_limit)
@@ -118,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(r.metrics.cost for r in results if r.metrics)
     chosen = sorted({s for r in results if r.metrics for s in r.metrics.shapes})
     print(f"chosen shapes ({len(chosen)}): {', '.join(map(str, chosen))}")
+    print(graph_totals(list(results), problem.cost))
     units = device_units(total, problem.cost)
     if units:
         print(f"total device time: {fmt(total)} ms = {units}")
@@ -131,21 +145,36 @@ def main(argv: list[str] | None = None) -> int:
         others = {name: pipeline.compare_run(problem, name) for name in pipeline.solver_names()[1:]
                   if name != args.solver}
         print(compare_table(results, args.solver, others))
+    report: dict[Path, bytes] = {}
     if devices:
         uses, missing = device_comparison(problem, args.solver, run.planned.batchings)
         print(to_text(device_blocks(uses)))
         for m in missing:
             print(f"note: no devices for {m}")
         if args.report is not None:
-            written = write_devices_report(args.report, uses, f"Devices needed: {source}")
-            print(f"wrote {', '.join(map(str, written))}")
+            report = devices_report(args.report, uses, f"Devices needed: {source}")
     print(verdict(list(results), list(run.evaluation.global_problems)))
     if not run.evaluation.ok:
         print("nothing written")
         return 1
-    paths = pipeline.write(args.out, problem, run.plans)
+    # the plans and the report that describes them land together, or neither does
+    paths = pipeline.write(args.out, problem, run.plans, also={path: [data] for path, data in report.items()})
+    if report:
+        print(f"wrote {', '.join(map(str, report))}")
     print(f"wrote {', '.join(map(str, paths))}")
     return 0
+
+
+def output_targets(args: argparse.Namespace, plans: bool) -> list[Target]:
+    """Every output path of an in-memory solve: the plans' folder (unless nothing is written, as with
+    --holdout) and the report folder with the four files it will hold."""
+    from model.deploy.window_devices import DEVICE_REPORT_FILES
+
+    targets = [Target("--out", args.out, "folder", "give a folder for plan_<bucket>.jsonl")] if plans else []
+    if args.report is not None:
+        targets += [Target("--report", args.report, "folder", "give a folder for the report"),
+                    *files_in("--report", args.report, DEVICE_REPORT_FILES)]
+    return targets
 
 
 # what the Dask engine does not do (yet): each is refused by name with --engine dask
@@ -155,20 +184,27 @@ DASK_UNSUPPORTED = ("--scenario", "--holdout", "--window", "--time-column", "--s
 
 def main_dask(args: argparse.Namespace) -> int:
     """``--engine dask``: each input a folder or glob of partitions; plans written as partitioned datasets."""
+    from model import pipeline
     from model.distributed import require_dask
     from model.distributed.cluster import connect
     from model.distributed.engine import load, solve, write
     from model.distributed.read import partitions
+    from model.distributed.write import dataset_path
+    from model.report.tables import bucket_table, fmt, verdict
 
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="[%(relativeCreated)6.0f ms] %(message)s")
     check_time_limit(args.time_limit)
     if not args.requests:
         raise InputError("--engine", None, None, "dask needs request folders or globs of partitions")
-    if args.out.exists() and not args.out.is_dir():
-        raise InputError("--out", None, None, f"{args.out} is a file; give a folder for the plan datasets")
+    folder = Target("--out", args.out, "folder", "give a folder for the plan datasets")
+    check_targets([folder], given_inputs(args))
     settings = replace(dask_settings(args), plan_from=args.plan_from or "auto")
     sources = [partitions(r, args.format) for r in args.requests]
+    for source in sources:  # the workers read them; the client records them for the output guard
+        for file in source.files:
+            note_input(file)
+    check_targets([folder, *(Target("--out", dataset_path(args.out, s.name), "dataset") for s in sources)])
     require_dask()
     with connect(args.scheduler) as client:
         loaded = load(client, sources, settings)

@@ -21,34 +21,16 @@ import logging
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-from tqdm import tqdm
-
-from model import pipeline
 from model.base.errors import InputError
-from model.cli_common import add_input_args, add_limit_args, build_problem, check_time_limit, run_main
-from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args, parse_fraction, parse_windows
-from model.deploy.holdout import Holdout, Split, split, sweep_checks
-from model.deploy.present import sweep_holdout_blocks
-from model.domain.windowing import windowed
-from model.histogram.cells import build_histogram
-from model.load.scenario import LIMIT_KEYS
-from model.report.document import to_text
-from model.sweeping.grid import (
-    SweepSettings,
-    base_factor,
-    check_sweep_limit,
-    parse_factors,
-    parse_ks,
-    sweep_points,
-    useful_ks,
-)
-from model.sweeping.recommend import recommend
-from model.sweeping.runner import SweepResult, run_sweep
-from model.sweeping.sweep_report import k_table, recommendation_paragraphs, write_report
-from model.sweeping.table import planner_totals, write_csv
-from model.sweeping.window_view import window_blocks, write_window_report
+from model.base.numbers import float_flag, int_flag
+from model.cli_common import add_input_args, add_limit_args, build_problem, check_time_limit, given_inputs, run_main
+from model.load.outputs import Target, check_targets, files_in, write_together
+
+if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
+    from model.deploy.holdout import Holdout, Split
+    from model.sweeping.runner import SweepResult
 
 log = logging.getLogger("shapeplan")
 DEFAULT_FACTORS = "0.8,0.9,1.0,1.1"
@@ -56,6 +38,8 @@ DEFAULT_FACTORS = "0.8,0.9,1.0,1.1"
 
 def parse_solvers(spec: str | None) -> tuple[str, ...]:
     """``--solvers``: a comma list of planner names (default: the MIP and every packer), in registry order."""
+    from model import pipeline
+
     known = pipeline.solver_names()
     if spec is None:
         return tuple(known)
@@ -69,6 +53,10 @@ def parse_solvers(spec: str | None) -> tuple[str, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The sweep's options: the solve CLI's input options plus the grid, the planners and the outputs."""
+    from model import pipeline
+    from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args
+    from model.load.scenario import LIMIT_KEYS
+
     parser = argparse.ArgumentParser(prog="python -m model.sweep", description=__doc__.split("\n")[0])
     parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each (or --scenario)")
     add_input_args(parser)
@@ -78,9 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--factors", help=f"scale factors for --sweep-limit (default {DEFAULT_FACTORS})")
     parser.add_argument("--solvers", help=f"comma list of planners (default all: {', '.join(pipeline.solver_names())})")
     parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
-    parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per MIP solve (default 20)")
-    parser.add_argument("--max-batch-size", type=int, default=None, help="at most this many requests per batch")
-    parser.add_argument("--tolerance", type=float, default=0.005,
+    parser.add_argument("--time-limit", type=float_flag("--time-limit"),
+                        default=20.0, help="seconds per MIP solve (default 20)")
+    parser.add_argument("--max-batch-size", type=int_flag("--max-batch-size"),
+                        default=None, help="at most this many requests per batch")
+    parser.add_argument("--tolerance", type=float_flag("--tolerance"), default=0.005,
                         help="recommend the smallest K within this share of the cheapest (default 0.005)")
     parser.add_argument("--out", type=Path, help="CSV path (default DIR/sweep.csv with --report, else sweep.csv)")
     parser.add_argument("--report", type=Path, help="folder for report.md, report.html and the PNGs")
@@ -91,19 +81,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_outputs(out: Path | None, report: Path | None) -> None:
-    """--out names a file and --report a folder: refuse the wrong kind before any work is done."""
-    if out is not None and out.is_dir():
-        raise InputError("--out", None, None, f"{out} is a folder; give the path of the CSV file to write")
-    if out is not None and out.parent.exists() and not out.parent.is_dir():
-        raise InputError("--out", None, None, f"{out.parent} is not a folder")
-    if report is not None and report.exists() and not report.is_dir():
-        raise InputError("--report", None, None,
-                         f"{report} is a file; give a folder for report.md, report.html and the PNGs")
+def csv_path(args: argparse.Namespace) -> Path:
+    """Where the CSV goes: --out, else DIR/sweep.csv with --report, else sweep.csv."""
+    return args.out or ((args.report / "sweep.csv") if args.report else Path("sweep.csv"))
+
+
+def output_targets(args: argparse.Namespace) -> list[Target]:
+    """Every path the sweep writes: the CSV, and the report folder with each file it will hold."""
+    from model.sweeping.sweep_report import report_names
+    from model.sweeping.window_view import WINDOW_REPORT_FILES
+
+    targets = [Target("--out", csv_path(args), "file", "give the path of the CSV file to write")]
+    if args.report is not None:
+        names = WINDOW_REPORT_FILES if args.windows is not None else report_names(bool(args.sweep_limit))
+        targets += [Target("--report", args.report, "folder", "give a folder for report.md, report.html and the PNGs"),
+                    *files_in("--report", args.report, names)]
+    return targets
 
 
 def check_settings(args: argparse.Namespace) -> None:
     """Every flag that needs no input, checked before anything is loaded, solved or written."""
+    from model.deploy.flags import parse_windows
+
     check_time_limit(args.time_limit)
     if not 0 <= args.tolerance < math.inf:
         raise InputError("--tolerance", None, None, f"must be a finite non-negative share, got {args.tolerance}")
@@ -114,16 +113,40 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.windows is not None and args.holdout is not None:
         raise InputError("--windows", None, None, "the hold-out check runs at one window length: use --window")
     parse_windows(args.windows)
-    check_outputs(args.out, args.report)
+    check_targets(output_targets(args), given_inputs(args))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Load once, sweep, write the CSV (and report), print the K table and the recommendation."""
+    import numpy as np
+    from tqdm import tqdm
+
+    from model import pipeline
+    from model.deploy.flags import parse_fraction, parse_windows
+    from model.deploy.holdout import split
+    from model.deploy.present import sweep_holdout_blocks
+    from model.domain.windowing import windowed
+    from model.histogram.cells import build_histogram
+    from model.report.document import to_text
+    from model.sweeping.grid import (
+        SweepSettings,
+        base_factor,
+        check_sweep_limit,
+        parse_factors,
+        parse_ks,
+        sweep_points,
+        useful_ks,
+    )
+    from model.sweeping.recommend import recommend
+    from model.sweeping.runner import run_sweep
+    from model.sweeping.sweep_report import k_table, recommendation_paragraphs, report_files
+    from model.sweeping.table import csv_bytes, planner_totals
+
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     check_settings(args)
     ks = parse_ks(args.k) if args.k is not None else (args.limit_shapes,) if args.limit_shapes else tuple(range(1, 17))
-    factors = parse_factors(args.factors or DEFAULT_FACTORS) if args.sweep_limit else (1.0,)
+    factors = parse_factors(DEFAULT_FACTORS if args.factors is None else args.factors) if args.sweep_limit else (1.0,)
     solvers = parse_solvers(args.solvers)
     fraction = parse_fraction(args.holdout)
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO)
@@ -144,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{sum(len(h) for h in hists)} cells; cost model {problem.cost.name}")
     points = sweep_points(ks, settings.sweep_limit, factors)
     windows = parse_windows(args.windows)
-    out = args.out or ((args.report / "sweep.csv") if args.report else Path("sweep.csv"))
-    check_outputs(out, args.report)
+    for w in windows or ():  # every length's window count, before the first is swept
+        windowed(problem, w, "--windows")
+    out = csv_path(args)
+    check_targets(output_targets(args))  # against every file the loaders read (a scenario's requests too)
     if windows is not None:
         return window_sweep(problem, windows, points, solvers, args, out, source)
     with tqdm(total=len(points) * len(solvers), disable=args.quiet, unit="solve", dynamic_ncols=True) as bar:
@@ -157,19 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     totals = planner_totals(result.rows)
     text = to_text([k_table(totals, base_factor(t.point for t in totals)),
                     *recommendation_paragraphs(recommend(result.rows, args.tolerance))])
-    try:
-        write_csv(result.rows, out)
-        print(text)
-        print(f"wrote {out}")
-        extra = []
-        if part is not None:
-            extra = sweep_holdout_blocks(holdout_checks(part, result, args))
-            print(to_text(extra))
-        if args.report:
-            md, page = write_report(args.report, problem, hists, result, settings, extra)
-            print(f"wrote {md}, {page}")
-    except OSError as exc:
-        raise InputError(str(exc.filename or out), None, None, f"cannot write: {exc.strerror or exc}") from None
+    print(text)
+    extra = sweep_holdout_blocks(holdout_checks(part, result, args)) if part is not None else []
+    # the CSV, the report and its pictures: every file made in memory first, then all put down together
+    files = {out: csv_bytes(result.rows)}
+    if args.report:
+        files.update(report_files(args.report, problem, hists, result, settings, extra))
+    write_together({path: [data] for path, data in files.items()})
+    print(f"wrote {out}")
+    if extra:
+        print(to_text(extra))
+    if args.report:
+        print(f"wrote {args.report / 'report.md'}, {args.report / 'report.html'}")
     return 0
 
 
@@ -177,6 +201,16 @@ def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str
                  out: Path, source: str) -> int:
     """The sweep once per window length: all rows in one CSV, each length's K table, and what a longer
     window buys (cost, P95 with the wait, devices needed)."""
+    from tqdm import tqdm
+
+    from model.domain.windowing import windowed
+    from model.report.document import to_text
+    from model.sweeping.grid import base_factor
+    from model.sweeping.runner import run_sweep
+    from model.sweeping.sweep_report import k_table
+    from model.sweeping.table import csv_bytes, planner_totals
+    from model.sweeping.window_view import window_blocks, window_report
+
     by_window = {}
     with tqdm(total=len(windows) * len(points) * len(solvers), disable=args.quiet, unit="solve",
               dynamic_ncols=True) as bar:
@@ -185,30 +219,33 @@ def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str
                 bar.set_postfix_str(f"window {w:g} s {point.label()} {name}", refresh=False)
                 bar.update()
 
-            by_window[w] = run_sweep(windowed(problem, w), points, solvers, args.backend, args.time_limit,
+            by_window[w] = run_sweep(windowed(problem, w, "--windows"), points, solvers, args.backend, args.time_limit,
                                      step).rows
-    try:
-        if args.report:
-            written = write_window_report(args.report, by_window, args.tolerance,
-                                          f"Batching window sweep: {source}", out)
-        else:
-            write_csv([r for rows in by_window.values() for r in rows], out)
-            written = ()
-        for w, rows in by_window.items():
-            totals = planner_totals(rows)
-            print(f"windows of {w:g} s")
-            print(to_text([k_table(totals, base_factor(t.point for t in totals))]))
-        print(to_text(window_blocks(by_window, args.tolerance)))
-        print(f"wrote {out}")
-        if written:
-            print(f"wrote {', '.join(map(str, written))}")
-    except OSError as exc:
-        raise InputError(str(exc.filename or out), None, None, f"cannot write: {exc.strerror or exc}") from None
+    if args.report:
+        files = window_report(args.report, by_window, args.tolerance, f"Batching window sweep: {source}", out)
+    else:
+        files = {out: csv_bytes([r for rows in by_window.values() for r in rows])}
+    write_together({path: [data] for path, data in files.items()})  # all of them, or none
+    for w, rows in by_window.items():
+        totals = planner_totals(rows)
+        print(f"windows of {w:g} s")
+        print(to_text([k_table(totals, base_factor(t.point for t in totals))]))
+    print(to_text(window_blocks(by_window, args.tolerance)))
+    print(f"wrote {out}")
+    if args.report:
+        print(f"wrote {', '.join(str(p) for p in files if p != out)}")
     return 0
 
 
 def holdout_checks(part: Split, result: SweepResult, args: argparse.Namespace) -> list[Holdout]:
     """Each K's MIP shapes (chosen on the first part, at the base limits) checked on the held-out part."""
+    from tqdm import tqdm
+
+    from model import pipeline
+    from model.deploy.holdout import sweep_checks
+    from model.sweeping.grid import base_factor
+    from model.sweeping.table import planner_totals
+
     totals = [t for t in planner_totals(result.rows) if t.planner == pipeline.MIP]
     if not totals:
         print("note: the hold-out check uses the MIP's shapes; add mip to --solvers")

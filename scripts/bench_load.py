@@ -56,7 +56,7 @@ def solo_batching(bucket: Bucket) -> Batching:
 
 def pack(problem: Problem, name: str) -> tuple[Batching, str]:
     """The named packer's batching of the single bucket, or the solo batching if none is registered."""
-    from solvers.packers import PACKERS
+    from model.packers import PACKERS
 
     if name in PACKERS:
         return PACKERS[name](problem)[0], name

@@ -140,7 +140,7 @@ def device_limits(prompt: np.ndarray, gen: np.ndarray, profile, shapes: np.ndarr
 def generate(out: Path, seed: int = SEED) -> list[tuple[str, str, dict[str, float]]]:
     """Draw both buckets, write their JSONL files, both scenarios and the profile; return the reference limits."""
     from model.load.profile import load_profile
-    from solvers.packers.shapecap import representatives, round_up
+    from model.packers.shapecap import representatives, round_up
 
     rng = np.random.default_rng(seed)
     out.mkdir(parents=True, exist_ok=True)

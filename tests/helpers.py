@@ -265,13 +265,29 @@ def layout_metrics(b: Bucket, lay: Layout, prob: Problem, recipients: dict[int, 
                                   None if waits is None else np.asarray(waits)[rows])
 
 
+def layout_units(lay: Layout, prob: Problem) -> list[int]:
+    """Each batch's compile unit: its shape, or with compiled batch sizes its graph (``CostModel.compile_keys``)."""
+    return prob.cost.compile_keys(np.array([len(blk) for blk in lay.blocks]), np.array(lay.shapes)).tolist()
+
+
+def layout_graphs(b: Bucket, lay: Layout, prob: Problem) -> set[tuple[int, int]]:
+    """The graphs (B, s) a layout runs."""
+    return set(prob.cost.graphs_of(np.array([len(blk) for blk in lay.blocks]), np.array(lay.shapes)))
+
+
+def layout_fits(b: Bucket, lay: Layout, prob: Problem) -> bool:
+    """Every batch fits the cost model: the KV capacity (of its graph's rows) and, with batch buckets, some bucket."""
+    return all(bool(prob.cost.batch_fits(len(blk), s, int(b.gen_len[list(blk)].max())))
+               for blk, s in zip(lay.blocks, lay.shapes, strict=True))
+
+
 def meets_limits(b: Bucket, lay: Layout, prob: Problem, limits: Limits, waits: np.ndarray | None = None) -> bool:
     """Whether SOME choice of batch ids and member order (i.e. of compile-spike recipients) meets every limit."""
     if limits.max_p95_latency_ms is None and limits.max_sequential_ms is None:
         return all(c.ok for c in limit_checks(layout_metrics(b, lay, prob, waits=waits), limits))
-    by_shape: dict[int, list[int]] = {}
-    for blk, s in zip(lay.blocks, lay.shapes, strict=True):
-        by_shape.setdefault(s, []).extend(blk)
+    by_shape: dict[int, list[int]] = {}  # by compile unit: a shape, or a graph
+    for blk, unit in zip(lay.blocks, layout_units(lay, prob), strict=True):
+        by_shape.setdefault(unit, []).extend(blk)
     for pick in itertools.product(*by_shape.values()):
         m = layout_metrics(b, lay, prob, dict(zip(by_shape, pick, strict=True)), waits)
         if all(c.ok for c in limit_checks(m, limits)):
@@ -291,15 +307,16 @@ def _ranked_layouts(prompts: tuple[int, ...], gens: tuple[int, ...], values: tup
     """Every layout of one bucket with its cost, cheapest first (limits aside, so reusable across limits)."""
     b = bucket(list(prompts), list(gens))
     prob = Problem((b,), (Limits(),), k, cost, max_batch)
-    return tuple(sorted(((layout_metrics(b, lay, prob).cost, lay) for lay in layouts(b, list(values), k, max_batch)),
-                        key=lambda c: c[0]))
+    return tuple(sorted(((layout_metrics(b, lay, prob).cost, lay) for lay in layouts(b, list(values), k, max_batch)
+                         if layout_fits(b, lay, prob)), key=lambda c: c[0]))
 
 
 def brute_force(prob: Problem) -> Optimum:
     """The exact optimum over every plan: partitions x shape choices x spike placements, judged by plan_metrics.
 
     Candidate shapes are the aligned prompts of all buckets (any other shape can be lowered to one of
-    them without raising any metric), or every allowed shape when the problem has a fixed set.  Plans are visited cheapest first (cost does not depend on spike
+    them without raising any metric), or every allowed shape when the problem has a fixed set.  A batch must
+    fit the cost model (KV capacity, batch buckets), and the graphs stay within the problem's graph cap.  Plans are visited cheapest first (cost does not depend on spike
     placement), so the first whose limits some spike placement meets is optimal.  For <= 6 requests.
     """
     values = sorted({int(s) for b in prob.buckets for s in align(b.prompt_len)})
@@ -312,8 +329,12 @@ def brute_force(prob: Problem) -> Optimum:
                   for b in prob.buckets]
     combos = sorted(itertools.product(*per_bucket), key=lambda combo: sum(c for c, _ in combo))
     feasible: dict[tuple[int, Layout], bool] = {}
+    cap = prob.graph_cap
     for combo in combos:
         if len(set().union(*(set(lay.shapes) for _, lay in combo))) > prob.max_shapes:
+            continue
+        if cap is not None and len(set().union(*(layout_graphs(b, lay, prob) for (_, lay), b
+                                                 in zip(combo, prob.buckets, strict=True)))) > cap:
             continue
         ok = True
         for i, ((_, lay), b, lim) in enumerate(zip(combo, prob.buckets, prob.limits, strict=True)):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -29,6 +29,8 @@ GOOD = ('{"request_id": "a", "prompt_len": 10, "gen_len": 5}\n'
 GOOD_PLAN = ('{"request_id": "a", "batch_id": "b-1", "shape": {"seq_align": 128, "heads_align": 32, "hidden_align": 4096}}\n'
              '{"request_id": "b", "batch_id": "b-1", "shape": {"seq_align": 128, "heads_align": 32, "hidden_align": 4096}}\n')
 OLD_PLAN = b'{"old": "plan that must survive"}\n'
+HUGE = "1" + "0" * 400  # a valid TOML integer no float64 holds
+HUGE_SHOWN = HUGE[:57] + "..."  # messages cut a value at 60 characters
 
 
 def jsonl(*rows: str) -> str:
@@ -62,6 +64,10 @@ class Case:
     module: str = "solve"
     bucket: str = "req"
     loader: bool = field(default=True)  # the message also comes straight from load_requests(argv[0])
+
+    def with_files(self, files: dict[str, str | bytes]) -> Case:
+        """The same case with more files laid out."""
+        return replace(self, files={**self.files, **files})
 
 
 def solve_case(id: str, name: str, content: str | bytes, error: str, *extra: str, loader: bool = True) -> Case:
@@ -219,6 +225,35 @@ CASES = [
                   "s.toml:2: field 'cost_model.Kd_attn': expected a finite non-negative number, got nan"),
     scenario_case("scenario-cost-overflow", scenario(top="max_shapes = 8\ncost_model = { Kshape_attn = 1e308 }"),
                   "s.toml: costs overflow float64 with these coefficients: a plan of these requests could have cost inf"),
+    # an integer too large for a float64 is refused like inf (it passed the range check, then float() raised)
+    params_case("cost-param-huge-int", f"Kp_attn = {HUGE}\n",
+                f"c.toml:1: field 'Kp_attn': expected a finite non-negative number, got {HUGE_SHOWN}"),
+    params_case("cost-param-huge-hidden", f"hidden = {2**40}\n",
+                f"c.toml:1: field 'hidden': expected a positive integer up to 1048576, got {2**40}"),
+    scenario_case("scenario-limit-huge-int", scenario(f"max_cost = {HUGE}"),
+                  f"s.toml:6: field 'bucket.max_cost': must be a finite non-negative number, got {HUGE_SHOWN}"),
+    scenario_case("scenario-inline-device-huge-int",
+                  scenario(top=f"max_shapes = 8\n[device]\nprefill = [1, 1, 1]\ndecode = [1, 1, 1]\ncompile_ms = {HUGE}"),
+                  f"s.toml:5: field 'device.compile_ms': must be a finite non-negative number, got {HUGE_SHOWN}"),
+    scenario_case("scenario-device-file-huge-int", scenario(top='max_shapes = 8\ndevice = "p.toml"'),
+                  f"p.toml:2: field 'device.prefill': value 3 of [p0, p1, p2] must be a finite non-negative number, "
+                  f"got {HUGE_SHOWN}").with_files({"p.toml": f"[device]\nprefill = [1, 1, {HUGE}]\ndecode = [1, 1, 1]\n"
+                                                            "compile_ms = 1\n"}),
+    scenario_case("scenario-400-digit-max-shapes", scenario(top=f"max_shapes = {HUGE}"),
+                  f"s.toml:1: field 'max_shapes': must be at most 16384, got {HUGE_SHOWN}"),
+    # numeric flags: ASCII digits only, one line naming the flag (argparse's int()/float() read 1_0 as 10)
+    solve_case("flag-underscore-digits", "req.jsonl", GOOD, "--max-cost: expected a number, got '1_0'",
+               "--max-cost", "1_0", loader=False),
+    solve_case("flag-arabic-digits", "req.jsonl", GOOD, "--limit-shapes: expected an integer, got '\u0664'",
+               "--limit-shapes", "\u0664", loader=False),
+    solve_case("time-column-empty", "req.jsonl", GOOD, "--time-column: expected a column name, got ''",
+               "--time-column=", loader=False),
+    solve_case("columns-empty", "req.jsonl", GOOD,
+               "--columns: expected a preset (default, azure) or PROMPT,GEN[,ID], got ''", "--columns=", loader=False),
+    sweep_case("sweep-empty-factors", "--factors: expected positive numbers, got ''", "--sweep-limit", "max_cost",
+               "--max-cost", "1e30", "--factors="),
+    solve_case("flag-not-a-number", "req.jsonl", GOOD, "--time-limit: expected a number, got 'soon'",
+               "--time-limit", "soon", loader=False),
     solve_case("limit-flag-inf", "req.jsonl", GOOD, "--max-sequential-ms: must be a finite non-negative number, got inf",
                "--max-sequential-ms", "inf", loader=False),
     scenario_case("scenario-limit-inf", scenario("max_cost = inf"),

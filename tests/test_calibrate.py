@@ -13,6 +13,7 @@ import pytest
 
 from model import calibrate
 from model.base.errors import InputError
+from model.calibration import fit_plots
 from model.calibration.fit import DEFAULT_COMPILE_MS, features, fit_profile
 from model.calibration.measurements import measurements_csv, parse_measurements, read_measurements
 from model.calibration.synthetic import Grid, synthetic_measurements
@@ -111,6 +112,17 @@ BAD_CSV = [
     ("short-row", HEADER + "prefill,1,128\n", 2, None, "expected 4 fields"),
     ("empty", "", None, None, "empty file"),
     ("header-only", HEADER, 1, None, "no measurements"),
+    # numbers as the one reader reads them: ASCII digits, finite, in range (int()/float() took 1_0 as 10)
+    ("underscore-digits", HEADER + "prefill,1_0,128,30\n", 2, "batch_size", "positive integer, got '1_0'"),
+    ("arabic-indic-digits", HEADER + "prefill,1,\u0661\u0662\u0668,30\n", 2, "seq_len", "positive integer, got"),
+    ("full-width-ms", HEADER + "prefill,1,128,\uff13\uff10\n", 2, "ms", "must be a number"),
+    ("unterminated-quote", HEADER + GOOD_ROWS + 'decode,4,512,"22\ndecode,8,512,23\n', 4, None,
+     "a quote opened on this line is never closed"),
+    ("huge-ms", HEADER + "prefill,1,128,1e308\n", 2, "ms", "must be at most 1e+09, got '1e308'"),
+    ("huge-weight", "phase,batch_size,seq_len,ms,weight\nprefill,1,128,30,1e308\n", 2, "weight",
+     "must be at most 1e+09, got '1e308'"),
+    ("subnormal-ms", HEADER + "prefill,1,128,1e-320\n", 2, "ms", "must be at least 1e-06 (a nanosecond)"),
+    ("overflowing-ms", HEADER + "prefill,1,128,1e400\n", 2, "ms", "got '1e400'"),
 ]
 
 
@@ -123,6 +135,14 @@ def test_bad_measurement_rows(tmp_path: Path, text, line, field, message):
     err = info.value
     assert (err.file, err.line, err.field) == (str(path), line, field), err.render()
     assert message in err.message, err.render()
+
+
+def test_a_byte_that_is_not_utf8_is_named_by_line_and_column(tmp_path: Path):
+    path = tmp_path / "m.csv"
+    path.write_bytes(HEADER.encode() + b"prefill,1,128,30\ndecode,1,128,3\xff\n")
+    with pytest.raises(InputError) as info:
+        read_measurements(path)
+    assert info.value.render() == f"{path}:3: not UTF-8 text (byte 0xff at column 15)"
 
 
 def test_too_few_or_degenerate_rows_name_the_file():
@@ -192,6 +212,12 @@ def test_cli_argument_errors_and_unwritable_targets(tmp_path: Path, monkeypatch,
         (["--decode-split", "sometimes"], "--decode-split: must be auto, none or a positive integer"),
         (["--compile-ms", "nan"], "--compile-ms: must be a finite non-negative number"),
         (["--kv-capacity-tokens", "0"], "--kv-capacity-tokens: must be a positive integer"),
+        # the flag's own range (a profile holds at most 2**53), not a complaint about the written --out file
+        (["--kv-capacity-tokens", str(2**60)], f"error: --kv-capacity-tokens: must be at most {2**53} (2**53), got"),
+        (["--kv-capacity-tokens", "2^60"], "error: --kv-capacity-tokens: expected an integer, got '2^60'"),
+        (["--compile-ms", "1_0"], "error: --compile-ms: expected a number, got '1_0'"),
+        (["--compile-ms", "1e13"], "error: --compile-ms: must be at most 1e+12, got 1e+13"),  # not the --out file's
+        (["--decode-split", "\u0661"], "--decode-split: must be auto, none or a positive integer"),
     ]
     for extra, message in cases:
         monkeypatch.setattr(sys, "argv", ["calibrate", str(csv), "--out", str(good), *extra])
@@ -203,7 +229,8 @@ def test_cli_argument_errors_and_unwritable_targets(tmp_path: Path, monkeypatch,
     monkeypatch.setattr(sys, "argv", ["calibrate", str(csv), "--out", str(folder)])
     with pytest.raises(SystemExit) as info:
         run_main(calibrate.main)
-    assert info.value.code == 2 and f"error: {folder}: cannot write" in capsys.readouterr().err
+    assert info.value.code == 2
+    assert capsys.readouterr().err == f"error: --out: {folder} is a folder; give the path of the profile TOML to write\n"
     assert list(folder.iterdir()) == [] and good.read_bytes() == SHARED.read_bytes()
 
 
@@ -220,7 +247,7 @@ def test_failed_rename_rolls_back_every_file(tmp_path: Path, monkeypatch):
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", failing)
-    monkeypatch.setattr(calibrate, "report_pngs", lambda cal: {"prefill.png": b"p", "decode.png": b"d"})
+    monkeypatch.setattr(fit_plots, "report_pngs", lambda cal: {"prefill.png": b"p", "decode.png": b"d"})
     with pytest.raises(InputError, match="cannot write: No space left on device"):
         calibrate.main([str(csv), "--out", str(good), "--report", str(tmp_path / "new" / "report")])
     assert good.read_bytes() == SHARED.read_bytes()

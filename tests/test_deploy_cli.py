@@ -5,6 +5,7 @@ stderr as a user sees them), the many hostile values each exiting 2 with one lin
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 import numpy as np
@@ -90,14 +91,28 @@ def test_audit_config_too_small_names_the_request_and_writes_nothing(folder, tmp
     assert not rep.exists()
 
 
-def test_audit_report_is_all_or_nothing(folder, tmp_path, capsys):
+def test_audit_report_is_all_or_nothing(folder, tmp_path, capsys, monkeypatch):
     rep = tmp_path / "rep"
-    (rep / "report.html").mkdir(parents=True)  # a folder where a file must go: the write fails
-    code, err = exit_code(audit.main, [str(folder / "trace.csv"), "--columns", "azure", "--shapes-from",
-                                       str(folder / "today.txt"), "--solver", "greedy", "--report", str(rep),
-                                       "--quiet"], capsys)
-    assert code == 2 and "cannot write" in err
+    (rep / "report.html").mkdir(parents=True)  # a folder where a file must go: refused before any work
+    argv = [str(folder / "trace.csv"), "--columns", "azure", "--shapes-from", str(folder / "today.txt"), "--solver",
+            "greedy", "--report", str(rep), "--quiet"]
+    code, err = exit_code(audit.main, argv, capsys)
+    assert (code, err) == (2, f"error: --report: {rep / 'report.html'} is a folder; --report writes report.html "
+                              "there\n")
     assert sorted(p.name for p in rep.iterdir()) == ["report.html"]
+    (rep / "report.html").rmdir()
+    (rep / "report.md").write_text("old report\n")
+    real = os.replace
+
+    def failing(src, dst):  # the second rename fails: the first file goes back as it was
+        if Path(dst).name == "report.html":
+            raise OSError(28, "No space left on device")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing)
+    code, err = exit_code(audit.main, argv, capsys)
+    assert (code, err) == (2, f"error: {rep / 'report.html'}: cannot write: No space left on device\n")
+    assert sorted(p.name for p in rep.iterdir()) == ["report.md"] and (rep / "report.md").read_text() == "old report\n"
 
 
 def test_audit_shows_device_hours_in_device_mode(folder):

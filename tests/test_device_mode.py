@@ -8,6 +8,7 @@ that a second shape can pay.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +19,14 @@ from model import pipeline
 from model.base.errors import InfeasibleError
 from model.base.runtime import Deadline
 from model.cost.device import DeviceProfile, batch_time
+from model.cost.model import DeviceCost
 from model.domain.schema import Limits, Problem
 from model.histogram.cells import build_histogram
+from model.packers import PACKERS
 from model.planning.device_search import shape_relaxation
-from model.planning.exact_runs import IntervalRuns, device_start, improve_shapes, optimal_runs
+from model.planning.exact_runs import IntervalRuns, device_start, improve_shapes
+from model.planning.run_cuts import optimal_runs
 from model.planning.window_bound import whole_trace_bound
-from solvers.packers import PACKERS
 
 TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
                     decode_large=(3.0, 1e-4, 0.05), decode_large_from=3, compile_ms=40.0)
@@ -46,8 +49,13 @@ FIVE = bucket([51, 100, 130, 700, 64], [19, 53, 20, 300, 16])
     device(SIX, k=2, limits=Limits(max_p95_latency_ms=700.0)),
     device(FIVE, k=2, limits=Limits(max_pad_ratio=0.9)),
     device(SIX, k=2, limits=Limits(max_sequential_ms=800.0)),
+    # graphs (compiled batch sizes): a run of n in its graph's T(B), a compile per graph, the graph cap
+    device(FIVE, k=2, prof=replace(TOY, batch_buckets=(1, 4))),
+    device(SIX, k=2, prof=replace(TOY, batch_buckets=(2, 4)), limits=Limits(max_p95_latency_ms=900.0)),
+    device(SIX, k=3, prof=replace(TOY, batch_buckets=(1, 2, 3, 6)), max_graphs=2),
+    device(FIVE, k=2, prof=replace(TOY, batch_buckets=(1, 2, 4)), limits=Limits(max_pad_ratio=1.5)),
 ], ids=["six K=1", "six K=2", "six K=3", "five K=2", "six K=2 B=2", "six P95 750", "six P95 700", "five pad",
-        "six seq"])
+        "six seq", "five graphs 1,4", "six graphs 2,4 P95", "six graphs cap 2", "five graphs pad"])
 def test_plan_mip_hits_the_brute_force_optimum_and_bounds_it(prob):
     best = brute_force(prob)
     planned = plan_mip(prob, time_limit=20)
@@ -69,7 +77,7 @@ def test_p95_limit_no_plan_meets_is_not_reported_as_a_plan():
 def test_optimal_runs_is_the_exact_cut_and_matches_batch_time():
     rng = np.random.default_rng(3)
     gens = np.sort(rng.integers(1, 60, 9))
-    cost, batch = optimal_runs(gens, 128, TOY, None)
+    cost, batch = optimal_runs(gens, 128, DeviceCost(TOY), None)
     sizes = np.bincount(batch)
     assert cost == pytest.approx(float(sum(batch_time(n, 128, gens[batch == k].max(), TOY)
                                            for k, n in enumerate(sizes))), rel=1e-12)
@@ -172,6 +180,40 @@ def test_a_request_too_long_for_the_kv_cache_is_named():
     prob = device(bucket([60, 90], [10, 50]), prof=prof)
     with pytest.raises(InfeasibleError, match="does not fit"):
         PACKERS["dpfill"](prob)
+
+
+@pytest.mark.parametrize("solver", ["mip", "dpfill"])
+def test_every_planner_names_a_request_the_kv_cache_cannot_hold(solver):
+    """The MIP raised ValueError from its exact-runs DP ("a request does not fit one batch at shape ..."): the
+    capacity is checked once, before any planner runs, and the answer is a proof naming the request."""
+    prof = DeviceProfile(name="tiny", prefill=TOY.prefill, decode=TOY.decode, compile_ms=1.0, kv_capacity_tokens=100)
+    prob = device(bucket([60, 10], [10, 20]), prof=prof)  # the first: 64 + 10 fits; the second: 64 + 20 fits
+    pipeline.plan(prob, solver, time_limit=5)
+    tight = device(bucket([60, 90], [10, 50]), prof=prof)  # 128 + 50 > 100
+    with pytest.raises(InfeasibleError, match=r"request 'b-r1' .* does not fit one batch at its smallest shape 128"):
+        pipeline.plan(tight, solver, time_limit=5)
+
+
+@pytest.mark.parametrize("extra", [[], ["--window", "1"]])
+def test_cli_kv_capacity_below_a_request_exits_3_with_one_line(tmp_path: Path, extra):
+    reqs = tmp_path / "r.jsonl"
+    reqs.write_text('{"request_id": "a", "prompt_len": 900, "gen_len": 200, "arrival_s": 0}\n'
+                    '{"request_id": "b", "prompt_len": 50, "gen_len": 20, "arrival_s": 0.5}\n')
+    prof = tmp_path / "p.toml"
+    prof.write_text(PROFILE.read_text().replace("kv_capacity_tokens = 66144", "kv_capacity_tokens = 1000"))
+    assert "kv_capacity_tokens = 1000" in prof.read_text()
+    for module in ("model.solve", "model.sweep"):
+        argv = [str(reqs), "--device-profile", str(prof), "--time-limit", "5", *extra]
+        if extra:
+            argv += ["--time-column", "arrival_s"]
+        argv += ["--out", str(tmp_path / ("o.csv" if module == "model.sweep" else "o")), "--quiet"]
+        if module == "model.sweep":
+            argv += ["--k", "1", "--solvers", "mip"]
+        done = cli(module, *argv, cwd=tmp_path)
+        assert "Traceback" not in done.stderr, done.stderr
+        if module == "model.solve":
+            assert done.returncode == 3 and "request 'a'" in done.stderr and "KV capacity 1000" in done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
 
 
 

@@ -17,8 +17,8 @@ from model.domain.shapeset import check_fits, checked, parse_shapes, round_up_to
 from model.evaluation.validate import evaluate_plans
 from model.histogram.cells import build_histogram
 from model.load.profile import load_profile
+from model.packers import PACKERS
 from model.planning.stages import shape_setup
-from solvers.packers import PACKERS
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*PuLP 4.0:DeprecationWarning")
 

@@ -81,7 +81,7 @@ TWO_BUCKETS = 'max_shapes = 8\n[[bucket]]\nname = "a"\nrequests = "req.jsonl"\n[
 
 @pytest.mark.parametrize("where", ["load", "write", "second-rename", "sweep"])
 def test_ctrl_c_outside_the_solver_is_one_line_and_exit_130(inputs: Path, capsys, monkeypatch, where: str):
-    from model.load import plans, requests
+    from model.load import outputs, plans, requests
     from model.sweeping import runner as engine
 
     (inputs / "s.toml").write_text(TWO_BUCKETS)
@@ -93,7 +93,7 @@ def test_ctrl_c_outside_the_solver_is_one_line_and_exit_130(inputs: Path, capsys
     if where == "load":
         monkeypatch.setattr(requests, "_read_bytes", interrupt)
     elif where == "write":
-        monkeypatch.setattr(plans, "_stage", interrupt)
+        monkeypatch.setattr(outputs, "_stage", interrupt)
     elif where == "second-rename":
         real, calls = plans.os.replace, []
 
@@ -105,9 +105,8 @@ def test_ctrl_c_outside_the_solver_is_one_line_and_exit_130(inputs: Path, capsys
 
         monkeypatch.setattr(plans.os, "replace", replace_once)
     else:
-        monkeypatch.setattr(sweep, "run_sweep", interrupt)
+        monkeypatch.setattr(engine, "run_sweep", interrupt)  # the sweep imports it when it runs
         main, argv = sweep.main, ["--scenario", "s.toml", "--k", "1", "--solvers", "greedy", "--out", "out/sweep.csv", "--quiet"]
-        assert engine.run_sweep is not sweep.run_sweep
     status, _, err = exit_of(main, argv, capsys)
     assert (status, err) == (130, "interrupted by SIGINT; nothing written\n")
     assert {k: v[0] for k, v in tree(inputs).items()} == {k: v[0] for k, v in before.items()}

@@ -27,7 +27,7 @@ from model import pipeline
 from model.base.errors import InfeasibleError, NoPlanFound
 from model.cost.model import StrictCost, cost_model
 from model.domain.schema import Limits, Problem
-from solvers.packers import PACKERS
+from model.packers import PACKERS
 
 SETTINGS = settings(max_examples=6, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -18,11 +18,11 @@ from model.cost.model import cost_model
 from model.domain.schema import Limits, Problem
 from model.evaluation.validate import evaluate_plans
 from model.load.scenario import load_scenario
+from model.packers import PACKERS
+from model.packers.exp import ladder
+from model.packers.grouping import pow2_ceil
+from model.packers.shapecap import representatives
 from model.report.compare import compare_table
-from solvers.packers import PACKERS
-from solvers.packers.exp import ladder
-from solvers.packers.grouping import pow2_ceil
-from solvers.packers.shapecap import representatives
 
 TWINS = ("twin-1", "twin-2")
 

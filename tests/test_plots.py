@@ -9,11 +9,11 @@ from matplotlib.collections import PolyCollection, QuadMesh
 from sweep_helpers import PNG_SIGNATURE, grid_rows, tiny_problem
 
 from model.histogram.cells import build_histogram
+from model.packers import PACKERS
 from model.report.plots import GEN_GID, SHAPE_GID, plot_heatmap
 from model.sweeping.grid import SweepPoint
 from model.sweeping.sweep_plots import BAND_GID, BROKEN_GID, LIMIT_GID, plot_breakdown, plot_cost_vs_k, plot_tradeoff
 from model.sweeping.table import planner_totals
-from solvers.packers import PACKERS
 
 COSTS = {"mip": [110.0, 100.0, 100.0], "baseline": [900.0, 800.0, 700.0], "pow2": [130.0, 120.0, 115.0],
          "greedy": [112.0, 104.0, 103.0]}

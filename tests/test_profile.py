@@ -85,12 +85,20 @@ BAD = [
         "device.prefill", "got 2 values"),
     Bad("malformed", edit(5, "decode = = [19.9, 0.0006, 0.03]"), 5, None, "malformed TOML"),
     Bad("duplicate-key", plus("compile_ms = 1.0"), 11, None, "malformed TOML"),
-    Bad("top-level-key", "mode = 1\n" + GOOD, 1, "mode", "unknown key (a profile holds only a [device] table)"),
+    Bad("top-level-key", "mode = 1\n" + GOOD, 1, "mode", "unknown key (a profile holds a [device] table and an optional [server]"),
     Bad("other-table", plus("[cost_model]", "Kp_attn = 1"), 11, "cost_model", "unknown key"),
     Bad("no-device", "# nothing\n", None, "device", "missing [device] table"),
     Bad("device-not-table", "device = 3\n", 1, "device", "must be a table, got 3"),
     Bad("device-array", "[[device]]\nprefill = [1, 2, 3]\n", 1, "device", "must be a table"),
-    Bad("not-utf8", GOOD.encode() + b"# \xff\n", None, None, "not UTF-8 text"),
+    Bad("not-utf8", GOOD.encode() + b"# \xff\n", 11, None, "not UTF-8 text (byte 0xff at column 3)"),
+    # valid TOML integers no float64 holds: refused like inf (they passed the range check, then float() raised)
+    Bad("compile-400-digits", edit(9, "compile_ms = 1" + "0" * 400), 9, "device.compile_ms",
+        "must be a finite non-negative number, got 1000"),
+    Bad("compile-1e308", edit(9, "compile_ms = 1e308"), 9, "device.compile_ms", "must be at most 1e+12, got 1e+308"),
+    Bad("coeff-1e300", edit(4, "prefill = [1.0, 0.1, 1e300]"), 4, "device.prefill",
+        "value 3 of [p0, p1, p2] must be at most 1e+12, got 1e+300"),
+    Bad("coeff-400-digits", edit(5, f"decode = [1, 1{'0' * 400}, 1]"), 5, "device.decode",
+        "value 2 of [d0, d1, d2] must be a finite non-negative number, got 1000"),
 ]
 
 

@@ -11,7 +11,7 @@ import pytest
 from helpers import WORKLOADS, check_valid, plan_mip
 
 from model.load.scenario import load_scenario
-from solvers.packers import PACKERS
+from model.packers import PACKERS
 
 SCENARIOS = sorted(p.parent.name for p in WORKLOADS.glob("*/scenario.toml"))
 

@@ -21,8 +21,8 @@ from model import evaluate, pipeline, solve
 from model.cli_common import run_main
 from model.domain.schema import Bucket, Limits, Problem
 from model.load.synth import CHAT, SHORT, bucket_arrays, requests_jsonl
+from model.packers import PACKERS
 from solvers.backends import highs
-from solvers.packers import PACKERS
 
 OLD_PLAN = b'{"old": "plan that must survive"}\n'
 

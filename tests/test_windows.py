@@ -28,12 +28,12 @@ from model.domain.windowing import n_windows, parse_window, split, windowed, win
 from model.evaluation.validate import evaluate_plans
 from model.load.plans import read_plan
 from model.load.profile import load_profile
+from model.packers import PACKERS
 from model.pipeline import InputSpec, load_problem
 from model.planning.window_bound import lp_duals, window_bound
 from model.planning.window_merge import merge
 from model.planning.window_runs import window_pools
 from model.report.devices import device_use
-from solvers.packers import PACKERS
 
 TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
                     decode_large=(3.0, 1e-4, 0.05), decode_large_from=3, compile_ms=40.0, kv_capacity_tokens=2000)

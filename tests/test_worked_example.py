@@ -66,3 +66,55 @@ def test_device_mode_batch_times():
     prof = load_profile(PROFILE)
     T = batch_time([2, 1, 2], [128, 128, 768], [53, 16, 300], prof)
     assert T == pytest.approx([1115.280543008088, 352.19455671527135, 6531.684589074276], rel=1e-12)
+
+
+# ---------------------------------------------------------------- graphs: compiled batch sizes [1, 4]
+
+BUCKETS = (1, 4)
+
+
+def graph_model():
+    """Device mode on a stack that compiles batch sizes 1 and 4 (``GraphCost``)."""
+    from dataclasses import replace
+
+    from model.cost.model import cost_model
+    return cost_model("device", replace(load_profile(PROFILE), batch_buckets=BUCKETS))
+
+
+def test_graph_mode_batch_times_are_the_graphs_to_the_last_digit():
+    cm = graph_model()
+    assert cm.compiles_graphs and cm.batch_buckets == BUCKETS
+    assert cm.graph_batch([2, 1, 2]).tolist() == [4, 1, 4]
+    T = cm.batch_total([2, 1, 2], [128, 128, 768], [53, 16, 300]).tolist()
+    assert T == [1155.9193004218532, 352.1945567152713, 7064.855844205051]
+
+
+def test_graph_mode_worked_example_to_the_last_digit():
+    cm = graph_model()
+    m = cm.plan_metrics(PROMPT, GEN, BATCH, SHAPE)
+    assert m.graphs == ((1, 128), (4, 128), (4, 768)) and m.shapes == (128, 768) and m.n_batches == 3
+    assert m.compile_cost == 60000.0  # 3 graphs, 20 s each
+    assert m.cost == 68572.96970134217
+    assert (m.pad_tokens, m.real_tokens) == (3687, 1453)
+    assert m.pad_ratio == 2.537508602890571
+    assert m.p95_latency_ms == 27064.85584420505
+    assert m.sequential_ms == m.cost == 68572.96970134217
+    lat = cm.member_latencies(PROMPT, GEN, BATCH, SHAPE).tolist()
+    # a (spike of graph (4, 128)), b, e (spike of (1, 128): its own graph), c (spike of (4, 768)), d
+    assert lat == [21155.919300421854, 1155.9193004218532, 20352.194556715272, 27064.85584420505,
+                   7064.855844205051]
+    assert cm.warmup_ms(len(m.graphs)) == 60000.0
+
+
+def test_without_batch_buckets_graph_mode_is_device_mode():
+    cm = graph_model()
+    plain = load_profile(PROFILE)
+    one_each = cm.plan_metrics(PROMPT, GEN, ["x", "y", "z", "u", "v"], SHAPE)
+    from dataclasses import replace
+
+    from model.cost.model import cost_model
+    assert one_each == cost_model("device", replace(plain, batch_buckets=(1, 2, 3))).plan_metrics(
+        PROMPT, GEN, ["x", "y", "z", "u", "v"], SHAPE)
+    m = plan_metrics(PROMPT, GEN, BATCH, SHAPE, plain, "device")
+    assert m.graphs == ((1, 128), (2, 128), (2, 768))  # the batch is free: one graph per (size, shape)
+    assert m.compile_cost == 40000.0  # charged per shape

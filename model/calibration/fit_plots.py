@@ -52,10 +52,14 @@ def png_bytes(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
+PLOTTED = ("prefill", "decode")
+REPORT_FILES = tuple(f"{phase}.png" for phase in PLOTTED)  # what --report holds (checked before the fit)
+
+
 def report_pngs(cal: Calibration) -> dict[str, bytes]:
     """File name -> PNG bytes: ``prefill.png`` and ``decode.png`` (decode_large drawn with decode)."""
     out = {}
-    for phase in ("prefill", "decode"):
+    for phase in PLOTTED:
         fits = [f for f in cal.fits if f.phase.split("_")[0] == phase]
         split = "" if cal.profile.decode_large_from is None or phase == "prefill" else \
             f" (decode_large from batch size {cal.profile.decode_large_from})"

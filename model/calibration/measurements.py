@@ -17,18 +17,25 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from model.base.errors import InputError
+from model.base.numbers import Where, as_float, read_count, read_number, shown
+from model.load.files import read_text
 
 PHASES = ("prefill", "decode")
 REQUIRED = ("phase", "batch_size", "seq_len", "ms")
 OPTIONAL = ("weight",)
 MAX_INT = 2**20  # batch sizes and lengths far beyond any device; keeps n*s^2 (< 2**60) exact in int64
+# A timed step between a nanosecond and about eleven days: outside that the number is a unit mistake, and the fit
+# divides by ms and squares its inverse (a subnormal ms made the SVD fail, 1e308 made R^2 NaN).
+MIN_MS, MAX_MS = 1e-6, 1e9
+# A row counts at most a billion times more or less than another: beyond that float64's least squares cannot
+# tell the rows apart (a weight of 1e308 overflowed the design into a "singular" one).
+MIN_WEIGHT, MAX_WEIGHT = 1e-9, 1e9
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,28 +67,21 @@ def read_measurements(path: str | Path) -> Measurements:
     """Parse a measurement CSV; the first bad row (or a bad header) is an InputError with its line."""
     path = Path(path)
     src = str(path)
-    if path.is_dir():
-        raise InputError(src, None, None, "is a directory, expected a measurements CSV file")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(src, None, None, f"cannot read: {exc.strerror or exc}") from exc
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InputError(src, None, None, f"cannot read: not UTF-8 text ({exc.reason})") from None
-    return parse_measurements(text, src)
+    return parse_measurements(read_text(path, bom=True, folder="is a directory, expected a measurements CSV file"),
+                              src)  # a regular UTF-8 file, recorded as an input
 
 
 def parse_measurements(text: str, source: str) -> Measurements:
     """Measurements from CSV text (``source`` names it in messages)."""
-    reader = csv.reader(io.StringIO(text, newline=""))
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     columns: dict[str, int] | None = None
     header_line = None
     rows: list[tuple[str, int, int, float, float, int]] = []
+    start = 1  # the line the row being read starts on (a quoted field may run over lines)
     try:
         for cells in reader:
             number = reader.line_num
+            start = number + 1
             cells = [c.strip() for c in cells]
             if not any(cells):
                 continue
@@ -94,6 +94,9 @@ def parse_measurements(text: str, source: str) -> Measurements:
                                  f"got {len(cells)}")
             rows.append(_row(cells, columns, source, number))
     except csv.Error as exc:
+        if "unexpected end of data" in str(exc):  # the rest of the file was read into one quoted field
+            raise InputError(source, start, None, "malformed CSV: a quote opened on this line is never closed") \
+                from None
         raise InputError(source, reader.line_num or None, None, f"malformed CSV: {exc}") from None
     if columns is None:
         raise InputError(source, None, None, "empty file: expected a header " + ",".join(REQUIRED))
@@ -125,37 +128,31 @@ def _row(cells: list[str], columns: dict[str, int], source: str, number: int
     phase = cells[columns["phase"]]
     if phase not in PHASES:
         raise InputError(source, number, "phase", f"unknown phase {phase!r} (expected prefill or decode)")
-    n = _positive_int(cells[columns["batch_size"]], source, number, "batch_size")
-    s = _positive_int(cells[columns["seq_len"]], source, number, "seq_len")
-    ms = _number(cells[columns["ms"]], source, number, "ms")
-    if ms <= 0:
-        raise InputError(source, number, "ms", f"must be positive (the fit weighs relative error), got {ms!r}")
+    n = _positive_int(cells[columns["batch_size"]], Where(source, number, "batch_size"))
+    s = _positive_int(cells[columns["seq_len"]], Where(source, number, "seq_len"))
+    ms = _number(cells[columns["ms"]], Where(source, number, "ms"), MAX_MS)
+    if ms < MIN_MS:
+        raise InputError(source, number, "ms", f"must be positive (the fit weighs relative error), got {ms!r}"
+                         if ms == 0 else f"must be at least {MIN_MS:g} (a nanosecond), got {cells[columns['ms']]!r}")
     weight = 1.0
     if "weight" in columns and cells[columns["weight"]]:
-        weight = _number(cells[columns["weight"]], source, number, "weight")
+        weight = _number(cells[columns["weight"]], Where(source, number, "weight"), MAX_WEIGHT)
+        if 0 < weight < MIN_WEIGHT:
+            raise InputError(source, number, "weight",
+                             f"must be 0 or at least {MIN_WEIGHT:g}, got {cells[columns['weight']]!r}")
     return phase, n, s, ms, weight, number
 
 
-def _positive_int(cell: str, source: str, number: int, field: str) -> int:
-    """A count such as batch_size: an integer from 1 up (``2.0`` and ``1e3`` are refused, not rounded)."""
-    try:
-        value = int(cell)
-    except ValueError:
-        raise InputError(source, number, field, f"must be a positive integer, got {cell!r}") from None
-    if not 1 <= value <= MAX_INT:
-        raise InputError(source, number, field, f"must be a positive integer up to {MAX_INT}, got {cell!r}")
-    return value
+def _positive_int(cell: str, where: Where) -> int:
+    """A count such as batch_size: ASCII digits from 1 up (``2.0``, ``1e3``, ``1_0`` are refused, not read)."""
+    return read_count(cell, where, 1, MAX_INT, too_big="must be a positive integer up to {high}, got {got}", text=True)
 
 
-def _number(cell: str, source: str, number: int, field: str) -> float:
-    """A finite non-negative decimal number."""
-    try:
-        value = float(cell)
-    except ValueError:
-        raise InputError(source, number, field, f"must be a number, got {cell!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise InputError(source, number, field, f"must be a finite non-negative number, got {cell!r}")
-    return value
+def _number(cell: str, where: Where, high: float) -> float:
+    """A finite non-negative ASCII decimal number up to ``high`` (above it the number is a unit mistake)."""
+    if as_float(cell, text=True) is None:
+        raise where.error(f"must be a number, got {shown(cell)}")
+    return read_number(cell, where, high=high, too_big="must be at most {high}, got {got}", text=True)
 
 
 def measurements_csv(m: Measurements) -> str:

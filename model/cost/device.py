@@ -10,6 +10,12 @@ declared shape s and longest generation G_max as
 with ``decode_large`` replacing ``decode`` when n >= ``decode_large_from`` (large
 batches switch kernels on real devices, so one line does not fit both ends).
 
+Compiled batch sizes (graphs): on a compile-based stack the batch dimension is compiled
+too.  With ``batch_buckets`` a batch of n members runs in graph (B, s), B the smallest
+bucket >= n (``graph_batch``), and every batch-size term above takes B: the formulas here
+are written over the batch dimension, and the cost model (``model.cost.model``) says which
+one a batch of n members runs at.
+
 Everything here is vectorised over numpy arrays of (n, s, G_max).  The integer
 factors (n*s, n*s^2, lin, n*G_max) are formed exactly in int64 and only then
 multiplied by the float coefficients, so the result is the contract's value to
@@ -49,8 +55,13 @@ class DeviceProfile:
     compile_ms: float
     kv_capacity_tokens: int | None = None
     cost_per_device_hour: float | None = None
+    # serving mode (shared/serving_model.md): compiling a graph the set lacks while serving; None = compile_ms
+    runtime_compile_ms: float | None = None
+    batch_buckets: tuple[int, ...] | None = None  # compiled batch sizes (None: the batch dimension is free)
 
     def __post_init__(self) -> None:
+        if self.batch_buckets is not None:
+            object.__setattr__(self, "batch_buckets", checked_buckets(self.batch_buckets))
         for key in ("prefill", "decode", "decode_large"):
             value = getattr(self, key)
             if value is None:
@@ -65,10 +76,15 @@ class DeviceProfile:
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
                 raise ValueError(f"{key} must be a positive integer, got {value!r}")
-        for key in ("batch_overhead_ms", "compile_ms", "cost_per_device_hour"):
+        for key in ("batch_overhead_ms", "compile_ms", "cost_per_device_hour", "runtime_compile_ms"):
             value = getattr(self, key)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{key} must be a finite non-negative number, got {value!r}")
+
+    @property
+    def runtime_compile(self) -> float:
+        """What one graph compiled while serving costs (ms): ``runtime_compile_ms``, by default ``compile_ms``."""
+        return self.compile_ms if self.runtime_compile_ms is None else self.runtime_compile_ms
 
 
 @dataclass(frozen=True)
@@ -83,6 +99,36 @@ class BatchTime:
     def total(self) -> np.ndarray:
         """prefill + decode + overhead, summed in the contract's order (equals ``batch_time``)."""
         return self.prefill + self.decode + self.overhead
+
+
+def checked_buckets(values) -> tuple[int, ...]:
+    """Batch buckets as a tuple of strictly increasing positive integers; ValueError naming what is wrong (the
+    loaders report it with file, line and key, or the flag)."""
+    values = list(values)
+    if not values:
+        raise ValueError("batch buckets must list at least one batch size")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"batch buckets must be positive integers, got {v!r}")
+    out = tuple(int(v) for v in values)
+    for a, b in zip(out[:-1], out[1:], strict=True):
+        if b <= a:
+            raise ValueError(f"batch buckets must be strictly increasing, got {a} then {b}")
+    return out
+
+
+def graph_batch(n, buckets: tuple[int, ...] | None) -> np.ndarray:
+    """The batch dimension a batch of n members runs at: the smallest bucket >= n, or n itself without buckets.
+
+    A batch above the largest bucket fits no graph and is invalid (the evaluator names it); it keeps B = n
+    here, so its metrics are still defined.
+    """
+    n = np.asarray(n, dtype=np.int64)
+    if buckets is None:
+        return n
+    sizes = np.asarray(buckets, dtype=np.int64)
+    k = np.searchsorted(sizes, n, side="left")
+    return np.where(k < len(sizes), sizes[np.minimum(k, len(sizes) - 1)], n)
 
 
 def _ints(*arrays) -> tuple[np.ndarray, ...]:

@@ -26,9 +26,10 @@ from model.cost.analytic import (
     prefill_latency,
 )
 from model.cost.common import MODES, Mode, align, p95_rank
-from model.cost.device import DeviceProfile, batch_breakdown, kv_tokens
+from model.cost.device import DeviceProfile, batch_breakdown, graph_batch, kv_tokens
 
 Coefficients = CostParams | DeviceProfile  # analytic (reference, strict) or measured (device)
+GRAPH_KEY_BITS = 32  # a graph's compile key: its shape shifted by this, or'ed with its batch dimension
 
 
 def window_index(arrival_s, seconds: float, origin_s: float) -> np.ndarray:
@@ -51,6 +52,41 @@ def spike_ms(p: Coefficients) -> float:
     return p.compile_ms if isinstance(p, DeviceProfile) else p.Tshape_compile_ms
 
 
+def batch_buckets_of(p: Coefficients) -> tuple[int, ...] | None:
+    """The compiled batch sizes the coefficients price with (None: the batch dimension is free)."""
+    return p.batch_buckets if isinstance(p, DeviceProfile) else None
+
+
+def compiled_batch(n, p: Coefficients) -> np.ndarray:
+    """The batch dimension a batch of n members runs at: its graph's bucket, or n where the batch is free."""
+    return graph_batch(n, batch_buckets_of(p))
+
+
+def compile_keys(n_b, batch_shape, p: Coefficients) -> np.ndarray:
+    """Per batch, what its compile is for -- the unit the compile charge and the compile spike are per: its
+    declared shape, or with batch buckets its graph (B, s) as one integer (``key_shapes`` undoes it)."""
+    shape = np.asarray(batch_shape, dtype=np.int64)
+    if batch_buckets_of(p) is None:
+        return shape
+    return (shape << GRAPH_KEY_BITS) | compiled_batch(n_b, p)
+
+
+def key_shapes(keys: np.ndarray, p: Coefficients) -> np.ndarray:
+    """The declared shape of each compile key (``compile_keys``)."""
+    keys = np.asarray(keys, dtype=np.int64)
+    return keys >> GRAPH_KEY_BITS if batch_buckets_of(p) is not None else keys
+
+
+def graphs_of(n_b, batch_shape, p: Coefficients) -> tuple[tuple[int, int], ...]:
+    """The distinct graphs (B, s) a bucket's batches run, by shape then B: B the compiled batch with batch
+    buckets; where the batch is free, each batch's own size (what a static-batch stack would compile)."""
+    shape = np.asarray(batch_shape, dtype=np.int64)
+    if not len(shape):
+        return ()
+    pairs = np.unique(np.stack([shape, compiled_batch(n_b, p)]), axis=1)
+    return tuple((int(b), int(s)) for s, b in pairs.T.tolist())
+
+
 def shape_charge(s, p: Coefficients) -> np.ndarray:
     """What compiling one distinct shape of length s costs a bucket (analytic cost, or device ms)."""
     if isinstance(p, DeviceProfile):
@@ -66,6 +102,9 @@ def fastest_latency(S, G, p: Coefficients, mode: Mode) -> np.ndarray:
     cheaper step -- in the smallest batch that runs it (time grows with n within a regime).
     """
     if mode == "device":
+        if p.batch_buckets is not None:  # the least of the graphs a batch may run in (decode_large may be cheaper)
+            return np.min([batch_breakdown(np.full(np.shape(S), b, dtype=np.int64), S, G, p).total
+                           for b in p.batch_buckets], axis=0)
         alone = batch_breakdown(np.ones(np.shape(S), dtype=np.int64), S, G, p).total
         if p.decode_large_from is None:
             return alone
@@ -104,6 +143,7 @@ class Metrics:
     n_requests: int
     n_batches: int
     shapes: tuple[int, ...]
+    graphs: tuple[tuple[int, int], ...] = ()  # distinct (batch dimension, shape) pairs the plan runs (``graphs_of``)
 
     def value(self, name: str) -> float:
         """A limit-checked metric by its limit name (cost, pad_ratio, p95_latency_ms, sequential_ms)."""
@@ -185,7 +225,7 @@ def latencies_given(S: np.ndarray, codes: np.ndarray, n_b: np.ndarray, s_max: np
     batches' extents (members, S_max, G_max): the rule of ``batch_latencies``, for callers (the partition-wise
     evaluator) that know the batch extents from elsewhere than the members at hand."""
     if mode == "device":
-        return batch_breakdown(n_b, s_max, g_max, p).total[codes]
+        return batch_breakdown(compiled_batch(n_b, p), s_max, g_max, p).total[codes]
     return prefill_latency(S, p) + decode_latency(s_max, g_max, p)[codes] + p.Tbatch_overhead_ms
 
 
@@ -196,17 +236,20 @@ def _batch_view(prompt_len, gen_len, batch_ids, seq_align, p: Coefficients, mode
     nb = len(uniques)
     batch_shape = seq_align[np.unique(codes, return_index=True)[1]]
     latency, S, s_max, g_max = batch_latencies(prompt_len, gen_len, codes, batch_shape, p, mode)
-    latency[spike_members(codes, uniques, batch_shape)] += spike_ms(p)
-    return _BatchView(codes, uniques, S, s_max, g_max, np.bincount(codes, minlength=nb), batch_shape, latency)
+    n_b = np.bincount(codes, minlength=nb)
+    latency[spike_members(codes, uniques, compile_keys(n_b, batch_shape, p))] += spike_ms(p)
+    return _BatchView(codes, uniques, S, s_max, g_max, n_b, batch_shape, latency)
 
 
-def batch_kv_tokens(batch_ids, gen_len, seq_align) -> tuple[np.ndarray, np.ndarray]:
-    """KV tokens each batch holds at its last step (n * (s + G_max)), and the batch ids."""
+def batch_kv_tokens(batch_ids, gen_len, seq_align, p: Coefficients | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """KV tokens each batch holds at its last step (B * (s + G_max), B its batch dimension: its members, or
+    its graph's bucket), and the batch ids."""
     codes, uniques = batch_index(batch_ids)
     nb = len(uniques)
     shape = np.asarray(seq_align, dtype=np.int64)[np.unique(codes, return_index=True)[1]]
     g_max = segment_max(np.asarray(gen_len, dtype=np.int64), codes, nb)
-    return kv_tokens(np.bincount(codes, minlength=nb), shape, g_max), uniques
+    n_b = np.bincount(codes, minlength=nb)
+    return kv_tokens(n_b if p is None else compiled_batch(n_b, p), shape, g_max), uniques
 
 
 def member_latencies(prompt_len, gen_len, batch_ids, seq_align, p: Coefficients = CostParams(),
@@ -233,11 +276,12 @@ def member_prefill_cost(S: np.ndarray, p: CostParams, weight: np.ndarray | None 
 def batch_costs(n_b: np.ndarray, batch_shape: np.ndarray, s_max: np.ndarray, g_max: np.ndarray,
                 prefill_total: float | None, p: Coefficients, mode: Mode) -> tuple[float, float, float, float]:
     """(prefill, decode, overhead, compile) totals from the batches' extents; the analytic modes' prefill is
-    charged per member, so it comes in as ``prefill_total`` (``member_prefill_cost``), None in device mode."""
-    shapes = np.unique(batch_shape)
-    compile_total = float(shape_charge(shapes, p).sum())
+    charged per member, so it comes in as ``prefill_total`` (``member_prefill_cost``), None in device mode.
+    The compile is charged once per distinct compile key (shape, or graph with batch buckets)."""
+    units = np.unique(compile_keys(n_b, batch_shape, p))
+    compile_total = float(shape_charge(key_shapes(units, p), p).sum())
     if mode == "device":
-        parts = batch_breakdown(n_b, batch_shape, g_max, p)
+        parts = batch_breakdown(compiled_batch(n_b, p), batch_shape, g_max, p)
         return float(parts.prefill.sum()), float(parts.decode.sum()), float(parts.overhead.sum()), compile_total
     decode_total = float((n_b * decode_cost(s_max, g_max, p)).sum())
     return prefill_total, decode_total, float(p.Kbatch_overhead_cost * len(n_b)), compile_total
@@ -264,7 +308,8 @@ def counted_metrics(latency: np.ndarray, counts: np.ndarray, worst: np.ndarray, 
                    overhead_cost=overhead, compile_cost=compile_total, pad_tokens=int(pad), real_tokens=int(real),
                    pad_ratio=pad / real, p95_latency_ms=p95_of_counts(latency, counts),
                    sequential_ms=float(worst.sum()), n_requests=int(np.asarray(counts).sum()),
-                   n_batches=len(n_b), shapes=tuple(int(s) for s in np.unique(batch_shape)))
+                   n_batches=len(n_b), shapes=tuple(int(s) for s in np.unique(batch_shape)),
+                   graphs=graphs_of(n_b, batch_shape, p))
 
 
 def plan_metrics(prompt_len: np.ndarray, gen_len: np.ndarray, batch_ids: np.ndarray,
@@ -281,7 +326,8 @@ def plan_metrics(prompt_len: np.ndarray, gen_len: np.ndarray, batch_ids: np.ndar
     v = _batch_view(prompt_len, gen_len, batch_ids, seq_align, p, mode)
     prefill_total, decode_total, overhead_total, compile_total = _costs(v, p, mode)
     cost = prefill_total + decode_total + overhead_total + compile_total
-    pad = int((v.S - prompt_len).sum() + (v.g_max[v.codes] - gen_len).sum())
+    rows = compiled_batch(v.n_b, p) - v.n_b  # padding rows of each batch's graph (none where the batch is free)
+    pad = int((v.S - prompt_len).sum() + (v.g_max[v.codes] - gen_len).sum() + (rows * (v.s_max + v.g_max)).sum())
     real = int(prompt_len.sum() + gen_len.sum())
     n = len(v.latency)
     k = p95_rank(n)
@@ -291,4 +337,5 @@ def plan_metrics(prompt_len: np.ndarray, gen_len: np.ndarray, batch_ids: np.ndar
     return Metrics(cost=cost, prefill_cost=prefill_total, decode_cost=decode_total,
                    overhead_cost=overhead_total, compile_cost=compile_total, pad_tokens=pad,
                    real_tokens=real, pad_ratio=pad / real, p95_latency_ms=p95, sequential_ms=seq,
-                   n_requests=n, n_batches=len(v.n_b), shapes=tuple(int(s) for s in np.unique(v.batch_shape)))
+                   n_requests=n, n_batches=len(v.n_b), shapes=tuple(int(s) for s in np.unique(v.batch_shape)),
+                   graphs=graphs_of(v.n_b, v.batch_shape, p))

@@ -11,6 +11,9 @@ exists once.  The implementations:
 - ``StrictCost``: the declared shape is paid for, prefill and decode at it.
 - ``DeviceCost``: measured step times (``model.cost.device``): one time per batch that
   depends on its size, in device milliseconds; the KV cache caps a batch.
+- ``GraphCost``: device mode with compiled batch sizes (``batch_buckets``): a batch of n
+  members runs in graph (B, s), B the smallest bucket >= n, and the compile is per graph
+  (``model.cost.device_cost``).
 
 Two structural facts decide which planner strategy fits (chosen once, by the planner):
 ``pads_to_shape`` (every member's prompt is processed at the declared shape) and
@@ -21,184 +24,32 @@ so a batch's size, not only its box, sets its price).  Everything else is a meth
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 import numpy as np
 
 from model.base.errors import InputError
 from model.cost.analytic import CostParams, decode_cost, member_latency, prefill_cost, prefill_latency
 from model.cost.common import MODES, Mode, align
-from model.cost.device import (
-    DeviceProfile,
-    batch_time,
-    is_large,
-    kv_fits,
-    kv_tokens,
-    linear_parts,
-    max_members,
-)
-from model.cost.metrics import (
-    Metrics,
-    batch_costs,
-    batch_latencies,
-    counted_metrics,
-    fastest_latency,
-    latencies_given,
-    member_latencies,
-    member_prefill_cost,
-    plan_metrics,
-    segment_max,
-    shape_charge,
-    spike_ms,
+from model.cost.device import DeviceProfile
+from model.cost.device_cost import DeviceCost, GraphCost
+from model.cost.metrics import member_prefill_cost, segment_max
+from model.cost.rules import (
+    ANALYTIC_SLACK_PENALTY,
+    DEVICE_SLACK_PENALTY,
+    NO_CAP,
+    AtDeclaredShape,
+    CostModel,
+    PlanRules,
 )
 
-NO_CAP = np.iinfo(np.int64).max // 4  # "no batch-size cap" as an integer that survives arithmetic
-
-# Cost per unit of violation of each limit while columns are generated, in the model's cost unit: far above
-# what any decision saves per unit.  Analytic cost: a pad token costs ~1e7 of decode at most, a ms of latency
-# ~1e3 of cost, a request over the P95 limit at most one batch ~1e10.  Device ms: a pad token costs well
-# under 1 ms, a ms of sequential time is a ms of cost, a member over the P95 limit at most one batch.
-ANALYTIC_SLACK_PENALTY = {"cost": 10.0, "pad": 1e9, "seq": 1e6, "p95": 1e12}
-DEVICE_SLACK_PENALTY = {"cost": 10.0, "pad": 1e3, "seq": 10.0, "p95": 1e7}
-
-
-class CostModel(Protocol):
-    """What the planner, the expansion, the packers and the evaluator ask of a cost mode."""
-
-    name: ClassVar[str]
-    pads_to_shape: ClassVar[bool]
-    shared_batch_time: ClassVar[bool]
-    device_time: ClassVar[bool]  # costs are device milliseconds (device-hours and money are worth showing)
-    objective_scale: ClassVar[float]
-    slack_penalty: ClassVar[dict[str, float]]
-
-    @property
-    def params(self) -> CostParams | DeviceProfile: ...
-    @property
-    def spike_ms(self) -> float: ...
-    @property
-    def kv_capacity(self) -> int | None: ...
-    @property
-    def batch_floor(self) -> float: ...
-
-    def member_lengths(self, prompt_len: np.ndarray, declared: np.ndarray) -> np.ndarray: ...
-    def batch_contexts(self, S: np.ndarray, codes: np.ndarray, shape_of: np.ndarray) -> np.ndarray: ...
-    def latencies_given(self, S, codes, n_b, s_max, g_max) -> np.ndarray: ...
-    def batch_latencies(self, prompt_len, gen_len, codes, shape_of): ...
-    def batch_extents(self, prompt_len, gen_len, batch_of, shape_of) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
-    def prefill_total(self, S: np.ndarray, weight: np.ndarray | None = None) -> float | None: ...
-    def batch_costs(self, n_b, batch_shape, s_max, g_max, prefill_total) -> tuple[float, float, float, float]: ...
-    def shape_charge(self, s) -> np.ndarray: ...
-    def fastest_latency(self, S, G) -> np.ndarray: ...
-    def plan_metrics(self, prompt_len, gen_len, batch_ids, seq_align, wait_ms=None) -> Metrics: ...
-    def member_latencies(self, prompt_len, gen_len, batch_ids, seq_align, wait_ms=None) -> np.ndarray: ...
-    def counted_metrics(self, latency, counts, worst, n_b, batch_shape, s_max, g_max, prefill_total, pad,
-                        real) -> Metrics: ...
-    def member_cost(self, s, g) -> np.ndarray: ...
-    def batch_total(self, n, s, g) -> np.ndarray: ...
-    def batch_fits(self, n, s, g) -> np.ndarray: ...
-    def without_compile(self) -> CostModel: ...
-    def decode_regimes(self) -> list[bool]: ...
-    def regime_range(self, t, g, large, max_batch: int | None) -> tuple[np.ndarray, np.ndarray]: ...
-    def linear_parts(self, t, g, large) -> tuple[np.ndarray, np.ndarray]: ...
-    def run_parts(self, t, g, large) -> tuple[np.ndarray, np.ndarray]: ...
-    def box_fixed(self, t, g, large) -> tuple[np.ndarray, np.ndarray]: ...
-    def box_unit_cost(self, t, g, large) -> np.ndarray: ...
-    def box_unit_seq(self, t, g, large) -> np.ndarray: ...
-    def member_latency(self, s_member, t, g) -> np.ndarray: ...
-    def request_floor(self, t, G, max_batch: int | None) -> np.ndarray: ...
-    def arc_member_length(self, S, t): ...
-    def is_large(self, n) -> np.ndarray: ...
-    def prompt_pad(self, S, t) -> np.ndarray: ...
-    def constant_cost(self, S, count) -> float: ...
-
-
-class _Rules:
-    """The plan rules of ``model.cost.metrics`` bound to one model's coefficients (shared by every mode: the
-    functions there hold the arithmetic once and take the mode's name)."""
-
-    params: CostParams | DeviceProfile
-    name: ClassVar[str]
-
-    @property
-    def mode(self) -> Mode:
-        """The mode's name, for the arithmetic functions of ``model.cost`` that take it."""
-        return self.name  # type: ignore[return-value]
-
-    @property
-    def spike_ms(self) -> float:
-        """The compile spike a shape's first member takes (Tshape_compile_ms, or the profile's compile_ms)."""
-        return spike_ms(self.params)
-
-    def shape_charge(self, s) -> np.ndarray:
-        """What compiling one distinct shape of length s costs a bucket."""
-        return shape_charge(s, self.params)
-
-    def fastest_latency(self, S, G) -> np.ndarray:
-        """The least latency a request of aligned prompt S and gen G can have."""
-        return fastest_latency(S, G, self.params, self.mode)
-
-    def latencies_given(self, S, codes, n_b, s_max, g_max) -> np.ndarray:
-        """Each member's latency before any compile spike (``model.cost.metrics.latencies_given``)."""
-        return latencies_given(S, codes, n_b, s_max, g_max, self.params, self.mode)
-
-    def batch_latencies(self, prompt_len, gen_len, codes, shape_of):
-        """(latency per record, S per record, s_max and g_max per batch) before any spike
-        (``model.cost.metrics.batch_latencies``)."""
-        return batch_latencies(prompt_len, gen_len, codes, shape_of, self.params, self.mode)
-
-    def batch_extents(self, prompt_len, gen_len, batch_of, shape_of) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per record the length its prompt is processed at, per batch (S_max, G_max)."""
-        batch_of = np.asarray(batch_of, dtype=np.int64)
-        shape_of = np.asarray(shape_of, dtype=np.int64)
-        nb = len(shape_of)
-        S = self.member_lengths(prompt_len, shape_of[batch_of])  # type: ignore[attr-defined]
-        return S, segment_max(S, batch_of, nb), segment_max(np.asarray(gen_len, dtype=np.int64), batch_of, nb)
-
-    def batch_costs(self, n_b, batch_shape, s_max, g_max, prefill_total) -> tuple[float, float, float, float]:
-        """(prefill, decode, overhead, compile) totals from the batches' extents."""
-        return batch_costs(n_b, batch_shape, s_max, g_max, prefill_total, self.params, self.mode)
-
-    def plan_metrics(self, prompt_len, gen_len, batch_ids, seq_align, wait_ms=None) -> Metrics:
-        """Metrics of one bucket's plan (``model.cost.metrics.plan_metrics``)."""
-        return plan_metrics(prompt_len, gen_len, batch_ids, seq_align, self.params, self.mode, wait_ms)
-
-    def member_latencies(self, prompt_len, gen_len, batch_ids, seq_align, wait_ms=None) -> np.ndarray:
-        """Each record's latency, compile spike included (``model.cost.metrics.member_latencies``)."""
-        return member_latencies(prompt_len, gen_len, batch_ids, seq_align, self.params, self.mode, wait_ms)
-
-    def counted_metrics(self, latency, counts, worst, n_b, batch_shape, s_max, g_max, prefill_total, pad,
-                        real) -> Metrics:
-        """Metrics from latencies given as counts (``model.cost.metrics.counted_metrics``)."""
-        return counted_metrics(latency, counts, worst, n_b, batch_shape, s_max, g_max, prefill_total, pad, real,
-                               self.params, self.mode)
-
-
-class _AtDeclaredShape:
-    """What strict and device mode share: every member's prompt is processed, and padded, at its batch's declared
-    shape, so nothing is fixed before the shapes are chosen."""
-
-    pads_to_shape: ClassVar[bool] = True
-
-    def member_lengths(self, prompt_len: np.ndarray, declared: np.ndarray) -> np.ndarray:
-        """The length each member's prompt is processed (and padded) at: the declared shape."""
-        return np.asarray(declared, dtype=np.int64)
-
-    def prompt_pad(self, S, t) -> np.ndarray:
-        """Prompt pad per member beyond its own alignment: up to the declared shape."""
-        return t - S
-
-    def constant_cost(self, S, count) -> float:
-        """Nothing is fixed: a member's prefill is at the shape chosen for it (per batch in device mode)."""
-        return 0.0
-
-    def arc_member_length(self, S, t):
-        """The length a member in a box of shape t is processed at: t."""
-        return t
+__all__ = ["ANALYTIC_SLACK_PENALTY", "DEVICE_SLACK_PENALTY", "NO_CAP", "CostModel", "DeviceCost", "GraphCost",
+           "ReferenceCost", "StrictCost", "cost_model", "cost_from_flags", "flag_coefficients", "is_analytic_params",
+           "needs_profile", "with_batch_buckets"]
 
 
 @dataclass(frozen=True)
-class _Analytic(_Rules):
+class _Analytic(PlanRules):
     """What reference and strict mode share: the seed's coefficients, every member priced on its own."""
 
     params: CostParams = CostParams()
@@ -237,6 +88,15 @@ class _Analytic(_Rules):
     def batch_fits(self, n, s, g) -> np.ndarray:
         """Every batch fits: the analytic modes have no KV cap."""
         return np.ones(np.broadcast_shapes(np.shape(n), np.shape(s), np.shape(g)), dtype=bool)
+
+    def batch_cap(self, s, g, max_batch: int | None) -> np.ndarray:
+        """Most members a batch may hold: the batch-size cap (no KV cap in the analytic modes)."""
+        return np.full(np.broadcast_shapes(np.shape(s), np.shape(g)), NO_CAP if max_batch is None else max_batch,
+                       dtype=np.int64)
+
+    def box_pad(self, t, g, large) -> tuple[np.ndarray, np.ndarray]:
+        """Not used: the analytic modes count pad per arc (``model.formulation.boxes.arc_pad``)."""
+        raise TypeError(f"{self.name} mode counts pad per member and arc, not per box")
 
     def without_compile(self) -> CostModel:
         """The same model with compiles free and instant: no compile cost and no compile spike, as in device
@@ -321,7 +181,7 @@ class ReferenceCost(_Analytic):
 
 
 @dataclass(frozen=True)
-class StrictCost(_AtDeclaredShape, _Analytic):
+class StrictCost(AtDeclaredShape, _Analytic):
     """The declared shape is paid for: prefill and decode at it."""
 
     name: ClassVar[str] = "strict"
@@ -338,121 +198,6 @@ class StrictCost(_AtDeclaredShape, _Analytic):
         return np.full(np.shape(per), float(self.params.Kbatch_overhead_cost)), per
 
 
-@dataclass(frozen=True)
-class DeviceCost(_AtDeclaredShape, _Rules):
-    """Measured step times: one time per batch, growing with its size, in device milliseconds."""
-
-    params: DeviceProfile
-
-    name: ClassVar[str] = "device"
-    shared_batch_time: ClassVar[bool] = True
-    device_time: ClassVar[bool] = True
-    objective_scale: ClassVar[float] = 1.0
-    slack_penalty: ClassVar[dict[str, float]] = DEVICE_SLACK_PENALTY
-
-    @property
-    def kv_capacity(self) -> int | None:
-        """The profile's KV-cache capacity in tokens (None: no cap)."""
-        return self.params.kv_capacity_tokens
-
-    @property
-    def batch_floor(self) -> float:
-        """0: the per-request floor already spreads a batch's fixed time over its members."""
-        return 0.0
-
-    def batch_contexts(self, S: np.ndarray, codes: np.ndarray, shape_of: np.ndarray) -> np.ndarray:
-        """Each batch decodes from its declared shape."""
-        return shape_of
-
-    def prefill_total(self, S: np.ndarray, weight: np.ndarray | None = None) -> float | None:
-        """None: prefill is priced per batch (``batch_costs``), not per member."""
-        return None
-
-    def member_cost(self, s, g) -> np.ndarray:
-        """Not defined: a member's share depends on its batch's size (``batch_total``)."""
-        raise TypeError("device mode prices batches, not members on their own")
-
-    def batch_total(self, n, s, g) -> np.ndarray:
-        """The one batch total: the device time T of n members at shape s, longest gen g."""
-        return batch_time(n, s, g, self.params)
-
-    def batch_fits(self, n, s, g) -> np.ndarray:
-        """True where the batch's KV cache fits the profile's capacity."""
-        return kv_fits(n, s, g, self.params)
-
-    def kv_tokens(self, n, s, g) -> np.ndarray:
-        """KV-cache tokens a batch holds at its last step."""
-        return kv_tokens(n, s, g)
-
-    def without_compile(self) -> CostModel:
-        """The same model with compiles free and instant (``compile_ms`` is both the cost and the spike)."""
-        return replace(self, params=replace(self.params, compile_ms=0.0))
-
-    def decode_regimes(self) -> list[bool]:
-        """The decode regimes the profile has: small batches, and large ones where it has ``decode_large``."""
-        return [False, True] if self.params.decode_large is not None else [False]
-
-    def is_large(self, n) -> np.ndarray:
-        """True where a batch of n members runs the ``decode_large`` coefficients."""
-        return is_large(n, self.params)
-
-    def regime_range(self, t, g, large, max_batch: int | None) -> tuple[np.ndarray, np.ndarray]:
-        """Batch sizes [lo, hi] a box may hold in a decode regime: the regime's own range, the batch-size cap
-        and the KV capacity n * (t + g) <= capacity."""
-        t = np.asarray(t, dtype=np.int64)
-        hi = np.full(t.shape, NO_CAP if max_batch is None else max_batch, dtype=np.int64)
-        lo = np.ones(t.shape, dtype=np.int64)
-        kv = max_members(t, g, self.params)
-        if kv is not None:
-            hi = np.minimum(hi, kv)
-        switch = self.params.decode_large_from
-        if switch is not None:
-            hi = np.where(large, hi, np.minimum(hi, switch - 1))
-            lo = np.where(large, switch, lo)
-        return lo, hi
-
-    def linear_parts(self, t, g, large) -> tuple[np.ndarray, np.ndarray]:
-        """(fixed, per_member) with ``T = fixed + n * per_member`` within the regime ``large``."""
-        return linear_parts(t, g, large, self.params)
-
-    def run_parts(self, t, g, large) -> tuple[np.ndarray, np.ndarray]:
-        """(fixed, per_member) of a batch's cost, which is its device time T (``linear_parts``)."""
-        return linear_parts(t, g, large, self.params)
-
-    def box_fixed(self, t, g, large) -> tuple[np.ndarray, np.ndarray]:
-        """Per batch of box (t, g, regime): T's per-batch part F, which is both its fixed cost and its fixed
-        part of sequential time (a batch's time is its cost and its sequential-time contribution)."""
-        fixed, _ = linear_parts(t, g, large, self.params)
-        return fixed, fixed
-
-    def box_unit_cost(self, t, g, large) -> np.ndarray:
-        """Cost per member of box (t, g, regime): T's per-member part."""
-        return linear_parts(t, g, large, self.params)[1]
-
-    def box_unit_seq(self, t, g, large) -> np.ndarray:
-        """Sequential time per member: T's per-member part (a batch counts its whole time)."""
-        return self.box_unit_cost(t, g, large)
-
-    def member_latency(self, s_member, t, g) -> np.ndarray:
-        """Not defined: a member's latency is its batch's time, which depends on the batch's size."""
-        raise TypeError("device mode: a member's latency depends on its batch's size")
-
-    def request_floor(self, t, G, max_batch: int | None) -> np.ndarray:
-        """A lower bound on what one request of gen G costs at shape t, whatever its batch: the cheapest decode
-        regime's per-member part plus the batch's fixed part shared by as many members as the box can hold --
-        a batch decodes at least G steps, F and u grow with the batch's gen and the KV cap shrinks with it, so
-        no batch does better."""
-        t = np.broadcast_to(np.asarray(t, dtype=np.int64), np.shape(G))
-        best = np.full(np.shape(G), np.inf)
-        for large in self.decode_regimes():
-            mask = np.full(np.shape(G), large)
-            lo, hi = self.regime_range(t, G, mask, max_batch)
-            fixed, per = linear_parts(t, G, mask, self.params)
-            share = per + fixed / np.maximum(np.minimum(hi, 1 << 40), 1)
-            best = np.where(lo <= hi, np.minimum(best, share), best)
-        return best
-
-
 def cost_model(mode: Mode, params: CostParams | DeviceProfile | None = None) -> CostModel:
     """The cost model of a mode named on a command line or in a scenario (the one place a name becomes a
     model); ``params`` defaults to the reference coefficients in the analytic modes."""
@@ -461,7 +206,7 @@ def cost_model(mode: Mode, params: CostParams | DeviceProfile | None = None) -> 
     if mode == "device":
         if not isinstance(params, DeviceProfile):
             raise ValueError(f"cost mode 'device' needs a DeviceProfile, got {type(params).__name__}")
-        return DeviceCost(params)
+        return GraphCost(params) if params.batch_buckets is not None else DeviceCost(params)
     if params is not None and not isinstance(params, CostParams):
         raise ValueError(f"cost mode {mode!r} needs CostParams, got {type(params).__name__}")
     return (ReferenceCost if mode == "reference" else StrictCost)(params or CostParams())
@@ -508,6 +253,18 @@ def cost_from_flags(mode: str | None, params: CostParams | DeviceProfile | None,
     if (mode == "device") != isinstance(params, DeviceProfile):
         raise InputError("--cost-params", None, None, "cost params do not apply in device mode")
     return cost_model(mode, params)
+
+
+def with_batch_buckets(cost: CostModel, buckets: tuple[int, ...] | None) -> CostModel:
+    """The same cost model on a stack that compiles these batch sizes (None: keep the model's own).  Only device
+    mode has a batch dimension to compile: ValueError in the analytic modes (the caller names where it came
+    from); bad buckets are a ValueError too (``model.cost.device.checked_buckets``)."""
+    if buckets is None:
+        return cost
+    if not cost.device_time:
+        raise ValueError(f"batch buckets are compiled batch sizes of device mode (a device profile); in {cost.name} "
+                         "mode a batch's size is free")
+    return cost_model("device", replace(cost.params, batch_buckets=tuple(buckets)))
 
 
 def needs_profile(mode: str) -> bool:

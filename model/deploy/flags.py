@@ -1,5 +1,6 @@
-"""Command-line pieces of the deployment checks: fixed shapes (``--shapes``, ``--shapes-from``) and the
-hold-out split (``--holdout``, ``--time-column``), shared by ``model.solve``, ``model.sweep``,
+"""Command-line pieces of the deployment checks: fixed shapes (``--shapes``, ``--shapes-from``), the
+hold-out split (``--holdout``, ``--time-column``) and compiled graphs (``--batch-buckets``,
+``--limit-graphs``, ``--max-warmup-s``), shared by ``model.solve``, ``model.sweep``,
 ``model.evaluate`` and ``model.audit``.  Parsing only: bad values are InputErrors (exit 2)."""
 
 from __future__ import annotations
@@ -9,9 +10,14 @@ import math
 from pathlib import Path
 
 from model.base.errors import InputError
+from model.base.numbers import decimal_text
+from model.cost.device import checked_buckets
 from model.domain.shapeset import parse_shapes
 from model.domain.windowing import parse_window
 from model.serving.formats import READERS, read_shapes
+from model.serving.graphs import ShapeImport
+from model.serving.settings import FLAG as SETTINGS_FLAG
+from model.serving.settings import parse_flag
 
 DEFAULT_SHAPES_FORMAT = "list"
 
@@ -22,12 +28,67 @@ def add_shape_args(parser: argparse.ArgumentParser) -> None:
                                          "the shape cap K still applies)")
     parser.add_argument("--shapes-from", type=Path, help="plan only with the shapes a serving config compiles")
     add_shapes_format_arg(parser)
+    add_server_settings_arg(parser)
+
+
+def add_server_settings_arg(parser: argparse.ArgumentParser, dest: str = "server_settings") -> None:
+    """``--server-settings NAME=N,...``: the server settings a config's rules need and it does not state."""
+    parser.add_argument(SETTINGS_FLAG, dest=dest,
+                        help="with --shapes-from: server settings the config's rules need, e.g. "
+                             "max_num_batched_tokens=8192,max_model_len=4096 (gaudi exp needs both)")
 
 
 def add_shapes_format_arg(parser: argparse.ArgumentParser) -> None:
     """``--shapes-format F``: how to read the shapes file (default ``list``)."""
     parser.add_argument("--shapes-format", default=None,
                         help=f"format of the shapes file: {', '.join(READERS)} (default {DEFAULT_SHAPES_FORMAT})")
+
+
+def add_batch_buckets_arg(parser: argparse.ArgumentParser) -> None:
+    """``--batch-buckets 1,2,4,...``: the batch sizes the stack compiles (device mode)."""
+    parser.add_argument("--batch-buckets", help="device mode: the stack compiles these batch sizes, e.g. 1,2,4,8 "
+                                                "(a batch of n runs in graph (B, shape), B the smallest >= n)")
+
+
+def add_graph_cap_args(parser: argparse.ArgumentParser) -> None:
+    """``--limit-graphs N`` and ``--max-warmup-s S``: caps on what a plan compiles, across all buckets."""
+    parser.add_argument("--limit-graphs", type=int, default=None,
+                        help="with batch buckets: at most N distinct graphs (batch bucket, shape) across all buckets")
+    parser.add_argument("--max-warmup-s", type=float, default=None,
+                        help="with batch buckets: warm-up (compile time x distinct graphs) at most S seconds")
+
+
+MAX_BATCH_BUCKET = 2**31 - 1  # as max_batch_size: a larger batch is a typo, not a plan
+
+
+def parse_batch_buckets(text: str | None) -> tuple[int, ...] | None:
+    """``--batch-buckets 1,2,4,8``: strictly increasing positive integers (None: not given)."""
+    if text is None:
+        return None
+    parts = text.split(",")
+    if not all(p.isascii() and p.isdigit() for p in parts):  # ASCII digits only: no spaces, signs or exponents
+        raise InputError("--batch-buckets", None, None,
+                         f"expected strictly increasing positive integers like 1,2,4,8, got {text!r}")
+    if any(len(p.lstrip("0")) > len(str(MAX_BATCH_BUCKET)) or int(p) > MAX_BATCH_BUCKET for p in parts):
+        raise InputError("--batch-buckets", None, None, f"a batch size is at most {MAX_BATCH_BUCKET} (as "
+                         f"--max-batch-size), got {text if len(text) <= 40 else text[:40] + '...'!r}")
+    try:
+        return checked_buckets([int(p) for p in parts])
+
+    except ValueError as exc:
+        raise InputError("--batch-buckets", None, None, f"{exc} ({text!r})") from None
+
+
+def parse_graph_caps(limit_graphs: int | None, max_warmup_s: float | None, most: int
+                     ) -> tuple[int | None, float | None]:
+    """``--limit-graphs`` (1 to ``most``) and ``--max-warmup-s`` (a finite non-negative number of seconds)."""
+    if limit_graphs is not None and not 1 <= limit_graphs <= most:
+        raise InputError("--limit-graphs", None, None, f"must be a positive integer, got {limit_graphs}"
+                         if limit_graphs < 1 else f"must be at most {most}, got {limit_graphs}")
+    if max_warmup_s is not None and not (math.isfinite(max_warmup_s) and max_warmup_s >= 0):
+        raise InputError("--max-warmup-s", None, None, f"must be a finite non-negative number of seconds, got "
+                         f"{max_warmup_s}")
+    return limit_graphs, max_warmup_s
 
 
 def add_holdout_args(parser: argparse.ArgumentParser) -> None:
@@ -61,10 +122,21 @@ def parse_windows(text: str | None) -> tuple[float, ...] | None:
     return tuple(sorted({parse_window(t, "--windows") for t in parts}))
 
 
-def shapes_from_file(path: Path, fmt: str | None) -> tuple[tuple[int, ...], str | None]:
-    """The shapes a serving config compiles, and the rounding warning naming the lengths that moved (or None)."""
-    imported = read_shapes(path, fmt or DEFAULT_SHAPES_FORMAT)
-    return imported.shapes, imported.warning()
+def import_config(path: Path, fmt: str | None, settings: str | None = None) -> ShapeImport:
+    """A serving config read by its stack's rules: its shapes, its graphs and the warnings to show."""
+    return read_shapes(path, fmt or DEFAULT_SHAPES_FORMAT, settings=parse_flag(settings))
+
+
+def warning_text(imported: ShapeImport) -> str | None:
+    """The import's warnings as the text after a caller's "warning: " (one line each), or None."""
+    lines = imported.warnings()
+    return "\nwarning: ".join(lines) if lines else None
+
+
+def shapes_from_file(path: Path, fmt: str | None, settings: str | None = None) -> tuple[tuple[int, ...], str | None]:
+    """The shapes a serving config compiles, and its warnings (names never read, the lengths rounded up)."""
+    imported = import_config(path, fmt, settings)
+    return imported.shapes, warning_text(imported)
 
 
 def allowed_from_args(args: argparse.Namespace) -> tuple[tuple[int, ...] | None, str | None]:
@@ -73,12 +145,15 @@ def allowed_from_args(args: argparse.Namespace) -> tuple[tuple[int, ...] | None,
     fmt = getattr(args, "shapes_format", None)
     if text is not None and path is not None:
         raise InputError("--shapes", None, None, "give --shapes or --shapes-from, not both")
+    settings = getattr(args, "server_settings", None)
     if fmt is not None and path is None:
         raise InputError("--shapes-format", None, None, "needs --shapes-from FILE")
+    if settings is not None and path is None:
+        raise InputError(SETTINGS_FLAG, None, None, "needs --shapes-from FILE")
     if text is not None:
         return parse_shapes(text), None
     if path is not None:
-        return shapes_from_file(path, fmt)
+        return shapes_from_file(path, fmt, settings)
     return None, None
 
 
@@ -86,10 +161,9 @@ def parse_fraction(text: str | None, flag: str = "--holdout") -> float | None:
     """``--holdout``: a number strictly between 0 and 1 (None when not given)."""
     if text is None:
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise InputError(flag, None, None, f"expected a fraction between 0 and 1, like 0.3, got {text!r}") from None
+    value = decimal_text(text)
+    if value is None:
+        raise InputError(flag, None, None, f"expected a fraction between 0 and 1, like 0.3, got {text!r}")
     if not (math.isfinite(value) and 0 < value < 1):
         raise InputError(flag, None, None, f"must lie strictly between 0 and 1, got {text!r}")
     return value

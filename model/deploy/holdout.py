@@ -201,15 +201,11 @@ def check_shapes(split_: Split, shapes: tuple[int, ...], in_sample: float | None
     k = split_.test.max_shapes if k is None else k
     messages: list[str] = []
     compared, uncovered = covered(split_.test.with_shapes(k), max(shapes)) if shapes else (None, 0)
+    if compared is None:
+        raise nothing_to_compare(split_, shapes)
     if uncovered:
         messages.append(f"{uncovered} held-out request(s) are longer than the largest chosen shape {max(shapes)} "
-                        "and cannot run under the chosen shapes; the held-out plans cover the others"
-                        if compared is not None else
-                        f"{uncovered} held-out request(s) are longer than the largest chosen shape {max(shapes)}, "
-                        "leaving a bucket with none that can run: no held-out comparison")
-    if compared is None:
-        return Holdout(split_, solver, k, shapes, in_sample, pow2_in_sample, None, None, None, None, uncovered,
-                       tuple(messages))
+                        "and cannot run under the chosen shapes; the held-out plans cover the others")
     # the own run and pow2 keep the problem's own allowed set (if any): hindsight, under the same rules
     fixed = _attempt(replace(compared, allowed_shapes=shapes), solver, backend, run_limit(deadline, 2, time_limit),
                      messages, "held-out part under the chosen shapes")
@@ -218,6 +214,20 @@ def check_shapes(split_: Split, shapes: tuple[int, ...], in_sample: float | None
     pow2 = _attempt(compared, POW2, backend, time_limit, messages, "pow2, held-out part")
     return Holdout(split_, solver, k, shapes, in_sample, pow2_in_sample, compared, fixed, own, pow2, uncovered,
                    tuple(messages))
+
+
+def nothing_to_compare(split_: Split, shapes: tuple[int, ...]) -> InputError:
+    """The check asked for cannot be made: some bucket's held-out part has no request the chosen shapes can run.
+
+    That is the input and the fraction (the held-out part holds only prompts longer than any the first part
+    had), not a plan that breaks a rule (exit 1) nor limits proven unmeetable (exit 3): bad input, exit 2,
+    with the same words from solve, sweep and audit.
+    """
+    top = max(shapes, default=0)
+    empty = next((b for b in split_.test.buckets if not (align(b.prompt_len) <= top).any()), split_.test.buckets[0])
+    return InputError("--holdout", None, None,
+                      f"every held-out request of bucket {empty.name} ({len(empty)}) is longer than the largest shape "
+                      f"chosen on the first part ({top}): nothing to compare; hold out a smaller fraction")
 
 
 def pow2_cost(problem: Problem) -> float | None:

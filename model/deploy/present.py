@@ -2,7 +2,7 @@
 
 The command lines print ``to_text`` of these blocks; ``--report`` writes the same blocks
 as report.md and report.html (with the heatmap of both shape sets), every file put
-down together by ``model.load.plans.write_together``: all of them, or none.
+down together by ``model.load.outputs.write_together``: all of them, or none.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from model.cost.device import device_hours
-from model.deploy.auditing import AuditResult, Side
+from model.deploy.auditing import NEUTRAL_FORMATS, AuditResult, Side
 from model.deploy.holdout import Holdout
 from model.histogram.cells import build_histogram
-from model.load.plans import write_together
+from model.load.outputs import write_together
 from model.report.document import Block, Heading, Image, Paragraph, Table, to_html, to_markdown
 from model.report.plots import heatmap_figure, png_bytes
 from model.report.tables import fmt
@@ -92,13 +92,31 @@ def sweep_holdout_blocks(checks: Sequence[Holdout]) -> list[Block]:
 # ---------------------------------------------------------------- audit
 
 
-def side_cells(side: Side, device: bool) -> tuple[str, ...]:
+def warmup_cell(graphs: int | None, compile_ms: float | None) -> str:
+    """Warm-up time of a side's graphs: graphs x compile_ms in device mode ("-" where either is unknown)."""
+    return "-" if graphs is None or compile_ms is None else f"{graphs * compile_ms / 1000:.4g} s"
+
+
+def side_cells(side: Side, device: bool, compile_ms: float | None = None) -> tuple[str, ...]:
     cells = [side.label, fmt(side.cost)]
     if device:
         cells.append(f"{float(device_hours(side.cost)):.4g}" if side.cost is not None else "-")
     cells += [fmt(side.pad_ratio, "pad_ratio"), fmt(side.p95_latency_ms), fmt(side.sequential_ms),
-              str(side.n_shapes), shapes_text(side.shapes), "yes" if side.ok else "NO"]
+              str(side.n_shapes), "-" if side.graphs is None else str(side.graphs),
+              warmup_cell(side.graphs, compile_ms), shapes_text(side.shapes), "yes" if side.ok else "NO"]
     return tuple(cells)
+
+
+def graphs_paragraph(result: AuditResult) -> Paragraph:
+    """What the graph counts are, and (outside device mode) that the batch is free."""
+    what = ("the ones each side's plans run, one per distinct (batch size, shape) and decode context"
+            if result.fmt in NEUTRAL_FORMATS else
+            f"what the stack compiles, today's by its rules from the {result.fmt} config, the optimised side's from "
+            f"its {result.fmt} export (exactly its plans' graphs)")
+    free = ("; warm-up = graphs x the profile's compile_ms" if result.device else
+            "; the cost mode leaves the batch free, so every distinct (batch size, shape) a plan runs counts as a "
+            "graph, and warm-up needs a device profile's compile_ms")
+    return Paragraph(f"{what}{free}.", lead="Graphs: ")
 
 
 def audit_blocks(result: AuditResult, source: str, config_source: str) -> list[Block]:
@@ -107,12 +125,13 @@ def audit_blocks(result: AuditResult, source: str, config_source: str) -> list[B
     head = ["shapes", "cost"]
     if result.device:
         head.append("device-hours")
-    head += ["pad ratio", "P95 ms (worst bucket)", "sequential ms", "compiled shapes", "shape list", "meets limits"]
+    head += ["pad ratio", "P95 ms (worst bucket)", "sequential ms", "compiled shapes", "graphs", "warm-up",
+             "shape list", "meets limits"]
     share = f" ({result.saving_share:.2%})" if result.saving_share is not None else ""
     saving_row = ["saving (today - optimised)", fmt(result.saving) + share]
     if result.device:
         saving_row.append(f"{float(device_hours(result.saving)):.4g}" if result.saving is not None else "-")
-    saving_row += ["", "", "", "", "", ""]
+    saving_row += ["", "", "", "", "", "", "", ""]
     n = sum(len(b) for b in result.problem.buckets)
     where = ("the held-out part" if result.holdout is not None else "the same traffic")
     blocks: list[Block] = [
@@ -121,7 +140,9 @@ def audit_blocks(result: AuditResult, source: str, config_source: str) -> list[B
         Paragraph(f"{n} requests in {len(result.problem.buckets)} bucket(s), cost model {result.problem.cost.name}, "
                   f"planner {result.solver}, at most K = {result.k} shapes on both sides; today's shapes from "
                   f"{config_source} ({len(result.config)}: {shapes_text(result.config)}), both judged on {where}."),
-        Table(tuple(head), (side_cells(today, result.device), side_cells(opt, result.device), tuple(saving_row)))]
+        Table(tuple(head), (side_cells(today, result.device, result.compile_ms),
+                            side_cells(opt, result.device, result.compile_ms), tuple(saving_row))),
+        graphs_paragraph(result)]
     if result.holdout is not None:
         blocks += holdout_blocks(result.holdout)
     return blocks
@@ -134,7 +155,16 @@ def saving_sentence(result: AuditResult) -> str:
     unit = (f" ({float(device_hours(result.saving)):.4g} device-hours)" if result.device else "")
     verb = "save" if result.saving >= 0 else "cost"
     return (f"{opt.label} would {verb} {fmt(abs(result.saving))}{unit}, {abs(result.saving_share or 0):.2%} of "
-            f"today's cost {fmt(today.cost)}, with {opt.n_shapes} compiled shapes against today's {today.n_shapes}.")
+            f"today's cost {fmt(today.cost)}, with {opt.n_shapes} compiled shapes{graphs_note(opt)} against today's "
+            f"{today.n_shapes}{graphs_note(today)}.")
+
+
+def graphs_note(side: Side) -> str:
+    """" (12 graphs)" beside a side's shape count, or nothing when its graphs are not counted."""
+    return "" if side.graphs is None else f" ({side.graphs} graphs)"
+
+
+AUDIT_REPORT_FILES = ("report.md", "report.html", "heatmap.png")
 
 
 def write_audit_report(folder: Path, result: AuditResult, source: str, config_source: str) -> tuple[Path, Path]:

@@ -18,7 +18,6 @@ from model import pipeline
 from model.base.errors import InfeasibleError
 from model.cost.device import device_hours
 from model.domain.schema import Batching, Problem
-from model.load.plans import write_together
 from model.report.devices import DeviceUse, device_use
 from model.report.document import Block, Heading, Image, Paragraph, Table, to_html, to_markdown
 from model.report.plots import new_figure, png_bytes
@@ -129,18 +128,20 @@ def device_blocks(uses: Sequence[DeviceUse]) -> list[Block]:
     return [Heading(f"Devices needed (windows of {uses[0].window_s:g} s)"), summary_table(uses), explain(uses)]
 
 
-def write_devices_report(folder: Path, uses: Sequence[DeviceUse], title: str, lead: Sequence[Block] = ()
-                         ) -> tuple[Path, ...]:
-    """report.md, report.html, devices.png and devices.csv in ``folder``, written together (all or none)."""
+DEVICE_REPORT_FILES = ("report.md", "report.html", "devices.png", "devices.csv")
+
+
+def devices_report(folder: Path, uses: Sequence[DeviceUse], title: str, lead: Sequence[Block] = ()
+                   ) -> dict[Path, bytes]:
+    """report.md, report.html, devices.png and devices.csv for ``folder`` as bytes, in that order: the command
+    writes them together with the plans they describe (all of them or none)."""
     png = folder / "devices.png"
     image = Image(png, "Devices needed per window, one line per planner; the triangle marks each planner's peak.",
                   png_bytes(devices_figure(uses)))
     blocks = [Heading(title, 1), *lead, *device_blocks(uses), image, Heading("Every window"), window_table(uses)]
-    md, page, table = folder / "report.md", folder / "report.html", folder / "devices.csv"
-    write_together({md: [to_markdown(blocks, folder).encode("utf-8")],
-                    page: [to_html(blocks, title).encode("utf-8")],
-                    png: [image.data], table: [devices_csv(uses)]})
-    return md, page, png, table
+    return {folder / "report.md": to_markdown(blocks, folder).encode("utf-8"),
+            folder / "report.html": to_html(blocks, title).encode("utf-8"),
+            png: image.data, folder / "devices.csv": devices_csv(uses)}
 
 
 COMPARED = ("dpfill", "pow2")  # the planners whose devices sit beside the chosen planner's

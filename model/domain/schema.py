@@ -117,10 +117,28 @@ class Problem:
     allowed_shapes: tuple[int, ...] | None = None
     # arrival windows (None: one offline batch pool); every bucket then has arrival_s
     windowing: Windowing | None = None
+    # caps on what the plans compile across all buckets (with batch buckets): distinct graphs, warm-up seconds
+    max_graphs: int | None = None
+    max_warmup_s: float | None = None
 
     def with_shapes(self, k: int) -> Problem:
         """The same problem under another shape cap (sweeps reuse loaded buckets)."""
         return replace(self, max_shapes=k)
+
+    @property
+    def graph_cap(self) -> int | None:
+        """The most distinct graphs the plans may run across all buckets (None: no cap): ``max_graphs``, and
+        the most whose warm-up (the cost model's compile time each) fits ``max_warmup_s``."""
+        caps = [] if self.max_graphs is None else [self.max_graphs]
+        if self.max_warmup_s is not None and self.cost.spike_ms > 0:
+            budget = self.max_warmup_s * 1000.0
+            n = int(budget // self.cost.spike_ms)
+            while n > 0 and self.cost.warmup_ms(n) > budget:  # the judge's own product decides, not the division
+                n -= 1
+            while self.cost.warmup_ms(n + 1) <= budget:
+                n += 1
+            caps.append(n)
+        return min(caps) if caps else None
 
 
 @dataclass(frozen=True, eq=False)

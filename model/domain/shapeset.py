@@ -2,7 +2,7 @@
 
 A serving stack that is already deployed compiles a known list of sequence lengths;
 planning "under today's shapes" means every batch must declare one of them.  The MIP
-(``model.planning.stages``), every packer (``solvers.packers.shapecap``) and the
+(``model.planning.stages``), every packer (``model.packers.shapecap``) and the
 evaluator (``model.evaluation.validate``) all read the set through ``usable`` here, so
 "which shapes may a plan declare" has one answer.  The shape cap K still applies on
 top: a plan uses at most K of the allowed shapes.
@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from model.base.errors import InfeasibleError, InputError
+from model.base.numbers import integer_text
 from model.cost.common import GRANULARITY, align
 from model.domain.schema import Problem
 
@@ -43,11 +44,10 @@ def parse_shapes(text: str, source: str = "--shapes") -> tuple[int, ...]:
         token = token.strip()
         if not token:
             raise InputError(source, None, None, f"expected shapes like 128,256,512, got an empty element in {text!r}")
-        try:
-            values.append(int(token, 10))
-        except ValueError:
-            raise InputError(source, None, None,
-                             f"expected shapes like 128,256,512 (integers), got {token!r}") from None
+        value = integer_text(token)
+        if value is None:
+            raise InputError(source, None, None, f"expected shapes like 128,256,512 (integers), got {token!r}")
+        values.append(value)
     return checked(values, source)
 
 
@@ -96,9 +96,10 @@ def outside(shapes: Iterable[int], problem: Problem) -> list[int]:
 
 def check_kv_fits(problem: Problem) -> None:
     """Under a KV capacity every request must fit a batch of its own at the smallest shape it may declare
-    (its aligned prompt, or the smallest usable allowed shape covering it): ``shape + gen_len <= capacity``.
-    Else no plan holds it, whatever the planner -- InfeasibleError (a proof), naming the first such request,
-    its line, and how many do not fit."""
+    (its aligned prompt, or the smallest usable allowed shape covering it): ``shape + gen_len <= capacity``,
+    or with compiled batch sizes its smallest graph's ``B1 * (shape + gen_len)``.  Else no plan holds it,
+    whatever the planner -- InfeasibleError (a proof), naming the first such request, its line, and how many
+    do not fit."""
     capacity = problem.cost.kv_capacity
     if capacity is None:
         return
@@ -107,11 +108,13 @@ def check_kv_fits(problem: Problem) -> None:
             continue
         shape = round_up_to(align(b.prompt_len), usable(problem)) if problem.allowed_shapes is not None \
             else align(b.prompt_len)
-        over = shape + b.gen_len > capacity
+        over = ~problem.cost.batch_fits(1, shape, b.gen_len)
         if over.any():
             k = int(over.argmax())
+            rows = int(problem.cost.graph_batch(1))
+            held = f"{rows} x ({int(shape[k])} + gen_len {int(b.gen_len[k])})" if rows > 1 else \
+                f"{int(shape[k])} + gen_len {int(b.gen_len[k])}"
             raise InfeasibleError(
                 f"bucket {b.name}: request {b.request_ids[k]!r} ({b.source}:{int(b.lines[k])}) does not fit one "
-                f"batch at its smallest shape {int(shape[k])}: {int(shape[k])} + gen_len {int(b.gen_len[k])} KV "
-                f"tokens > the KV capacity {capacity} ({int(over.sum())} request(s) of this bucket do not fit); "
-                "no plan can hold it")
+                f"batch at its smallest shape {int(shape[k])}: {held} KV tokens > the KV capacity {capacity} "
+                f"({int(over.sum())} request(s) of this bucket do not fit); no plan can hold it")

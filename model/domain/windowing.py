@@ -14,20 +14,24 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from model.base.errors import InputError
+from model.base.numbers import as_float
 from model.cost.metrics import window_index, window_wait_ms
 from model.domain.schema import Bucket, Limits, Problem, Windowing
 
 MAX_WINDOW_S = 10 * 365 * 86400.0  # ten years: a longer window is a typo, not a batching window
+# Windows from the first arrival to the last, empty ones included: devices needed are tabled and drawn per window
+# (a row each) and the window index is an int64, so a count beyond this is a unit mistake -- a 1e-9 s window on
+# a 100 s trace, or two arrivals 1e12 s apart -- not a batching problem (a million is a week of 1 s windows).
+MAX_WINDOWS = 1_000_000
 
 
 def parse_window(text: str | float | None, flag: str = "--window") -> float | None:
     """``--window SECONDS``: a finite positive number of seconds (None when not given)."""
     if text is None:
         return None
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise InputError(flag, None, None, f"expected a number of seconds, like 60, got {text!r}") from None
+    value = as_float(text, text=True)
+    if value is None:
+        raise InputError(flag, None, None, f"expected a number of seconds, like 60, got {text!r}")
     if not math.isfinite(value) or value <= 0:
         raise InputError(flag, None, None, f"must be a finite positive number of seconds, got {text!r}")
     if value > MAX_WINDOW_S:
@@ -35,16 +39,37 @@ def parse_window(text: str | float | None, flag: str = "--window") -> float | No
     return value
 
 
-def windowed(problem: Problem, seconds: float) -> Problem:
-    """The problem with arrival windows of ``seconds``; every bucket must have arrival times."""
-    seconds = parse_window(seconds)
+def windowed(problem: Problem, seconds: float, flag: str = "--window") -> Problem:
+    """The problem with arrival windows of ``seconds``; every bucket must have arrival times, and the windows from
+    the first arrival to the last at most ``MAX_WINDOWS`` (``flag`` is named when they are not)."""
+    seconds = parse_window(seconds, flag)
     for b in problem.buckets:
         if b.arrival_s is None:
             raise InputError(b.source, None, None,
                              "--window needs each request's arrival time: this file has none (Azure's TIMESTAMP "
                              "is read by itself; name another column with --time-column NAME)")
     origin = min(float(b.arrival_s.min()) for b in problem.buckets)
+    last = max(float(b.arrival_s.max()) for b in problem.buckets)
+    check_window_count(origin, last, seconds, flag)
     return replace(problem, windowing=Windowing(seconds, origin))
+
+
+def window_count(first_s: float, last_s: float, seconds: float) -> float:
+    """How many windows of ``seconds`` run from the first arrival to the last (a float: it may be far beyond
+    any integer, or inf, which is what the check is for)."""
+    ratio = (last_s - first_s) / seconds  # Python floats: a huge ratio is inf, never an error
+    return float(math.floor(ratio)) + 1.0 if math.isfinite(ratio) else math.inf
+
+
+def check_window_count(first_s: float, last_s: float, seconds: float, flag: str = "--window") -> None:
+    """Refuse a window length that cuts the arrivals into more than ``MAX_WINDOWS`` windows: beyond that the
+    window index would overflow int64 or the per-window tables would not fit (named with the numbers)."""
+    count = window_count(first_s, last_s, seconds)
+    if not count <= MAX_WINDOWS:
+        span = last_s - first_s
+        raise InputError(flag, None, None,
+                         f"windows of {seconds:g} s from the first arrival to the last ({span:g} s later) make "
+                         f"{count:.4g} windows; at most {MAX_WINDOWS} are allowed: give a longer window")
 
 
 def windows_of(problem: Problem, bucket: Bucket) -> np.ndarray:

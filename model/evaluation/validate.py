@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 
 from model.cost.common import align
-from model.cost.metrics import Metrics, batch_index, batch_kv_tokens
+from model.cost.metrics import Metrics, batch_index
+from model.cost.model import CostModel
 from model.domain.schema import (
     Bucket,
     BucketResult,
@@ -162,20 +163,40 @@ def plan_shape_rules(bucket: Bucket, plan: Plan, rows: np.ndarray, problem: Prob
                        problem.allowed_shapes, locate, short_text, mixed_text)
 
 
-def kv_rule(bucket: Bucket, plan: Plan, rows: np.ndarray, capacity: int | None) -> list[Violation]:
-    """Where the cost model has a KV capacity: a batch is valid only if n * (s + G_max) <= capacity (all its
-    KV fits)."""
+def kv_rule(bucket: Bucket, plan: Plan, rows: np.ndarray, cost: CostModel) -> list[Violation]:
+    """Where the cost model has a KV capacity: a batch is valid only if B * (s + G_max) <= capacity (all its
+    KV fits; B its members, or with batch buckets its graph's batch size)."""
+    capacity = cost.kv_capacity
     if capacity is None:
         return []
-    tokens, ids = batch_kv_tokens(plan.batch_ids, bucket.gen_len[rows], plan.seq_align)
+    tokens, ids = cost.batch_kv_tokens(plan.batch_ids, bucket.gen_len[rows], plan.seq_align)
     over = np.flatnonzero(tokens > capacity)
     if not len(over):
         return []
     k = int(over[np.argmax(tokens[over])])
+    rows_are = "graph batch size" if cost.compiles_graphs else "members"
     return [Violation(bucket.name, "kv-capacity",
-                      f"{plan.source}: batch {ids[k]!r} holds {int(tokens[k])} KV tokens (members x (seq_align + "
+                      f"{plan.source}: batch {ids[k]!r} holds {int(tokens[k])} KV tokens ({rows_are} x (seq_align + "
                       f"G_max)), over the device's capacity {capacity} "
                       f"({len(over)} batch{'es' if len(over) > 1 else ''} over)")]
+
+
+def bucket_rule(bucket: Bucket, plan: Plan, buckets: tuple[int, ...] | None) -> list[Violation]:
+    """With compiled batch sizes, a batch runs in the smallest bucket holding its members: one larger than
+    every bucket fits no graph."""
+    if buckets is None:
+        return []
+    codes, ids = batch_index(plan.batch_ids)
+    n_b = np.bincount(codes, minlength=len(ids))
+    over = np.flatnonzero(n_b > buckets[-1])
+    if not len(over):
+        return []
+    k = int(over[np.argmax(n_b[over])])
+    first = int(np.argmax(codes == k))
+    return [Violation(bucket.name, "batch-buckets",
+                      f"{plan.source}:{_line(plan, first)}: batch {ids[k]!r} has {int(n_b[k])} members, more than "
+                      f"the largest batch bucket {buckets[-1]} (buckets {', '.join(map(str, buckets))}): no "
+                      f"graph holds it ({len(over)} batch{'es' if len(over) > 1 else ''} over)")]
 
 
 def time_text(seconds: float) -> str:
@@ -223,20 +244,23 @@ def evaluate_plans(problem: Problem, plans: tuple[Plan, ...]) -> tuple[list[Buck
     """Validate and evaluate every bucket's plan, plus the cross-bucket shape cap."""
     results = []
     all_shapes: set[int] = set()
+    all_graphs: set[tuple[int, int]] = set()
     for bucket, limits, plan in zip(problem.buckets, problem.limits, plans, strict=True):
         rows, problems = plan_rows(bucket, plan)
         if rows is None:
             results.append(BucketResult(bucket.name, None, (), tuple(problems)))
             continue
         problems += plan_shape_rules(bucket, plan, rows, problem)
-        problems += kv_rule(bucket, plan, rows, problem.cost.kv_capacity)
+        problems += bucket_rule(bucket, plan, problem.cost.batch_buckets)
+        problems += kv_rule(bucket, plan, rows, problem.cost)
         problems += window_rule(problem, bucket, plan, rows)
         waits = waits_of(problem, bucket)
         metrics = problem.cost.plan_metrics(bucket.prompt_len[rows], bucket.gen_len[rows], plan.batch_ids,
                                             plan.seq_align, None if waits is None else waits[rows])
         all_shapes.update(metrics.shapes)
+        all_graphs.update(metrics.graphs)
         results.append(BucketResult(bucket.name, metrics, limit_checks(metrics, limits), tuple(problems)))
-    return results, joint_shape_cap(all_shapes, problem.max_shapes)
+    return results, joint_shape_cap(all_shapes, problem.max_shapes) + joint_graph_cap(all_graphs, problem)
 
 
 def joint_shape_cap(shapes: set[int], max_shapes: int) -> list[Violation]:
@@ -245,3 +269,19 @@ def joint_shape_cap(shapes: set[int], max_shapes: int) -> list[Violation]:
         return []
     return [Violation("*", "shape-cap", f"{len(shapes)} distinct shapes across all buckets "
                                         f"({', '.join(map(str, sorted(shapes)))}), at most {max_shapes} allowed")]
+
+
+def joint_graph_cap(graphs: set[tuple[int, int]], problem: Problem) -> list[Violation]:
+    """The caps on what the plans compile across all buckets: at most ``max_graphs`` distinct graphs, and a
+    warm-up (compile time x distinct graphs) within ``max_warmup_s``."""
+    found = []
+    listed = ", ".join(f"({b}, {s})" for b, s in sorted(graphs, key=lambda g: (g[1], g[0])))
+    if problem.max_graphs is not None and len(graphs) > problem.max_graphs:
+        found.append(Violation("*", "graph-cap", f"{len(graphs)} distinct graphs (batch, shape) across all buckets "
+                                                 f"({listed}), at most {problem.max_graphs} allowed"))
+    warmup = problem.cost.warmup_ms(len(graphs))
+    if problem.max_warmup_s is not None and warmup > problem.max_warmup_s * 1000.0:
+        found.append(Violation("*", "warm-up", f"warming up {len(graphs)} graphs takes {warmup / 1000.0:g} s "
+                                               f"({problem.cost.spike_ms / 1000.0:g} s each), over the "
+                                               f"{problem.max_warmup_s:g} s allowed"))
+    return found

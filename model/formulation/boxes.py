@@ -9,9 +9,12 @@ decode regime (``decode`` below ``decode_large_from``, ``decode_large`` from it)
 KV cache caps n, and with a P95 limit every member of a batch is over the limit
 exactly when n exceeds some n*.  So each (t, g) comes in a few *variants* v, one per
 size class [lo, hi] on which F, u and "over the P95 limit" are constant: the model
-stays linear and exact.  Reference and strict mode have one variant (lo = 1, hi =
-the batch-size cap).  Every coefficient here is a call into ``model.cost``; none
-re-derives the arithmetic.
+stays linear and exact.  The size classes are the cost model's (``CostModel.size_classes``):
+the decode regimes, or with compiled batch sizes one per batch bucket -- sizes
+(B_{i-1}, B_i] at the constant time T(B_i) (F = T(B_i), u = 0), each compiling its own
+graph (``graph``: the compile class of each variant).  Reference and strict mode have one
+variant (lo = 1, hi = the batch-size cap).  Every coefficient here is a call into
+``model.cost``; none re-derives the arithmetic.
 """
 
 from __future__ import annotations
@@ -37,9 +40,12 @@ class BucketModel:
       gen_min: per cell, the smallest real gen_len (pad is counted against it, so a
         coarsened histogram never understates padding);
       max_batch: the batch-size cap (None: none), on top of the device's KV capacity;
-      large, slow, safe: per variant, whether it runs the decode_large regime, whether
-        its members are over the P95 limit, and whether they stay under it even with a
-        compile spike added (device mode; one plain variant otherwise).
+      size_class, slow, safe: per variant, its size class (the decode regime, or the
+        batch bucket's index), whether its members are over the P95 limit, and whether
+        they stay under it even with a compile spike added (device mode; one plain
+        variant otherwise);
+      graph: per variant, the compile unit it runs within its shape (0 where the compile
+        is per shape; its bucket's graph with compiled batch sizes).
     """
 
     hist: Histogram
@@ -52,24 +58,25 @@ class BucketModel:
     gen_min: np.ndarray
     p95_reserve: int = 0  # held back from the allowance for spikes (the bound relaxes it again)
     max_batch: int | None = None
-    large: np.ndarray = field(default_factory=lambda: np.zeros(1, bool))
+    size_class: np.ndarray = field(default_factory=lambda: np.zeros(1, bool))
     slow: np.ndarray = field(default_factory=lambda: np.zeros(1, bool))
     safe: np.ndarray = field(default_factory=lambda: np.zeros(1, bool))
+    graph: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
 
     @property
     def n_variants(self) -> int:
-        return len(self.large)
+        return len(self.size_class)
 
 
 def variant_kinds(cost: CostModel, limits: Limits) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(large, slow, safe) per variant: the decode regimes a profile has, each split by the P95 limit if one
+    """(size class, slow, safe) per variant: the cost model's size classes, each split by the P95 limit if one
     is set into sizes whose members stay under it with a compile spike (safe), without one, or not (slow).
     One plain variant where a batch's time does not depend on its size."""
     if not cost.shared_batch_time:
         return np.zeros(1, bool), np.zeros(1, bool), np.zeros(1, bool)
-    regimes = cost.decode_regimes()
+    classes = cost.size_classes()
     speeds = ["safe", "fast", "slow"] if limits.max_p95_latency_ms is not None else ["fast"]
-    pairs = [(r, s) for r in regimes for s in speeds]
+    pairs = [(r, s) for r in classes for s in speeds]
     return (np.array([r for r, _ in pairs]), np.array([s == "slow" for _, s in pairs]),
             np.array([s == "safe" for _, s in pairs]))
 
@@ -91,9 +98,9 @@ def bucket_model(hist: Histogram, gen_min: np.ndarray, limits: Limits, cost: Cos
     if limits.max_pad_ratio is not None:
         pad_budget = limits.max_pad_ratio * real - fixed_pad - slack
     p95 = allowed_above(hist.n_requests) - p95_reserve if limits.max_p95_latency_ms is not None else None
-    large, slow, safe = variant_kinds(cost, limits)
+    size_class, slow, safe = variant_kinds(cost, limits)
     return BucketModel(hist, limits, cost, const, pad_budget, p95, real, gen_min, p95_reserve, max_batch,
-                       large, slow, safe)
+                       size_class, slow, safe, np.asarray(cost.compile_class(size_class), dtype=np.int64))
 
 
 # ---------------------------------------------------------------- size classes (device mode)
@@ -123,13 +130,13 @@ def _time(bm: BucketModel, n: np.ndarray, t: np.ndarray, g: np.ndarray, large: n
     """Batch time at n in a fixed regime (the regime's coefficients even where n lies outside it)."""
     fixed, per = bm.cost.linear_parts(t, g, large)
     exact = bm.cost.batch_total(n, t, g)
-    return np.where(bm.cost.is_large(n) == large, exact, fixed + n * per)
+    return np.where(bm.cost.size_class(n) == large, exact, fixed + n * per)
 
 
 def variant_range(bm: BucketModel, t, g, v) -> tuple[np.ndarray, np.ndarray]:
     """Batch sizes [lo, hi] of box (t, g) in variant v; lo > hi means the variant cannot be used."""
     t, g, v = (np.asarray(a, dtype=np.int64) for a in np.broadcast_arrays(t, g, v))
-    large = bm.large[v]
+    large = bm.size_class[v]
     lo, hi = bm.cost.regime_range(t, g, large, bm.max_batch)
     limit = bm.limits.max_p95_latency_ms
     if bm.cost.shared_batch_time and limit is not None:
@@ -163,20 +170,27 @@ def box_fixed(bm: BucketModel, t: np.ndarray, g: np.ndarray, v: np.ndarray | int
     which is both (a batch's time is its cost and its sequential-time contribution).
     """
     t = np.asarray(t)
-    return bm.cost.box_fixed(t, g, bm.large[np.broadcast_to(v, t.shape)])
+    return bm.cost.box_fixed(t, g, bm.size_class[np.broadcast_to(v, t.shape)])
 
 
 def box_unit_cost(bm: BucketModel, t: np.ndarray, g: np.ndarray, v: np.ndarray | int = 0) -> np.ndarray:
     """Cost per member of box (t, g, v): decode (plus prefill in strict mode); device mode T's per-member part."""
     t = np.asarray(t)
-    return bm.cost.box_unit_cost(t, g, bm.large[np.broadcast_to(v, np.broadcast_shapes(t.shape, np.shape(g)))])
+    return bm.cost.box_unit_cost(t, g, bm.size_class[np.broadcast_to(v, np.broadcast_shapes(t.shape, np.shape(g)))])
 
 
 def box_unit_seq(bm: BucketModel, t: np.ndarray, g: np.ndarray, v: np.ndarray | int = 0) -> np.ndarray:
     """Sequential time per member of box (t, g, v): 0 in the analytic modes (a batch counts its largest
     member once), T's per-member part in device mode (a batch counts its whole time)."""
     t = np.asarray(t)
-    return bm.cost.box_unit_seq(t, g, bm.large[np.broadcast_to(v, np.broadcast_shapes(t.shape, np.shape(g)))])
+    return bm.cost.box_unit_seq(t, g, bm.size_class[np.broadcast_to(v, np.broadcast_shapes(t.shape, np.shape(g)))])
+
+
+def box_pad(bm: BucketModel, t: np.ndarray, g: np.ndarray, v: np.ndarray | int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Device mode: (per batch, per member) of the tokens a batch of box (t, g, v) holds, padding included --
+    t + g per member, or with compiled batch sizes B (t + g) per batch (the graph's rows, filled or not)."""
+    t = np.asarray(t)
+    return bm.cost.box_pad(t, g, bm.size_class[np.broadcast_to(v, np.broadcast_shapes(t.shape, np.shape(g)))])
 
 
 def arc_pad(bm: BucketModel, cell: np.ndarray, t: np.ndarray, g: np.ndarray) -> np.ndarray:

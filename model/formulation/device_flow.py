@@ -12,16 +12,19 @@ longer) -- until a box serves them.  Per bucket b:
   m[i,j,v] in Z>=0   batches of that box
   a[i,j] >= 0        members passed from (i, j) to (i+1, j)
   d[i,j] >= 0        members passed from (i, j) to (i, j+1)
-  z[b,i] in {0,1}    bucket b compiles shape t_i;   y[i] in {0,1}: t_i is one of the K shapes
+  z[b,u] in {0,1}    bucket b compiles unit u = (shape t_i, compile class c): the shape itself, or with
+                     compiled batch sizes the graph (B_c, t_i);   y[i] in {0,1}: t_i is one of the K shapes;
+  q[u] in {0,1}      (with a graph cap) graph u is one of the capped graphs
 
   flow    n[i,j] + a[i-1,j] + d[i,j-1] - a[i,j] - d[i,j] - sum_v w[i,j,v] = 0
   size    lo_k m_k <= w_k <= hi_k m_k            (size class, batch-size cap, KV capacity)
-  shape   m[i,j,v] <= M_b z[b,i];  z[b,i] <= y[i];  sum_i y[i] <= K
-  cost    sum F_k m_k + u_k w_k + compile(t_i) z[b,i]                 (<= max_cost - const)
-  pad     sum (t_i + g_j) w[i,j,v]  <=  (1 + max_pad_ratio) * real tokens
-  seq     sum lat_k m_k + useq_k w_k + spike z[b,i]                   (<= max_sequential_ms)
+  shape   m[i,j,v] <= M_b z[b,u(i,v)];  z[b,u] <= y[i];  sum_i y[i] <= K;  z[b,u] <= q[u];  sum q <= cap
+  cost    sum F_k m_k + u_k w_k + compile(t_i) z[b,u]                 (<= max_cost - const)
+  pad     sum (t_i + g_j) w[i,j,v]  <=  (1 + max_pad_ratio) * real tokens   (graphs: B_c (t_i + g_j) m_k)
+  seq     sum lat_k m_k + useq_k w_k + spike z[b,u]                   (<= max_sequential_ms)
   p95     sum over boxes whose members exceed the limit of w_k        (<= allowed)
-          + in device mode one per shape whose compile spike finds no spike-safe batch
+          + in device mode one per compile unit whose spike finds no spike-safe batch (nor one whose
+            members are over the limit anyway)
 
 The flows make the model exact about *who can ride where* (a box's members can be
 matched to requests it dominates exactly when the flow exists); pad, P95, cost and
@@ -49,6 +52,7 @@ from model.formulation.boxes import (
     BucketModel,
     arc_violates,
     box_fixed,
+    box_pad,
     box_unit_cost,
     box_unit_seq,
     variant_range,
@@ -85,7 +89,9 @@ def bucket_levels(S: np.ndarray, G: np.ndarray, count: np.ndarray, ts: np.ndarra
 @dataclass(frozen=True, eq=False)
 class FlowBlocks:
     """Where one bucket's columns sit: boxes (level i, level j, variant v) of its w and m columns, its
-    flows (a[i, j] at i * ng + j, d[i, j] at i * (ng - 1) + j) and its shape switches z."""
+    flows (a[i, j] at i * ng + j, d[i, j] at i * (ng - 1) + j) and its compile switches z, one per compile
+    unit u = i * n_compile + c (shape level i, compile class c: 0 where the compile is per shape, the
+    bucket's graph with compiled batch sizes); ``box_u`` is each box's unit."""
 
     box_i: np.ndarray
     box_j: np.ndarray
@@ -95,6 +101,8 @@ class FlowBlocks:
     z: Block
     a: Block
     d: Block
+    box_u: np.ndarray
+    n_compile: int = 1
 
 
 def _boxes(bm: BucketModel, lv: Levels, reach: np.ndarray, max_batch: int | None):
@@ -117,22 +125,27 @@ def reachable(supply: np.ndarray) -> np.ndarray:
 
 
 def build_flow_model(bms: list[BucketModel], levels: list[Levels], max_shapes: int, max_batch: int | None,
-                     relax_limits: bool = False, spikes: bool = True) -> tuple[MipArrays, list[FlowBlocks]]:
+                     relax_limits: bool = False, spikes: bool = True, max_graphs: int | None = None
+                     ) -> tuple[MipArrays, list[FlowBlocks]]:
     """The whole flow model (see module docstring) as arrays, plus where each bucket's boxes sit.
 
-    ``spikes`` reserves one compile spike per shape against sequential time (exact in
-    device mode, where a spike lengthens its whole batch; conservative otherwise: a
-    bound model leaves it out unless the mode makes it exact).
+    ``spikes`` reserves one compile spike per compile unit against sequential time (exact
+    in device mode, where a spike lengthens its whole batch; conservative otherwise: a
+    bound model leaves it out unless the mode makes it exact).  ``max_graphs`` caps the
+    distinct compile units (graphs) across all buckets.
     """
     bld = ModelBuilder()
     ts = levels[0].ts
     nt = len(ts)
+    nc = bms[0].cost.n_compile_classes if bms else 1
+    nu = nt * nc
     blocks: list[FlowBlocks] = []
     zs: list[Block] = []
     const = 0.0
     for b, (bm, lv) in enumerate(zip(bms, levels, strict=True)):
         reach = reachable(lv.supply)
         i, j, v, lo, hi = _boxes(bm, lv, reach, max_batch)
+        u = i * nc + bm.graph[v]
         t, g = lv.ts[i], lv.gs[j]
         fixed, lat = box_fixed(bm, t, g, v)
         unit = box_unit_cost(bm, t, g, v)
@@ -144,23 +157,35 @@ def build_flow_model(bms: list[BucketModel], levels: list[Levels], max_shapes: i
         ng = len(lv.gs)
         a = bld.add_cols("a", np.zeros((nt - 1) * ng), 0.0, total, False, b)
         d = bld.add_cols("d", np.zeros(nt * (ng - 1)), 0.0, total, False, b)
-        z = bld.add_cols("z", bm.cost.shape_charge(ts), 0.0, 1.0, True, b)
+        z = bld.add_cols("z", np.repeat(bm.cost.shape_charge(ts), nc), 0.0, 1.0, True, b)
         zs.append(z)
         const += bm.const_cost
-        blocks.append(FlowBlocks(i, j, v, w, m, z, a, d))
+        blocks.append(FlowBlocks(i, j, v, w, m, z, a, d, u, nc))
         _flow_rows(bld, b, lv, reach, i, j, w, a, d)
         _size_rows(bld, b, w, m, lo, hi, total)
-        _shape_rows(bld, b, i, m, z, m_ub)
+        _shape_rows(bld, b, u, m, z, m_ub)
         pen = bm.cost.slack_penalty
-        _limits(bld, b, bm, t, g, v, i, fixed, lat, unit, w, m, z, ts, relax_limits, pen, spikes)
+        _limits(bld, b, bm, t, g, v, u, fixed, lat, unit, w, m, z, np.repeat(ts, nc), relax_limits, pen, spikes)
     y = bld.add_cols("y", np.zeros(nt), 0.0, 1.0, True)
     for b, z in enumerate(zs):
-        r = np.concatenate([np.arange(nt), np.arange(nt)])
-        c = np.concatenate([z.start + np.arange(nt), y.start + np.arange(nt)])
-        bld.add_rows("shape_global", r, c, np.r_[np.ones(nt), -np.ones(nt)], np.full(nt, -np.inf), np.zeros(nt), b)
+        r = np.concatenate([np.arange(nu), np.arange(nu)])
+        c = np.concatenate([z.start + np.arange(nu), y.start + np.arange(nu) // nc])
+        bld.add_rows("shape_global", r, c, np.r_[np.ones(nu), -np.ones(nu)], np.full(nu, -np.inf), np.zeros(nu), b)
     bld.add_rows("shape_cap", np.zeros(nt, dtype=np.int64), y.start + np.arange(nt), np.ones(nt), -np.inf, max_shapes)
+    if max_graphs is not None:
+        _graph_cap_rows(bld, zs, nu, max_graphs)
     return bld.arrays(scale=bms[0].cost.objective_scale if bms else StrictCost.objective_scale, offset=const), blocks
 
+
+def _graph_cap_rows(bld: ModelBuilder, zs: list[Block], nu: int, max_graphs: int) -> None:
+    """At most ``max_graphs`` distinct compile units (graphs) across all buckets:  z[b,u] <= q[u],  sum q <= cap."""
+    q = bld.add_cols("graph", np.zeros(nu), 0.0, 1.0, True)
+    for b, z in enumerate(zs):
+        r = np.concatenate([np.arange(nu), np.arange(nu)])
+        c = np.concatenate([z.start + np.arange(nu), q.start + np.arange(nu)])
+        bld.add_rows("graph_global", r, c, np.r_[np.ones(nu), -np.ones(nu)], np.full(nu, -np.inf), np.zeros(nu), b)
+    bld.add_rows("graph_cap", np.zeros(nu, dtype=np.int64), q.start + np.arange(nu), np.ones(nu), -np.inf,
+                 max_graphs)
 
 
 def _flow_rows(bld: ModelBuilder, b: int, lv: Levels, reach: np.ndarray, i: np.ndarray, j: np.ndarray,
@@ -204,55 +229,60 @@ def _size_rows(bld: ModelBuilder, b: int, w: Block, m: Block, lo: np.ndarray, hi
                  np.full(len(k), np.inf), b)
 
 
-def _shape_rows(bld: ModelBuilder, b: int, i: np.ndarray, m: Block, z: Block, m_ub: np.ndarray) -> None:
-    """A box runs only at a compiled shape:  m_k <= M_k z[b, i_k]."""
-    k = np.arange(len(i))
+def _shape_rows(bld: ModelBuilder, b: int, u: np.ndarray, m: Block, z: Block, m_ub: np.ndarray) -> None:
+    """A box runs only where its bucket compiles its unit (its shape, or its graph):  m_k <= M_k z[b, u_k]."""
+    k = np.arange(len(u))
     r = np.concatenate([k, k])
-    c = np.concatenate([m.start + k, z.start + i])
+    c = np.concatenate([m.start + k, z.start + u])
     v = np.concatenate([np.ones(len(k)), -m_ub])
     bld.add_rows("shape_link", r, c, v, np.full(len(k), -np.inf), np.zeros(len(k)), b)
 
 
-def _limits(bld: ModelBuilder, b: int, bm: BucketModel, t, g, v, box_i, fixed, lat, unit, w: Block, m: Block,
-            z: Block, ts: np.ndarray, relax: bool, pen: dict[str, float], spikes: bool) -> None:
-    """The limit rows of one bucket (module docstring): cost, pad, sequential time, P95."""
+def _limits(bld: ModelBuilder, b: int, bm: BucketModel, t, g, v, box_u, fixed, lat, unit, w: Block, m: Block,
+            z: Block, unit_ts: np.ndarray, relax: bool, pen: dict[str, float], spikes: bool) -> None:
+    """The limit rows of one bucket (module docstring): cost, pad, sequential time, P95 (``unit_ts``: the
+    shape of each compile unit)."""
     lim = bm.limits
     kw = np.arange(w.stop - w.start)
-    nt = z.stop - z.start
+    nu = z.stop - z.start
     if lim.max_cost is not None:
-        cols = np.concatenate([m.start + kw, w.start + kw, z.start + np.arange(nt)])
-        vals = np.concatenate([fixed, unit, bm.cost.shape_charge(ts)])
+        cols = np.concatenate([m.start + kw, w.start + kw, z.start + np.arange(nu)])
+        vals = np.concatenate([fixed, unit, bm.cost.shape_charge(unit_ts)])
         limit_row(bld, "cost", b, cols, vals, lim.max_cost - bm.const_cost, relax, pen)
     if lim.max_pad_ratio is not None:
-        limit_row(bld, "pad", b, w.start + kw, (t + g).astype(np.float64),
-                   (1 + lim.max_pad_ratio) * bm.real_tokens, relax, pen)
+        per_batch, per_member = box_pad(bm, t, g, v)  # every token a box holds, a graph's padding rows included
+        cols = np.concatenate([m.start + kw, w.start + kw])
+        vals = np.concatenate([per_batch, per_member])
+        keep = vals != 0
+        limit_row(bld, "pad", b, cols[keep], vals[keep], (1 + lim.max_pad_ratio) * bm.real_tokens, relax, pen)
     if lim.max_sequential_ms is not None:
         useq = box_unit_seq(bm, t, g, v)
         spike = bm.cost.spike_ms if spikes else 0.0
-        cols = np.concatenate([m.start + kw, w.start + kw, z.start + np.arange(nt)])
-        vals = np.concatenate([lat, useq, np.full(nt, spike)])
+        cols = np.concatenate([m.start + kw, w.start + kw, z.start + np.arange(nu)])
+        vals = np.concatenate([lat, useq, np.full(nu, spike)])
         limit_row(bld, "seq", b, cols, vals, lim.max_sequential_ms, relax, pen)
     if bm.p95_allowed is not None:
         viol = arc_violates(bm, np.zeros(len(kw), np.int64), t, g, v)
         keep = np.flatnonzero(viol > 0)
         cols, vals = [w.start + keep], [viol[keep]]
         if bm.cost.shared_batch_time:
-            e = spike_rows(bld, b, bm, v, box_i, m, z)
+            e = spike_rows(bld, b, bm, v, box_u, m, z)
             cols.append(np.arange(e.start, e.stop))
             vals.append(np.ones(e.stop - e.start))
         limit_row(bld, "p95", b, np.concatenate(cols), np.concatenate(vals), float(bm.p95_allowed), relax, pen)
 
 
-def spike_rows(bld: ModelBuilder, b: int, bm: BucketModel, v: np.ndarray, box_i: np.ndarray, m: Block, z: Block
+def spike_rows(bld: ModelBuilder, b: int, bm: BucketModel, v: np.ndarray, box_u: np.ndarray, m: Block, z: Block
                ) -> Block:
-    """Device mode: each compiled shape's spike lands on a member of one of its batches -- harmlessly if
-    some batch of the shape is spike-safe (T + compile_ms within the P95 limit), else it may push one
-    member over:  sum_{safe boxes at shape i} m_k + e_i >= z[b,i],  and e_i counts against the P95."""
-    nt = z.stop - z.start
-    e = bld.add_cols("spike_over", np.zeros(nt), 0.0, 1.0, True, b)
-    safe = np.flatnonzero(bm.safe[v])
-    r = np.concatenate([box_i[safe], np.arange(nt), np.arange(nt)])
-    c = np.concatenate([m.start + safe, e.start + np.arange(nt), z.start + np.arange(nt)])
-    vals = np.concatenate([np.ones(len(safe)), np.ones(nt), -np.ones(nt)])
-    bld.add_rows("spike_safe", r, c, vals, np.zeros(nt), np.full(nt, np.inf), b)
+    """Device mode: each compile unit's spike (a shape's, or a graph's) lands on a member of one of its batches
+    -- harmlessly if some batch of the unit is spike-safe (T + compile_ms within the P95 limit) or has its
+    members over the limit anyway (one more ms there counts no one new), else it may push one member over:
+    sum_{such boxes of unit u} m_k + e_u >= z[b,u],  and e_u counts against the P95."""
+    nu = z.stop - z.start
+    e = bld.add_cols("spike_over", np.zeros(nu), 0.0, 1.0, True, b)
+    harmless = np.flatnonzero(bm.safe[v] | bm.slow[v])
+    r = np.concatenate([box_u[harmless], np.arange(nu), np.arange(nu)])
+    c = np.concatenate([m.start + harmless, e.start + np.arange(nu), z.start + np.arange(nu)])
+    vals = np.concatenate([np.ones(len(harmless)), np.ones(nu), -np.ones(nu)])
+    bld.add_rows("spike_safe", r, c, vals, np.zeros(nu), np.full(nu, np.inf), b)
     return e

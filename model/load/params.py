@@ -7,14 +7,16 @@ errors naming file, line and key, so a typo never silently falls back to the def
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
 
 from model.base.errors import InputError
+from model.base.numbers import Where, read_count, read_number, shown
 from model.cost.analytic import CostParams
 from model.load.toml_lines import key_line, read_toml
+
+MAX_HIDDEN = 2**20  # the hidden size multiplies lengths of up to 2**20 in float64 sums: far beyond any model
 
 
 def cost_params_from_toml(path: str | Path) -> CostParams:
@@ -43,9 +45,12 @@ def cost_params_from_mapping(data: dict, source: str, line_of: Callable[[str], i
         where = (source, line_of(key) if line_of else None, prefix + key)
         if key not in known:
             raise InputError(*where, "unknown cost-model coefficient")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-            raise InputError(*where, f"expected a finite non-negative number, got {value!r}")
-        if key == "hidden" and (value < 1 or value != int(value)):
-            raise InputError(*where, f"expected a positive integer, got {value!r}")
-        values[key] = int(value) if key == "hidden" else float(value)
+        number = read_number(value, Where(*where), message="expected a finite non-negative number, got {got}")
+        if key == "hidden":
+            if number < 1 or number != int(number):
+                raise InputError(*where, f"expected a positive integer, got {shown(value)}")
+            values[key] = read_count(int(number), Where(*where), 1, MAX_HIDDEN,
+                                     too_big="expected a positive integer up to {high}, got {got}")
+        else:
+            values[key] = number
     return replace(CostParams(), **values)

@@ -1,12 +1,10 @@
-"""Plan files: read them strictly, write them atomically (temporary file + rename)."""
+"""Plan files: read them strictly, render them in chunks, write them all or nothing (``model.load.outputs``)."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -14,16 +12,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from model.base.errors import InputError
-from model.base.runtime import shielded
 from model.cost.common import GRANULARITY, HEADS, HIDDEN
 from model.domain.schema import Plan
-from model.load.requests import MAX_LEN, JsonFieldError, check_utf8, json_table, line_numbers, strict_json
+from model.load.files import check_utf8, read_input
+from model.load.outputs import write_together
+from model.load.requests import MAX_LEN, JsonFieldError, json_table, line_numbers, strict_json
 
 SHAPE_KEYS = ("seq_align", "heads_align", "hidden_align")
 RECORD_KEYS = ("request_id", "batch_id", "shape")
-# mkstemp makes private (0600) files; a plan is an ordinary output file, and a
-# replaced plan keeps the mode its target had.
-PLAN_MODE = 0o644
 CHUNK_RECORDS = 1 << 20  # records rendered and written at a time
 
 
@@ -39,27 +35,20 @@ def read_plan(path: str | Path) -> Plan:
     offending line (or, for exotic but valid files, accepts them).
     """
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(str(path), None, None, f"cannot read: {exc.strerror or exc}") from exc
-    except ValueError as exc:  # a NUL in the path
-        raise InputError(str(path), None, None, f"cannot read: {exc}") from None
+    raw = read_input(path)  # a regular file (a FIFO would have blocked), recorded as an input
     lines = line_numbers(raw)
     if len(lines) == 0:
         raise InputError(str(path), None, None, "empty plan")
     check_utf8(path, raw)
-    regular = path.is_file()  # read again by pyarrow, so its bytes (1.2 GB at 10^7) are not held too; a pipe once
-    if regular:
-        raw = b""
-    table = _parse(str(path) if regular else pa.BufferReader(raw), path)
+    del raw  # read again by pyarrow, so its bytes (1.2 GB at 10^7) are not held too
+    table = _parse(str(path), path)
     fast = _read_plan_fast(table, lines, str(path)) if table is not None else None
     if fast is not None:
         del table
         pa.default_memory_pool().release_unused()  # the table's memory, back to the system, not kept pooled
         return fast
     del table
-    return _read_plan_slow(path, path.read_bytes() if regular else raw)
+    return _read_plan_slow(path, read_input(path))
 
 
 def _parse(source, path: Path) -> pa.Table | None:
@@ -241,141 +230,13 @@ def check_inside(targets: Iterable[Path], folder: Path) -> None:
             raise InputError(str(target), None, None, f"refusing to write outside the output folder {folder}")
 
 
-def write_plans(plans: dict[Path, Plan], inside: Path | None = None) -> None:
-    """Write several plans so that either all of them land or none changes (see ``write_together``).
+def write_plans(plans: dict[Path, Plan], inside: Path | None = None,
+                also: Mapping[Path, Iterable[bytes]] | None = None) -> None:
+    """Write several plans -- and ``also`` the other files of the same result, a report say -- so that either
+    all of them land or none changes (``model.load.outputs.write_together``).
 
-    With ``inside``, every target must lie directly in that folder (else nothing is written).
+    With ``inside``, every plan must lie directly in that folder (else nothing is written).
     """
     if inside is not None:
         check_inside(plans, inside)
-    write_together({path: plan_chunks(plan) for path, plan in plans.items()})
-
-
-def write_together(files: dict[Path, Iterable[bytes]]) -> None:
-    """Write several files so that either all of them land or none changes.
-
-    Each goes to a temporary file in its target folder first and is flushed to disk.
-    Only then are they renamed over their targets; an existing target is first
-    hard-linked aside, so if a later rename fails the earlier ones are rolled back
-    and every target is left as it was.  (A crash of the machine in the middle of
-    the renames can still leave a mix; an exception cannot.)  Folders created for
-    the outputs are removed again if the write fails.  A failure is reported as an
-    InputError naming the target, after the rollback.
-    """
-    made = _missing_dirs(files)
-    staged: list[tuple[Path, Path]] = []
-    backups: dict[Path, Path | None] = {}
-    done: list[Path] = []
-    current = next(iter(files), Path("."))
-    ok = False
-    try:
-        for current, chunks in files.items():
-            staged.append((_stage(current, chunks), current))
-        for tmp, current in staged:
-            backups[current] = _keep_aside(current)
-            done.append(current)  # before the rename: an interrupt right after it must still roll it back
-            os.replace(tmp, current)
-        for folder in {t.parent for t in files}:
-            _fsync_dir(folder)
-        ok = True
-    except OSError as exc:
-        with shielded():
-            _roll_back(done, backups)
-        raise InputError(str(current), None, None, f"cannot write: {exc.strerror or exc}") from exc
-    except BaseException:  # an interrupt (SIGINT, SIGTERM) too: every target goes back as it was
-        with shielded():
-            _roll_back(done, backups)
-        raise
-    finally:
-        with shielded():
-            for tmp, _ in staged:
-                _remove(tmp)
-            for aside in backups.values():
-                if aside is not None:
-                    _remove(aside)
-            if not ok:
-                for folder in made:
-                    try:
-                        os.rmdir(folder)
-                    except OSError:
-                        pass
-
-
-def _missing_dirs(files: dict[Path, object]) -> list[Path]:
-    """Folders that writing these files would create, deepest first (removed again on failure)."""
-    missing: set[Path] = set()
-    for target in files:
-        folder = target.parent
-        while not folder.exists() and folder != folder.parent:
-            missing.add(folder)
-            folder = folder.parent
-    return sorted(missing, key=lambda p: len(p.parts), reverse=True)
-
-
-def _stage(target: Path, chunks: Iterable[bytes]) -> Path:
-    """Write the chunks to a fresh temporary file beside target, flushed to disk; return its path.
-
-    A target that is a folder fails here, before any plan has been replaced.
-    """
-    if target.is_dir():
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        os.fchmod(fd, target.stat().st_mode & 0o777 if target.exists() else PLAN_MODE)
-        with os.fdopen(fd, "wb") as fh:
-            for chunk in chunks:
-                fh.write(chunk)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        with shielded():
-            _remove(Path(tmp))
-        raise
-    return Path(tmp)
-
-
-def _keep_aside(target: Path) -> Path | None:
-    """A hard link to target's current file (None if there is none), for rollback."""
-    if not target.exists():
-        return None
-    fd, aside = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent)
-    os.close(fd)
-    os.unlink(aside)  # the name is ours; the link takes its place so the target never goes missing
-    os.link(target, aside)
-    return Path(aside)
-
-
-def _roll_back(done: list[Path], backups: dict[Path, Path | None]) -> None:
-    """Put every already-replaced target back as it was (or remove it if it was new)."""
-    for target in reversed(done):
-        aside = backups.get(target)
-        try:
-            if aside is None:
-                os.unlink(target)
-            else:
-                os.replace(aside, target)
-        except OSError:
-            pass
-
-
-def _remove(path: Path) -> None:
-    """Delete a leftover temporary file; it may already be gone (renamed into place)."""
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the renames durable (POSIX); harmless where directories cannot be opened."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    write_together({**{path: plan_chunks(plan) for path, plan in plans.items()}, **(also or {})})

@@ -8,7 +8,6 @@ it is always the FIRST bad line of the file, so fixing errors top to bottom work
 
 from __future__ import annotations
 
-import codecs
 import csv
 import io
 import json
@@ -27,7 +26,10 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from model.base.errors import InputError
+from model.base.numbers import DECIMAL_TEXT, NONFINITE_TEXT, as_float
+from model.base.numbers import shown as spelled
 from model.domain.schema import Bucket
+from model.load.files import check_utf8, read_input
 from model.load.names import check_name
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv",
@@ -101,13 +103,15 @@ def detect_format(path: Path, fmt: str | None = None) -> str:
 
 
 def load_requests(path: str | Path, name: str | None = None, columns: Columns | None = None,
-                  fmt: str | None = None, time_column: str | None = None) -> Bucket:
+                  fmt: str | None = None, time_column: str | None = None, time_default: str | None = None) -> Bucket:
     """Read and validate one bucket of requests.
 
     Raises InputError for an unreadable or empty file, malformed rows, missing fields,
     non-integer, non-positive or absurdly large lengths, and duplicate ids.  The
     columns' time column is read when the file has it; ``time_column`` names one that
-    must be there (a missing or unparsable time is an error naming its line).
+    must be there (a missing or unparsable time is an error naming its line);
+    ``time_default`` names one to read when the file has it and the columns name none
+    (the replay's ``arrival_s``).
     """
     path = Path(path)
     if name is None:  # the bucket is named after the file, and the name becomes a plan file's name
@@ -115,13 +119,13 @@ def load_requests(path: str | Path, name: str | None = None, columns: Columns | 
     kind = detect_format(path, fmt)
     raw = _read_bytes(path)
     if kind == "jsonl":
-        columns = _with_time(columns or Columns(), time_column)
+        columns = _with_time(columns or Columns(), time_column, time_default)
         frame, lines, pending = _read_jsonl(path, raw, columns)
     elif kind == "csv":
-        columns = _with_time(columns or _auto_columns(_csv_header(raw)), time_column)
+        columns = _with_time(columns or _auto_columns(_csv_header(raw)), time_column, time_default)
         frame, lines, pending = _read_csv(path, raw, columns)
     else:
-        frame, lines, columns = _read_parquet(path, raw, columns, time_column)
+        frame, lines, columns = _read_parquet(path, raw, columns, time_column, time_default)
         pending = None
     del raw
     bucket = _to_bucket(path, name, frame, lines, columns, pending, time_required=time_column is not None)
@@ -130,38 +134,20 @@ def load_requests(path: str | Path, name: str | None = None, columns: Columns | 
     return bucket
 
 
-def _with_time(columns: Columns, time_column: str | None) -> Columns:
-    """The mapping with its time column replaced by the one asked for (if any)."""
-    return columns if time_column is None else replace(columns, time=time_column)
+def _with_time(columns: Columns, time_column: str | None, time_default: str | None = None) -> Columns:
+    """The mapping with its time column replaced by the one asked for (if any; an empty name is no column), or
+    the default where it has none."""
+    if time_column is not None and not time_column:
+        raise InputError("--time-column", None, None, "expected a column name, got ''")
+    if time_column is not None:
+        return replace(columns, time=time_column)
+    return replace(columns, time=time_default) if columns.time is None and time_default is not None else columns
 
 
 def _read_bytes(path: Path) -> bytes:
-    """The whole file; one read serves line numbering, sniffing and parsing."""
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise InputError(str(path), None, None, f"cannot read: {exc.strerror or exc}") from exc
-    except ValueError as exc:  # a NUL in the path (from a scenario: the command line cannot carry one)
-        raise InputError(str(path), None, None, f"cannot read: {exc}") from None
-
-
-def check_utf8(path: Path | str, raw: bytes, chunk: int = 1 << 24) -> None:
-    """Text input must be UTF-8: the first bad byte is named with its line and column.
-
-    Checked in chunks by an incremental decoder, so a large file costs no more memory
-    than one chunk (pyarrow would otherwise pass bad bytes on to crash later, or replace them).
-    """
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    for lo in range(0, len(raw), chunk):
-        held = len(decoder.getstate()[0])  # bytes of a character left unfinished by the previous chunk
-        try:
-            decoder.decode(raw[lo:lo + chunk], final=lo + chunk >= len(raw))
-        except UnicodeDecodeError as exc:
-            at = min(lo - held + exc.start, len(raw) - 1)
-            line = raw.count(b"\n", 0, at) + 1
-            column = at - (raw.rfind(b"\n", 0, at) + 1) + 1
-            raise InputError(str(path), line, None,
-                             f"not UTF-8 text (byte 0x{raw[at]:02x} at column {column})") from None
+    """The whole file (``read_input``: a regular file, recorded as an input); one read serves line numbering,
+    sniffing and parsing."""
+    return read_input(path)
 
 
 def _auto_columns(names: list[str]) -> Columns:
@@ -395,8 +381,8 @@ def _csv_error(path: Path, raw: bytes, exc: Exception) -> InputError:
     return InputError(str(path), _csv_error_line(str(exc)), None, f"malformed CSV: {_first_line(exc)}")
 
 
-def _read_parquet(path: Path, raw: bytes, columns: Columns | None,
-                  time_column: str | None = None) -> tuple[pd.DataFrame, np.ndarray, Columns]:
+def _read_parquet(path: Path, raw: bytes, columns: Columns | None, time_column: str | None = None,
+                  time_default: str | None = None) -> tuple[pd.DataFrame, np.ndarray, Columns]:
     """Parquet via pyarrow; 'line' means 1-based row number.
 
     The magic bytes are checked first so a file that is not Parquet at all gets a
@@ -406,7 +392,7 @@ def _read_parquet(path: Path, raw: bytes, columns: Columns | None,
         raise InputError(str(path), None, None, "not a Parquet file (no PAR1 magic bytes)")
     try:
         source = pq.ParquetFile(pa.BufferReader(raw))
-        columns = _with_time(columns or _auto_columns(source.schema_arrow.names), time_column)
+        columns = _with_time(columns or _auto_columns(source.schema_arrow.names), time_column, time_default)
         present = [c for c in columns.wanted() if c in source.schema_arrow.names]
         table = source.read(columns=present)
     except (OSError, pa.ArrowException) as exc:
@@ -426,8 +412,39 @@ def _csv_error_line(message: str) -> int | None:
 
 
 def _project(table: pa.Table, columns: Columns) -> pd.DataFrame:
-    """The mapped columns as pandas, an all-missing column standing in for any absent one."""
-    return pd.DataFrame({c: _pandas_column(table, c) for c in columns.wanted()})
+    """The mapped columns as pandas, an all-missing column standing in for any absent one (the time column as
+    seconds where the file types it as a time: see ``_time_values``)."""
+    return pd.DataFrame({c: _time_values(table, c) if c == columns.time else _pandas_column(table, c)
+                         for c in columns.wanted()})
+
+
+_TIME_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
+
+
+def _time_values(table: pa.Table, name: str) -> pd.Series:
+    """A time column with a time type (Parquet timestamps and dates, durations; JSON's inferred timestamps) as
+    float seconds since the Unix epoch, computed from the stored integers: pandas would hold them as nanoseconds
+    and raise OutOfBoundsDatetime on the year 3000.  Nulls stay None ("missing"); other columns as they are."""
+    if name not in table.column_names:
+        return _pandas_column(table, name)
+    column = table.column(name)
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        column, kind = column.cast(kind.value_type), kind.value_type
+    if pa.types.is_timestamp(kind) or pa.types.is_duration(kind):
+        per_second = _TIME_UNITS[kind.unit]
+    elif pa.types.is_date32(kind):
+        per_second = 1.0 / 86400.0  # days
+    elif pa.types.is_date64(kind):
+        per_second = 1e3  # milliseconds
+    else:
+        return _pandas_column(table, name)
+    ticks = column.cast(pa.int32() if pa.types.is_date32(kind) else pa.int64())  # the stored integers
+    stored = ticks.to_numpy(zero_copy_only=False)  # nulls become NaN (float) here
+    seconds = np.asarray(stored, dtype=np.float64) / per_second
+    if column.null_count:
+        return pd.Series(np.where(column.is_null().to_numpy(zero_copy_only=False), None, seconds), dtype=object)
+    return pd.Series(seconds)
 
 
 def _pandas_column(table: pa.Table, name: str) -> pd.Series:
@@ -553,39 +570,87 @@ def _object_numbers(col: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return numeric, missing, nonint
 
 
+# Arrival times are seconds since the Unix epoch within what the time library holds (pandas' nanosecond
+# timestamps: 1677-09-21 to 2262-04-11), so every one can be shown as a date and window arithmetic stays far
+# from float64's and int64's ends.
+MAX_ARRIVAL_S = float(pd.Timestamp.max.value // 10**9)
+NUMBER_TEXT = f"(?:{DECIMAL_TEXT})|(?i:{NONFINITE_TEXT})"  # seconds as text, by the one number grammar
+
+
 def _time_column(col: pd.Series, field: str) -> tuple[np.ndarray | None, _Problem | None]:
-    """Arrival times as float64 seconds: numbers are seconds, text is seconds or an ISO 8601 timestamp
-    (seconds since the Unix epoch; a timestamp without a zone counts as UTC).  The first row that is
-    missing or cannot be read is the problem."""
+    """The one arrival-time parser: float64 seconds since the Unix epoch, or the first bad row in file order.
+
+    Numbers are seconds; text is seconds spelled by the one number grammar (``model.base.numbers``: ASCII
+    digits, so ``1_0`` is no time) or an ISO 8601 timestamp (a timestamp without a zone counts as UTC); typed
+    times come as seconds from ``_time_values``.  A time must be finite after its conversion and within
+    +-``MAX_ARRIVAL_S``; how far apart the times lie is the window builder's check
+    (``model.domain.windowing.windowed``).
+    """
     n = len(col)
     kind = col.dtype.kind
-    if kind == "M":
-        stamps = col.dt.tz_localize("UTC") if col.dt.tz is None else col
-        missing = stamps.isna().to_numpy()
-        seconds = ((stamps - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)).to_numpy(dtype=np.float64)
+    if kind == "M":  # a pandas datetime column
+        missing = col.isna().to_numpy()
+        seconds = _epoch_seconds(col)
         bad = np.zeros(n, bool)
     elif kind in "iuf":
         seconds = col.to_numpy(dtype=np.float64)
         missing = np.zeros(n, bool)
         bad = ~np.isfinite(seconds)
     else:
-        values = col.to_numpy()
-        missing = col.isna().to_numpy() | np.fromiter(
-            (isinstance(v, str) and v.strip().lower() in ("", "nan", "null", "none") for v in values), bool, n)
-        is_bool = np.fromiter((isinstance(v, (bool, np.bool_)) for v in values), bool, n)
-        usable = col.where(~missing & ~is_bool, None)
-        seconds = np.array(pd.to_numeric(usable, errors="coerce"), dtype=np.float64)
-        text = ~missing & ~is_bool & np.isnan(seconds)
-        if text.any():
-            stamps = pd.to_datetime(usable[text].astype(str), format="ISO8601", utc=True, errors="coerce")
-            seconds[text] = ((stamps - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)).to_numpy(np.float64)
-        with np.errstate(invalid="ignore"):
-            bad = ~missing & (is_bool | ~np.isfinite(seconds))
+        seconds, missing, bad = _object_times(col)
+    with np.errstate(invalid="ignore"):
+        far = ~missing & ~bad & ~(np.abs(seconds) <= MAX_ARRIVAL_S)
     problem = _first_problem(field, [
         (missing, lambda k: "missing"),
-        (bad, lambda k: f"expected a time in seconds or an ISO 8601 timestamp, got {_plain(col.iloc[k])!r}"),
+        (bad, lambda k: f"expected a time in seconds or an ISO 8601 timestamp, got {spelled(col.iloc[k])}"),
+        (far, lambda k: f"must lie within {MAX_ARRIVAL_S:.0f} s of 1970-01-01 (the years 1677 to 2262; seconds, "
+                        f"not milliseconds), got {spelled(col.iloc[k])}"),
     ])
     return (seconds, None) if problem is None else (None, problem)
+
+
+def _epoch_seconds(stamps: pd.Series) -> np.ndarray:
+    """Seconds since the epoch of a datetime Series in whatever unit pandas chose (it keeps seconds for the year
+    3000, where nanoseconds would overflow; subtracting a nanosecond epoch raised OutOfBoundsDatetime); NaN for
+    NaT."""
+    values = stamps.dt.tz_convert(None).to_numpy() if stamps.dt.tz is not None else stamps.to_numpy()
+    unit = np.datetime_data(values.dtype)[0]
+    ticks = values.view(np.int64)
+    out = ticks.astype(np.float64) / _TIME_UNITS[unit]
+    out[np.isnat(values)] = np.nan
+    return out
+
+
+def _object_times(col: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(seconds, missing, unreadable) of a time column of Python values: ASCII decimal text or ISO 8601 text
+    (vectorised: a CSV's times are all text), and numbers (the JSON slow path; a float spelled with an
+    exponent too)."""
+    n = len(col)
+    values = col.to_numpy()
+    is_text = np.fromiter((isinstance(v, str) for v in values), bool, n)
+    at = np.flatnonzero(is_text)  # positions of the text cells
+    text = pd.Series(values[at], dtype=object).astype(str)
+    blank = text.str.strip().str.lower().isin(("", "nan", "null", "none")).to_numpy()
+    missing = col.isna().to_numpy().copy()
+    missing[at[blank]] = True
+    seconds = np.full(n, np.nan)
+    at, text = at[~blank], text[~blank]
+    decimal = text.str.fullmatch(NUMBER_TEXT).to_numpy(dtype=bool)
+    if decimal.any():
+        seconds[at[decimal]] = text[decimal].astype(np.float64).to_numpy()  # float(): 400 digits are inf, no error
+    if (~decimal).any():
+        seconds[at[~decimal]] = _epoch_seconds(pd.to_datetime(text[~decimal], format="ISO8601", utc=True,
+                                                              errors="coerce"))
+    for i in np.flatnonzero(~is_text & ~missing):  # rare: numbers from the JSON slow path
+        v = values[i]
+        value = as_float(v.text if isinstance(v, Spelled) else v, text=True)
+        if isinstance(v, Decimal) and v.is_finite():
+            value = float(v)
+        if value is not None:
+            seconds[i] = value
+    with np.errstate(invalid="ignore"):
+        bad = ~missing & ~np.isfinite(seconds)
+    return seconds, missing, bad
 
 
 def _integral_id(value):

@@ -4,7 +4,8 @@ Known keys -- top level: ``max_shapes`` (required), optional ``mode``
 (reference|strict|device), ``max_seq_len`` (largest shape the accelerator allows),
 ``max_batch_size``, ``cost_model`` (a table of coefficient overrides, or a path to
 a TOML file of them), ``device`` (device mode: a profile TOML path relative to the
-scenario, or an inline ``[device]`` table; implies ``mode = "device"``).  Each
+scenario, or an inline ``[device]`` table; implies ``mode = "device"``),
+``batch_buckets`` (device mode: the compiled batch sizes, replacing the profile's).  Each
 ``[[bucket]]``: ``name``, ``requests`` (path relative to the scenario), optional limits ``max_cost``, ``max_pad_ratio``,
 ``max_p95_latency_ms``, ``max_sequential_ms``, and for CSV/Parquet sources
 ``format``, ``prompt_column``, ``gen_column``, ``id_column`` (or ``columns`` preset).
@@ -12,24 +13,24 @@ scenario, or an inline ``[device]`` table; implies ``mode = "device"``).  Each
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 
 from model.base.errors import InputError
+from model.base.numbers import Where, read_count, read_number
 from model.cost.analytic import CostParams
 from model.cost.common import GRANULARITY, MODES
 from model.cost.metrics import Coefficients
-from model.cost.model import cost_model, needs_profile
+from model.cost.model import CostModel, cost_model, needs_profile, with_batch_buckets
 from model.domain.schema import Limits, Scenario
 from model.load.names import check_name
 from model.load.params import cost_params_from_mapping, cost_params_from_toml
-from model.load.profile import load_profile, profile_from_table
+from model.load.profile import buckets_value, load_profile, profile_from_table
 from model.load.requests import MAX_LEN, PRESETS, Columns, load_requests
 from model.load.toml_lines import key_line, read_toml, table_line
 
 TOP_KEYS = {"max_shapes", "mode", "max_seq_len", "max_batch_size", "cost_model", "device", "bucket", "name",
-            "description"}
+            "description", "batch_buckets"}
 LIMIT_KEYS = ("max_cost", "max_pad_ratio", "max_p95_latency_ms", "max_sequential_ms")
 # Settings above these are absurd, not generous: a shape is at most the longest request
 # (MAX_LEN tokens), so there are at most MAX_LEN / 64 distinct shapes; a batch size beyond
@@ -42,11 +43,8 @@ BUCKET_KEYS = {"name", "requests", "format", "prompt_column", "gen_column", "id_
 
 def _positive_int(path: str, text: str, key: str, value, most: int) -> int:
     """A top-level count such as max_shapes: an integer from 1 to ``most`` (booleans are not counts)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(path, key_line(text, key), key, f"must be a positive integer, got {value!r}")
-    if value > most:
-        raise InputError(path, key_line(text, key), key, f"must be at most {most}, got {value}")
-    return value
+    return read_count(value, Where(path, key_line(text, key), key), 1, most,
+                      too_big="must be at most {high}, got {got}")
 
 
 def load_scenario(path: str | Path, load: bool = True) -> Scenario:
@@ -94,8 +92,24 @@ def load_scenario(path: str | Path, load: bool = True) -> Scenario:
             columns = _columns(src, lambda key, i=i: key_line(text, key, i) or line, raw)
             buckets.append(load_requests(path.parent / raw["requests"], raw["name"], columns, raw.get("format")))
     return Scenario(path=path, max_shapes=max_shapes, names=tuple(names), buckets=tuple(buckets),
-                    limits=tuple(limits), cost=cost_model(mode, params), max_seq_len=max_seq_len,
+                    limits=tuple(limits), cost=_with_buckets(src, text, data, cost_model(mode, params)),
+                    max_seq_len=max_seq_len,
                     max_batch_size=max_batch)
+
+
+def _with_buckets(src: str, text: str, data: dict, cost: CostModel) -> CostModel:
+    """The scenario's cost model with its top-level ``batch_buckets`` (device mode only), if it gives them."""
+    if "batch_buckets" not in data:
+        return cost
+
+    def fail(message: str) -> InputError:
+        return InputError(src, key_line(text, "batch_buckets"), "batch_buckets", message)
+
+    buckets = buckets_value(data["batch_buckets"], fail)
+    try:
+        return with_batch_buckets(cost, buckets)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
 
 
 def _limits(src: str, text: str, index: int, raw: dict) -> Limits:
@@ -107,11 +121,8 @@ def _limits(src: str, text: str, index: int, raw: dict) -> Limits:
     values = {}
     for key in LIMIT_KEYS:
         if key in raw:
-            v = raw[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
-                raise InputError(src, key_line(text, key, index) or table_line(text, index), f"bucket.{key}",
-                                 f"must be a finite non-negative number, got {v!r}")
-            values[key] = float(v)
+            values[key] = read_number(raw[key], Where(src, key_line(text, key, index) or table_line(text, index),
+                                                      f"bucket.{key}"))
     return Limits(**values)
 
 

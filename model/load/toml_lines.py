@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 
 from model.base.errors import InputError
+from model.load.files import read_text
 
 
 def toml_lines(text: str) -> list[tuple[int, int | str | None, str, str]]:
@@ -48,6 +49,31 @@ def key_line(text: str, key: str, table: int | str | None = None) -> int | None:
     return None
 
 
+def table_key_line(text: str, table: str, key: str) -> int | None:
+    """Line of ``key`` inside the top-level table ``table``; for key == table, the table's own line.
+
+    Follows ``[table]`` headers, ``table.key = ...`` dotted keys at the top level and
+    ``[table.key]`` sub-table headers; an inline ``table = {...}`` is found as a whole
+    (its keys are not followed, as in the scenario loader).
+    """
+    table_at = None
+    in_table = False
+    for number, where, kind, name in toml_lines(text):
+        if kind == "header":
+            in_table = name == table
+            if name == f"{table}.{key}":
+                return number
+            if in_table and table_at is None:
+                table_at = number
+        elif where is None and name == f"{table}.{key}":
+            return number
+        elif where is None and (name == table or name.startswith(f"{table}.")) and table_at is None:
+            table_at = number
+        elif in_table and name == key:
+            return number
+    return table_at if key == table else None
+
+
 def table_line(text: str, index: int) -> int | None:
     """Line of the index-th ``[[bucket]]`` header, where bucket-level errors point."""
     headers = [number for number, _, kind, name in toml_lines(text) if kind == "header" and name == "bucket"]
@@ -69,11 +95,7 @@ def toml_error(path: Path, exc: tomllib.TOMLDecodeError) -> InputError:
 
 def read_toml(path: Path) -> tuple[str, dict]:
     """The text and the parsed table of a TOML file; unreadable or malformed files are InputErrors."""
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path, or bytes that are not UTF-8
-        reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or str(exc)
-        raise InputError(str(path), None, None, f"cannot read: {reason}") from None
+    text = read_text(path)  # a regular UTF-8 file (a bad byte named by line), recorded as an input
     try:
         return text, tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -9,7 +9,7 @@ batches each box holds.  Two cuts turn that into batches without touching a requ
    the smallest boxes);
 2. ``box_runs``: each box's members, in (S, G) order -- (G, S) in device mode, so each
    batch decodes as little as it can -- are cut into batches: under a batch-size cap into
-   consecutive chunks of the cap (``solvers.packers.grouping.group_batching``'s rule),
+   consecutive chunks of the cap (``model.packers.grouping.group_batching``'s rule),
    in device mode into the box's m batches of near-equal size (``balanced_batching``'s).
 
 Both cuts are merges of two sorted lists of cut points, so their size is cells + arcs +

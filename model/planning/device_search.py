@@ -25,13 +25,13 @@ from model.domain.shapeset import round_up_to, usable
 from model.formulation.boxes import BucketModel, variant_of_size
 from model.formulation.device_flow import FlowBlocks, Levels, bucket_levels, build_flow_model, entry_levels
 from model.histogram.cells import Histogram
+from model.packers.grouping import balanced_batching
 from model.planning.options import PlannerOptions
 from model.planning.shapes import ShapeChoice, choose_shapes
 from model.planning.stages import SearchOutcome, bucket_models
 from model.planning.window_bound import whole_trace_bound
 from solvers.backends import Backend
 from solvers.backends.result import BackendResult, Feature, SolveOptions
-from solvers.packers.grouping import balanced_batching
 
 log = logging.getLogger("shapeplan")
 # the LP-price bound's least cost, its LPs cut at once: its (requests x shapes) price table priced by floors,
@@ -223,7 +223,7 @@ def warm_vector(problem: Problem, hists: list[Histogram], bms: list[BucketModel]
                 return None
             x[fb.w.start + k] += nn
             x[fb.m.start + k] += 1
-        x[fb.z.start + np.unique(i)] = 1.0
+        x[fb.z.start + np.unique(i * fb.n_compile + bm.graph[v])] = 1.0  # the shapes (or graphs) it compiles
         entry = (entry_levels(entry_shapes(problem, h)[h.cell_of], ts, "ceil"),
                  entry_levels(bucket.gen_len, lv.gs, "ceil"))
         a_flow, d_flow = start_flows(entry, (i[bt.batch_of], j[bt.batch_of]), lv.supply.shape)
@@ -253,19 +253,35 @@ def start_flows(entry: tuple[np.ndarray, np.ndarray], box: tuple[np.ndarray, np.
     return np.cumsum(up, axis=0)[:-1].reshape(-1), np.cumsum(over, axis=1)[:, :-1].reshape(-1)
 
 
+def start_switches(model, bms: list[BucketModel], blocks: list[FlowBlocks], start: np.ndarray, nt: int) -> None:
+    """A start's global switches from its buckets' compile units: the shapes it uses (y), the graphs (q, under a
+    graph cap), and per unit whether its spike finds no harmless batch (e: one more member over the P95 limit),
+    so the start satisfies the spike and cap rows as the plan does."""
+    used = np.zeros(nt * (blocks[0].n_compile if blocks else 1), bool)
+    for b, (bm, fb) in enumerate(zip(bms, blocks, strict=True)):
+        z = start[fb.z.slice()] > 0
+        used |= z
+        e = model.block("col", "spike_over", b)
+        if e is not None:
+            harmless = (bm.safe | bm.slow)[fb.box_v]
+            covered = np.bincount(fb.box_u[harmless], weights=start[fb.m.slice()][harmless], minlength=len(z)) > 0
+            start[e.slice()] = (z & ~covered).astype(float)
+    start[model.block("col", "y").slice()] = used.reshape(nt, -1).any(axis=1).astype(float)
+    q = model.block("col", "graph")
+    if q is not None:
+        start[q.slice()] = used.astype(float)
+
+
 def solve_levels(problem: Problem, hists: list[Histogram], bms: list[BucketModel], levels: list[Levels],
                  solver: Backend, until: Deadline, warm: tuple[Batching, ...] | None, spikes: bool,
                  options: PlannerOptions):
     """Build and solve one flow model; returns (model, blocks, result).  With the deadline already past
     when the model is built, no backend is called (a child process alone takes a second to start)."""
-    model, blocks = build_flow_model(bms, levels, problem.max_shapes, problem.max_batch_size, spikes=spikes)
+    model, blocks = build_flow_model(bms, levels, problem.max_shapes, problem.max_batch_size, spikes=spikes,
+                                     max_graphs=problem.graph_cap)
     start = warm_vector(problem, hists, bms, levels, blocks, model.n_cols, warm)
     if start is not None:
-        y = model.block("col", "y")
-        used = np.zeros(len(levels[0].ts), bool)
-        for fb in blocks:
-            used |= start[fb.z.slice()] > 0
-        start[y.slice()] = used.astype(float)
+        start_switches(model, bms, blocks, start, len(levels[0].ts))
     if until.expired():
         result = BackendResult(Status.TIME_LIMIT_NO_SOLUTION, None, None, None, None, 0.0, solver.name,
                                solver.version(), "the time limit passed before the flow model was solved")
@@ -301,20 +317,32 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
     # the LP-price bound before the flow MIP, which spends the rest of the deadline
     lp_price = -np.inf
     cells = sum(len(b) for b in problem.buckets) * len(all_shapes(problem, fine))
+    # the LP-price bound prices batches of n members by the free batch's T(n): not a bound where a batch of n runs
+    # in its graph's T(B(n)), which can be cheaper (decode_large), so it is left out with compiled batch sizes
     if want_bound and problem.cost.shared_batch_time and problem.windowing is None \
+            and problem.cost.batch_buckets is None \
             and cells <= options.lp_price_max_cells and cells * LP_PRICE_S_PER_CELL <= 0.25 * deadline.left():
         lp_price = whole_trace_bound(problem, deadline.share(options.lp_price_share))
     until = deadline
     model, blocks, result = solve_levels(problem, fine, bms, plan_levels, solver, until, warm,
                                          spikes=True, options=options)
+    graphs = problem.cost.batch_buckets
     notes = [f"{problem.cost.name} mode: flow model over {len(plan_levels[0].ts)} shape levels and "
-             f"{', '.join(str(len(lv.gs)) for lv in plan_levels)} gen levels"]
+             f"{', '.join(str(len(lv.gs)) for lv in plan_levels)} gen levels"
+             + (f"; graphs: one size class per batch bucket ({', '.join(map(str, graphs))}) at its graph's time, "
+                "a compile per graph" + (f", at most {problem.graph_cap} graphs" if problem.graph_cap else "")
+                if graphs is not None else "")]
     bound = -np.inf
     if want_bound:
         bound = max((relaxation or shape_relaxation(problem, fine)).bound, lp_price)
         notes.append("the bound is the largest of the shape relaxation (every request at its own gen in a full "
                      "batch under the best K shapes), the LP-price bound (set-partitioning duals per shape, the "
-                     "best K shapes by DP) and the flow model's own bound where that one is certified")
+                     "best K shapes by DP) and the flow model's own bound where that one is certified"
+                     if graphs is None else
+                     "the bound is the larger of the shape relaxation priced at graphs (every request at its own "
+                     "gen in a full graph under the best K shapes, a compile per shape) and the flow model's own "
+                     "bound where that one is certified (every shape and gen a level); the LP-price bound prices "
+                     "the free batch and is left out")
         if exact and result.bound is not None and not any(reserves or ()) and problem.cost.shared_batch_time:
             bound = max(bound, result.bound)
     whole = exact and not any(reserves or ()) and problem.cost.shared_batch_time

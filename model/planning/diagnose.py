@@ -239,6 +239,13 @@ def alone_message(problem: Problem, proof: str | None, known: dict[str, float], 
     return head + f"; no plan goes below {floor:.6g}"
 
 
+def within_caps(problem: Problem) -> str:
+    """What the limits are met within beyond the shape cap: the graph cap across all buckets, if any (the
+    probes plan one bucket, so a conflict through the shared graphs shows only in the whole problem)."""
+    cap = problem.graph_cap
+    return "" if cap is None else f" within {cap} graph{'s' if cap != 1 else ''} across all buckets"
+
+
 def explain_infeasible(problem: Problem, judge: Judge, deadline: Deadline = Deadline.never(), proof: str = ""
                        ) -> str:
     """One line per finding: limits that can never be met, else limits unmeetable alone, else pairs that conflict.
@@ -250,7 +257,7 @@ def explain_infeasible(problem: Problem, judge: Judge, deadline: Deadline = Dead
     found = unmeetable(problem, deadline)
     if found:
         return "the limits cannot all be met; " + "; ".join(found)
-    lead = f"the limits cannot all be met ({proof})" if proof else "the limits cannot all be met"
+    lead = "the limits cannot all be met" + within_caps(problem) + (f" ({proof})" if proof else "")
     if single_limit(problem) is not None:
         return lead + "; " + alone_message(problem, proof or None, {}, deadline, judge)
     alone, pairs, unknown = [], [], []

@@ -1,16 +1,12 @@
 """Device mode: the best batches for requests already assigned to shapes, and shapes improved by local search.
 
-For one shape s, a batch's time depends only on its size n and its longest gen, so with
-the requests sorted by gen some optimal batching cuts the sorted list into consecutive
-runs (swapping two members across two batches never shortens the longer one's gen).
-``optimal_runs`` finds the cheapest cuts exactly by dynamic programming:
-
-    C[i] = min over n <= cap(s, g_i) of  C[i - n] + T(n, s, g_i)     (g_i = gen of member i, sorted)
-
-with T the device batch time (``model.cost.device.batch_time``) and cap the KV capacity
-and batch-size cap.  ``improve_shapes`` then moves one shape at a time to the neighbouring
-candidate that lowers the exact total, each shape's requests re-batched by the DP.  The
-result is a plan (the planner's warm start and a fallback), never a bound.
+Every request rides on the smallest chosen shape covering it, and each shape's requests
+are cut into runs exactly (``model.planning.run_cuts``: a DP over the gen-sorted requests,
+with batch buckets at each run's graph time).  ``IntervalRuns`` caches those batchings per
+shape interval, ``improve_shapes`` moves one shape at a time to the neighbouring candidate
+that lowers the exact total, and with a graph cap ``within_graph_cap`` drops the graphs that
+cost least to do without until the plan runs few enough.  The result is a plan (the
+planner's warm start and a fallback), never a bound.
 """
 
 from __future__ import annotations
@@ -21,121 +17,75 @@ import time
 import numpy as np
 
 from model.base.runtime import check_interrupt
-from model.cost.common import align
-from model.cost.device import DeviceProfile, batch_time, linear_parts
+from model.cost.common import align, allowed_above
 from model.domain.schema import Batching, Problem
+from model.planning.run_cuts import filled_cost, members_over, priced_runs
 from model.planning.shapes import shape_dp
-from solvers.packers.grouping import batch_capacity
 
 log = logging.getLogger("shapeplan")
 
 
-def optimal_runs(gens: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None,
-                 latency_limit: float | None = None) -> tuple[float, np.ndarray]:
-    """Cheapest cut of ``gens`` (sorted ascending) into consecutive batches at shape s.
-
-    Returns (total batch time, batch number of each member).  Exact for the order given
-    (T from its per-batch and per-member parts, each regime on its own sizes).  With a
-    ``latency_limit`` no batch takes longer than it, except batches of members that
-    exceed it even alone (every member's latency is its batch's time): a P95 limit then
-    counts no member over it that need not be.
-    """
-    n = len(gens)
-    best = np.full(n + 1, np.inf)
-    best[0] = 0.0
-    take = np.zeros(n + 1, dtype=np.int64)
-    caps = batch_capacity(s, gens, max_batch, prof.kv_capacity_tokens)
-    if (caps < 1).any():
-        raise ValueError(f"a request does not fit one batch at shape {s}")
-    small = linear_parts(s, gens, np.zeros(n, bool), prof)
-    large = linear_parts(s, gens, np.ones(n, bool), prof) if prof.decode_large is not None else small
-    switch = prof.decode_large_from if prof.decode_large is not None else np.iinfo(np.int64).max
-    sizes = np.arange(1, int(min(caps.max(), n)) + 1)
-    is_large = sizes >= switch
-    # members over the limit even alone: a suffix of the gen order (time grows with gen)
-    first_over = n
-    if latency_limit is not None:
-        alone = np.minimum(small[0] + small[1], large[0] + large[1] if switch <= 1 else np.inf)
-        first_over = int(np.searchsorted(alone > latency_limit, True))  # alone is non-decreasing in gen
-    for i in range(1, n + 1):
-        cap = int(min(caps[i - 1], i))
-        sz = sizes[:cap]
-        time_ = np.where(is_large[:cap], large[0][i - 1] + sz * large[1][i - 1], small[0][i - 1] + sz * small[1][i - 1])
-        cost = best[i - sz] + time_
-        if latency_limit is not None:
-            keep = time_ <= latency_limit if i <= first_over else sz <= i - first_over
-            cost = np.where(keep | (sz == 1), cost, np.inf)
-        k = int(np.argmin(cost))
-        best[i], take[i] = cost[k], sz[k]
-    cuts = []
-    i = n
-    while i > 0:
-        cuts.append(i)
-        i -= int(take[i])
-    bounds = np.asarray(sorted(cuts), dtype=np.int64)
-    batch = np.searchsorted(bounds, np.arange(n), side="right")
-    return float(best[n]), batch
-
-
-def filled_cost(gens: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None) -> float:
-    """Device time of ``gens`` (sorted ascending) cut greedily into runs filled to capacity at shape s.
-
-    An upper bound on ``optimal_runs`` that costs one step per batch instead of one per
-    member: what the shape DP ranks intervals by before the chosen shapes are batched exactly.
-    """
-    n = len(gens)
-    total, p = 0.0, 0
-    kv = prof.kv_capacity_tokens
-    while p < n:
-        window = int(min(n - p, batch_capacity(s, gens[p:p + 1], max_batch, kv)[0] + 1))
-        fits = np.arange(1, window + 1) <= batch_capacity(s, gens[p:p + window], max_batch, kv)
-        take = int(np.argmin(fits)) if not fits.all() else window
-        if take == 0:
-            raise ValueError(f"a request does not fit one batch at shape {s}")
-        total += float(batch_time(take, s, gens[p + take - 1], prof))
-        p += take
-    return total
+Classes = dict[int, frozenset]  # per shape, the size classes its runs may use (a shape not named: all of them)
 
 
 class IntervalRuns:
     """Exact batchings of shape intervals, each computed once: ``(lo, hi]`` holds every bucket's requests whose
-    aligned prompt lies in it, run at shape hi and batched by ``optimal_runs`` (P95 limit respected).
+    aligned prompt lies in it, run at shape hi and batched by ``priced_runs`` (P95 limit respected; with
+    ``classes``, only in the size classes allowed at hi).
 
     With every request on the smallest shape covering it, a shape set's plan is its intervals' batchings, so
     the start's costing, the local search's moves and the final batching share one cache.  It keeps each
-    interval's cost and run boundaries (one entry per batch, not per request); members are re-sorted on
-    demand.  One cache serves one ``device_start`` call: it is mutable state, never shared between problems.
+    interval's cost, run boundaries (one entry per batch, not per request), the compile classes its runs use
+    and the members over the P95 limit per bucket; members are re-sorted on demand.  One cache serves one
+    ``device_start`` call: it is mutable state, never shared between problems.
     """
 
     def __init__(self, problem: Problem):
         self.problem = problem
         self.aligned = [align(b.prompt_len) for b in problem.buckets]
-        self._cache: dict[tuple[int, int], tuple[float, tuple[np.ndarray, ...]]] = {}
+        self._cache: dict[tuple, tuple[float, tuple[np.ndarray, ...], frozenset, tuple[int, ...]]] = {}
 
     def members(self, b: int, lo: int, hi: int) -> np.ndarray:
         """Bucket b's requests in (lo, hi], by gen then index (the order the runs cut)."""
         idx = np.flatnonzero((self.aligned[b] > lo) & (self.aligned[b] <= hi))
         return idx[np.argsort(self.problem.buckets[b].gen_len[idx], kind="stable")]
 
-    def interval(self, lo: int, hi: int) -> tuple[float, tuple[np.ndarray, ...]]:
-        """(device time plus one compile per bucket with members, per bucket the runs' end positions)."""
-        key = (lo, hi)
+    def interval(self, lo: int, hi: int, classes: frozenset | None = None
+                 ) -> tuple[float, tuple[np.ndarray, ...], frozenset, tuple[int, ...]]:
+        """(device time plus the compiles of every bucket with members, per bucket the runs' end positions, the
+        compile classes the runs use, per bucket the members over its P95 limit); inf cost where the requests
+        cannot be cut into the allowed classes."""
+        key = (lo, hi, classes)
         if key not in self._cache:
             prob = self.problem
-            cost, ends = 0.0, []
+            cost, ends, used, over = 0.0, [], set(), []
             for b, lim in enumerate(prob.limits):
                 members = self.members(b, lo, hi)
+                over.append(0)
                 if len(members) == 0:
                     ends.append(np.zeros(0, np.int64))
                     continue
-                t, batch = optimal_runs(prob.buckets[b].gen_len[members], hi, prob.cost.params, prob.max_batch_size,
-                                        lim.max_p95_latency_ms)
-                cost += t + prob.cost.params.compile_ms
+                gens = prob.buckets[b].gen_len[members]
+                try:
+                    t, batch = priced_runs(gens, hi, prob.cost, prob.max_batch_size, lim.max_p95_latency_ms, classes)
+                except ValueError:
+                    self._cache[key] = (np.inf, (), frozenset(), ())
+                    return self._cache[key]
+                cost += t
                 ends.append(np.flatnonzero(np.diff(np.r_[batch, -1])) + 1)
-            self._cache[key] = (cost, tuple(ends))
+                sizes = np.bincount(batch)
+                used |= set(prob.cost.compile_class(prob.cost.size_class(sizes)).tolist())
+                over[-1] = members_over(gens, batch, hi, prob.cost, lim.max_p95_latency_ms)
+            self._cache[key] = (cost, tuple(ends), frozenset(used), tuple(over))
         return self._cache[key]
 
-    def total(self, shapes: np.ndarray, deadline: float = np.inf) -> float:
+    def parts(self, shapes: np.ndarray, classes: Classes | None = None) -> list[tuple]:
+        """Every interval of these shapes (sorted, distinct), computed or from the cache."""
+        lows = np.r_[0, shapes[:-1]]
+        return [self.interval(int(lo), int(hi), (classes or {}).get(int(hi)))
+                for lo, hi in zip(lows.tolist(), shapes.tolist(), strict=True)]
+
+    def total(self, shapes: np.ndarray, deadline: float = np.inf, classes: Classes | None = None) -> float:
         """Exact device time of the plan these shapes (sorted, distinct) make; inf when ``deadline`` passes
         before every interval is costed (those costed stay cached)."""
         lows = np.r_[0, shapes[:-1]]
@@ -144,13 +94,13 @@ class IntervalRuns:
             check_interrupt()  # an interval's exact DP takes up to a second on 10^5 requests
             if time.perf_counter() > deadline:
                 return np.inf
-            cost += self.interval(lo, hi)[0]
+            cost += self.interval(lo, hi, (classes or {}).get(hi))[0]
         return cost
 
-    def batching(self, shapes: np.ndarray) -> tuple[Batching, ...]:
+    def batching(self, shapes: np.ndarray, classes: Classes | None = None) -> tuple[Batching, ...]:
         """Every bucket's requests on the smallest of ``shapes`` covering them, in their intervals' runs."""
         lows = np.r_[0, shapes[:-1]]
-        parts = [self.interval(int(lo), int(hi))[1] for lo, hi in zip(lows, shapes, strict=True)]
+        parts = [p[1] for p in self.parts(shapes, classes)]
         out = []
         for b, bucket in enumerate(self.problem.buckets):
             batch_of = np.empty(len(bucket), dtype=np.int64)
@@ -165,6 +115,47 @@ class IntervalRuns:
                 base += len(ends)
             out.append(Batching(batch_of, np.concatenate(shape_out) if shape_out else np.zeros(0, np.int64)))
         return tuple(out)
+
+
+def graph_count(runs: IntervalRuns, shapes: np.ndarray, classes: Classes | None = None) -> int:
+    """Distinct graphs the plan of these shapes runs across all buckets (a shape's compile classes in use)."""
+    return sum(len(p[2]) for p in runs.parts(shapes, classes))
+
+
+def within_p95(runs: IntervalRuns, shapes: np.ndarray, classes: Classes | None, before: list[int]) -> bool:
+    """Whether no bucket ends with more members over its P95 limit than it may (``allowed_above``, less one per
+    compile spike), or than ``before`` where it was already over."""
+    parts = runs.parts(shapes, classes)
+    for b, bucket in enumerate(runs.problem.buckets):
+        over = sum(p[3][b] for p in parts if p[3])
+        spikes = sum(len(p[2]) for p in parts if p[3] and len(p[1][b]))
+        if over > before[b] and over + spikes > allowed_above(len(bucket)):
+            return False
+    return True
+
+
+def within_graph_cap(runs: IntervalRuns, shapes: np.ndarray, cap: int, deadline: float) -> Classes | None:
+    """The size classes per shape that bring the plan of ``shapes`` within ``cap`` graphs: while it runs more,
+    the graph (shape, class) whose loss raises the exact total least is dropped -- the requests at that shape
+    re-cut without it -- as long as the P95 count stays within its allowance.  None when no drop is left, or
+    the deadline passes first."""
+    classes: Classes = {}
+    kinds = frozenset(runs.problem.cost.size_classes())
+    before = [sum(p[3][b] for p in runs.parts(shapes) if p[3]) for b in range(len(runs.problem.buckets))]
+    while graph_count(runs, shapes, classes) > cap:
+        best, best_cost = None, np.inf
+        for hi, part in zip(shapes.tolist(), runs.parts(shapes, classes), strict=True):
+            for c in sorted(part[2]) if len(part[2]) > 1 else []:
+                if time.perf_counter() > deadline:
+                    return None
+                trial = {**classes, hi: classes.get(hi, kinds) - {c}}
+                cost = runs.total(shapes, deadline, trial)
+                if cost < best_cost and within_p95(runs, shapes, trial, before):
+                    best, best_cost = trial, cost
+        if best is None:
+            return None
+        classes = best
+    return classes
 
 
 def distinct_shapes(shapes: np.ndarray) -> np.ndarray:
@@ -219,8 +210,7 @@ def interval_costs(problem: Problem, candidates: np.ndarray, deadline: float) ->
             for a, bucket in zip(aligned, problem.buckets, strict=True):
                 sel = (a > low) & (a <= top)
                 if sel.any():
-                    total += filled_cost(np.sort(bucket.gen_len[sel]), top, problem.cost.params,
-                                         problem.max_batch_size) + problem.cost.params.compile_ms
+                    total += filled_cost(np.sort(bucket.gen_len[sel]), top, problem.cost, problem.max_batch_size)
             cost[lo + 1, hi] = total
             check_interrupt()
             if time.perf_counter() > deadline:
@@ -240,7 +230,8 @@ def device_start(problem: Problem, starts: list[np.ndarray], candidates: np.ndar
     never empty), the DP's (when
     its interval costs finish within half the time left), then the other given sets.  A costing runs
     past the deadline only when a start is ``required`` and none is costed yet (else None: the caller
-    has another plan); the final batching reuses the costings' runs."""
+    has another plan); the final batching reuses the costings' runs.  Under a graph cap the start's
+    graphs are then brought within it where a drop can (``within_graph_cap``)."""
     runs = IntervalRuns(problem)
     best, best_cost = None, np.inf
 
@@ -262,5 +253,14 @@ def device_start(problem: Problem, starts: list[np.ndarray], candidates: np.ndar
         consider(sh)
     if best is None:
         return None
-    return runs.batching(improve_shapes(runs, best, candidates, deadline))
+    cap = problem.graph_cap
+    now = time.perf_counter()
+    # under a graph cap the local search leaves part of the time to the drops that meet the cap
+    shapes = improve_shapes(runs, best, candidates, deadline if cap is None else now + 0.6 * max(0.0, deadline - now))
+    if cap is None or graph_count(runs, shapes) <= cap:
+        return runs.batching(shapes)
+    classes = within_graph_cap(runs, shapes, cap, max(deadline, time.perf_counter() + 1.0))
+    log.info("device mode: the start runs %d graphs, over the cap %d: %s", graph_count(runs, shapes), cap,
+             "graphs dropped where they cost least" if classes is not None else "no drop within it found")
+    return runs.batching(shapes, classes) if classes is not None else runs.batching(shapes)
 

@@ -29,24 +29,26 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from model.base.errors import InfeasibleError, InputError, NoPlanFound
 from model.base.runtime import Deadline
-from model.domain.schema import Planned, Problem, Status
-from model.histogram.cells import build_histogram
+from model.cost.model import CostModel
+from model.domain.schema import Batching, Planned, Problem, Status
+from model.histogram.cells import Histogram, build_histogram
+from model.packers import PACKERS
 from model.planning.contract import Candidates, Judge, Judged, select
 from model.planning.device_search import all_shapes, flow_search, shape_levels, shape_relaxation
 from model.planning.diagnose import alone_message, explain_infeasible, single_limit, unmeetable
 from model.planning.exact_runs import device_start
 from model.planning.options import PlannerOptions
 from model.planning.reshape import redeclared
-from model.planning.stages import SearchOutcome, greedy_plan, search, shape_setup
+from model.planning.shapes import ShapeChoice
+from model.planning.stages import SearchOutcome, ShapeSetup, greedy_plan, search, shape_setup
 from solvers.backends import get_backend
 from solvers.backends.result import Feature
-from solvers.packers import PACKERS
 
 log = logging.getLogger("shapeplan")
 LAST_RESORT = ("solo", "cells", "pow2", "exp", "baseline")  # analytic modes: tried when nothing else meets the limits
@@ -125,9 +127,15 @@ def overdue_packers(problem: Problem, judge: Judge, tried: list[Judged]) -> list
     time to start): the OVERDUE packers not tried yet, judged past the deadline until one meets every limit.
     A time limit too short for the MIP must not end in "no plan" when a packer's plan is seconds away; the
     report's status says the time limit ran out, and a note that the plan is the packer's."""
-    out: list[Judged] = []
     seen = {j.name for j in tried}
-    for name in (n for n in OVERDUE if n not in seen):
+    return until_acceptable(problem, judge, [n for n in OVERDUE if n not in seen])
+
+
+def until_acceptable(problem: Problem, judge: Judge, names: list[str]) -> list[Judged]:
+    """The named packers' plans judged in order until one meets every limit (a packer that cannot plan the
+    problem is skipped): the fallback of a run whose clock left nothing else."""
+    out: list[Judged] = []
+    for name in names:
         try:
             out.append(judge(problem, name, PACKERS[name](problem)))
         except InfeasibleError:
@@ -160,6 +168,93 @@ def final_shapes(problem: Problem, judge: Judge, judged: Judged, deadline: Deadl
     return judged, None
 
 
+@dataclass(frozen=True, eq=False)
+class Start:
+    """What a strategy starts the search from: a plan (or None) and its name, the packer plans that meet every
+    limit (candidates whatever the search finds), and the device relaxation (its shapes and bound)."""
+
+    batchings: tuple[Batching, ...] | None
+    name: str
+    fallbacks: list[Judged]
+    relaxation: ShapeChoice | None = None
+
+
+class BoxSearch:
+    """The analytic modes (a member's cost is its box's): the shapes settled first -- the reference DP, or the
+    strict relaxation with its certified bound -- then column generation and MIPs over (cell, box) arcs; the
+    simple packers are a last resort when nothing meets the limits."""
+
+    last_resort = True
+
+    def start(self, problem: Problem, fine: list[Histogram], greedy: tuple[Batching, ...] | None, judge: Judge,
+              options: PlannerOptions, clock: Deadline) -> Start:
+        """The greedy packer's plan is the start."""
+        return Start(greedy, "greedy", [])
+
+    def matching_s(self, fine: list[Histogram], options: PlannerOptions) -> float:
+        """Nothing to match: the box model's solution is runs of cells already."""
+        return 0.0
+
+    def prepare(self, problem: Problem, fine: list[Histogram], start: Start, options: PlannerOptions,
+                work: Deadline) -> ShapeSetup:
+        """The shape choice and the bound it certifies."""
+        return shape_setup(problem, fine, options, work)
+
+    def search(self, problem: Problem, fine: list[Histogram], state: ShapeSetup, greedy, solver, work: Deadline,
+               reserves: tuple[int, ...], options: PlannerOptions, want_bound: bool) -> SearchOutcome:
+        """Column generation, then the restricted MIPs (``model.planning.stages.search``)."""
+        return search(problem, fine, state, greedy, solver, work, reserves, options)
+
+
+class FlowSearch:
+    """Batch-size-priced models (a batch's time grows with its size, device mode): the shape relaxation and an
+    exact-runs start, the packers that meet every limit as fallbacks, then the flow model
+    (``model.planning.device_search``), whose solution is matched back to requests."""
+
+    last_resort = False
+
+    def start(self, problem: Problem, fine: list[Histogram], greedy: tuple[Batching, ...] | None, judge: Judge,
+              options: PlannerOptions, clock: Deadline) -> Start:
+        """The best of the relaxation's and greedy's shape sets, each batched exactly and improved by moves."""
+        # the first start, and part of the flow search's bound
+        relaxation = shape_relaxation(problem, fine, clock.share(options.relaxation_share))
+        # the relaxation's shapes first when it finished (its cut-short answer is one shape covering all)
+        starts = [np.asarray(relaxation.shapes)] if np.isfinite(relaxation.bound) else []
+        if greedy is not None:
+            starts.append(np.unique(np.concatenate([bt.shape_of for bt in greedy])))
+        if not starts:
+            starts.append(np.asarray(relaxation.shapes))
+        name = "greedy"
+        exact_start = device_start(problem, starts, all_shapes(problem, fine),
+                                   shape_levels(problem, fine, options), clock.share(options.start_share).at,
+                                   required=greedy is None)
+        if exact_start is not None:
+            greedy, name = exact_start, "exact-runs start"
+        fallbacks = device_fallbacks(problem, judge, clock.share(options.fallback_share), options)
+        return Start(greedy, name, fallbacks, relaxation)
+
+    def matching_s(self, fine: list[Histogram], options: PlannerOptions) -> float:
+        """The flow solution's matching to requests, kept back from the search."""
+        return options.match_s_per_cell * sum(len(h) for h in fine)
+
+    def prepare(self, problem: Problem, fine: list[Histogram], start: Start, options: PlannerOptions,
+                work: Deadline) -> ShapeChoice:
+        """The relaxation the start computed: part of the flow search's bound."""
+        return start.relaxation
+
+    def search(self, problem: Problem, fine: list[Histogram], state: ShapeChoice, greedy, solver, work: Deadline,
+               reserves: tuple[int, ...], options: PlannerOptions, want_bound: bool) -> SearchOutcome:
+        """The flow model, solved, matched and batched."""
+        return flow_search(problem, fine, greedy, solver, work, reserves, options, want_bound=want_bound,
+                           relaxation=state)
+
+
+def strategy_for(cost: CostModel) -> BoxSearch | FlowSearch:
+    """The one place the planner's strategy is chosen from the cost model: by whether a batch's size sets its
+    price (then batches, not boxes, are what the model must count)."""
+    return FlowSearch() if cost.shared_batch_time else BoxSearch()
+
+
 def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
              options: PlannerOptions = PlannerOptions(), *, judge: Judge) -> Planned:
     """Plan every bucket by optimisation; the report carries a certified lower bound and its gap.
@@ -177,42 +272,24 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
         raise InputError("--backend", None, None, f"backend {backend!r} cannot solve integer models")
     n_requests = sum(len(b) for b in problem.buckets)
     fine = [build_histogram(b) for b in problem.buckets]
-    flow = problem.cost.shared_batch_time
-    greedy = greedy_plan(problem, options, clock.share(options.greedy_share))
-    start_name = "greedy"
-    if flow:
-        # the first start, and part of the flow search's bound
-        relaxation = shape_relaxation(problem, fine, clock.share(options.relaxation_share))
-        # the relaxation's shapes first when it finished (its cut-short answer is one shape covering all)
-        starts = [np.asarray(relaxation.shapes)] if np.isfinite(relaxation.bound) else []
-        if greedy is not None:
-            starts.append(np.unique(np.concatenate([bt.shape_of for bt in greedy])))
-        if not starts:
-            starts.append(np.asarray(relaxation.shapes))
-        exact_start = device_start(problem, starts, all_shapes(problem, fine),
-                                   shape_levels(problem, fine, options), clock.share(options.start_share).at,
-                                   required=greedy is None)
-        if exact_start is not None:
-            greedy, start_name = exact_start, "exact-runs start"
-    fallbacks = device_fallbacks(problem, judge, clock.share(options.fallback_share), options) if flow else []
+    strategy = strategy_for(problem.cost)
+    start = strategy.start(problem, fine, greedy_plan(problem, options, clock.share(options.greedy_share)), judge,
+                           options, clock)
+    greedy, fallbacks = start.batchings, start.fallbacks
     t_judge = time.perf_counter()
-    judged_greedy = judge(problem, start_name, greedy) if greedy is not None else None
-    if flow and fallbacks and not judged_greedy.acceptable:
+    judged_greedy = judge(problem, start.name, greedy) if greedy is not None else None
+    if fallbacks and not judged_greedy.acceptable:
         greedy = min(fallbacks, key=lambda j: j.cost).batchings  # a start that meets the limits
     # the final judging of the MIP's plan must fit too: keep about what judging greedy's took
     spent = time.perf_counter() - t_judge if greedy is not None else options.judge_s_per_request * n_requests
-    matching = options.match_s_per_cell * sum(len(h) for h in fine) if flow else 0.0
-    work = Deadline(clock.at - judge_reserve(spent, clock.left(), options) - matching
+    work = Deadline(clock.at - judge_reserve(spent, clock.left(), options) - strategy.matching_s(fine, options)
                     - min(options.solver_stop_s, options.solver_stop_share * time_limit))
-    setup = None if flow else shape_setup(problem, fine, options, work)
+    state = strategy.prepare(problem, fine, start, options, work)
     first, mip_ok, judged, attempt_problem, attempt = None, None, None, problem, 0
     reserves = (0,) * len(fine)  # the model places every compile spike exactly (arrays.spike_rows)
     for attempt in range(options.max_repairs + 1):
-        if flow:
-            outcome = flow_search(attempt_problem, fine, greedy, solver, work, reserves, options,
-                                  want_bound=first is None, relaxation=relaxation)
-        else:
-            outcome = search(attempt_problem, fine, setup, greedy, solver, work, reserves, options)
+        outcome = strategy.search(attempt_problem, fine, state, greedy, solver, work, reserves, options,
+                                  want_bound=first is None)
         first = first or outcome  # its bound is for the original limits: the only one certified
         if outcome.batchings is None:
             break
@@ -229,7 +306,7 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     if judged_greedy is not None and judged_greedy.acceptable:
         candidates.append(judged_greedy)
     tried = [j for j in (judged_greedy, judged) if j is not None] + fallbacks
-    if not candidates and not flow:
+    if not candidates and strategy.last_resort:
         resort = last_resort(problem, judge, clock, spent, options)
         tried += resort
         candidates = [j for j in resort if j.acceptable]

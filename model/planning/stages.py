@@ -17,6 +17,8 @@ from model.domain.schema import Batching, CellRuns, Problem, Status
 from model.domain.shapeset import round_up_to, usable
 from model.formulation.boxes import BucketModel, Grid, bucket_model, candidate_grid
 from model.histogram.cells import Histogram, coarsen
+from model.packers import PACKERS
+from model.packers.greedy import pack as greedy_pack
 from model.planning.cell_runs import batching_of_runs, box_runs, deal
 from model.planning.colgen import NoDuals, exact_bound, floor_bound, generate
 from model.planning.options import PlannerOptions
@@ -37,8 +39,6 @@ from model.planning.search import (
 from model.planning.shapes import choose_shapes
 from solvers.backends import Backend, get_backend
 from solvers.backends.result import Feature
-from solvers.packers import PACKERS
-from solvers.packers.greedy import pack as greedy_pack
 
 log = logging.getLogger("shapeplan")
 

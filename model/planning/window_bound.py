@@ -46,10 +46,10 @@ import numpy as np
 from model.base.runtime import Deadline
 from model.cost.device import DeviceProfile, batch_time, linear_parts
 from model.domain.schema import Problem, Windowing
+from model.packers.grouping import batch_capacity
 from model.planning.parallel import chunks, run_items, shared, workers_available
 from model.planning.shapes import charged_tables, own_bound, shape_dp, shape_sets
 from model.planning.window_runs import WindowPools, window_pools
-from solvers.packers.grouping import batch_capacity
 
 # gen levels per LP (gens rounded down to request-weighted quantiles beyond that) and projection rounds:
 # with 48 and 400 the whole-trace bound on the Azure code trace was 3.20e6, with 1000 and 3000 it converges

@@ -43,8 +43,10 @@ from model.base.errors import InfeasibleError, NoPlanFound
 from model.base.runtime import Deadline
 from model.domain.schema import Batching, Planned, Problem
 from model.domain.windowing import WindowPart, n_windows
+from model.packers import PACKERS
+from model.packers.dpfill import pad_shapes
 from model.planning.contract import Candidates, Judge, Judged, select
-from model.planning.mip import final_shapes, packer_plans, plan_mip
+from model.planning.mip import final_shapes, packer_plans, plan_mip, until_acceptable
 from model.planning.options import PlannerOptions
 from model.planning.parallel import run_items, shared, workers_available
 from model.planning.window_bound import WindowBound, candidate_shapes, window_bound
@@ -53,8 +55,6 @@ from model.planning.window_merge import overlay, split_at_windows, window_slices
 from model.planning.window_parts import WindowIndex, WindowLimits, window_index, window_limits, window_part
 from model.planning.window_runs import IntervalCosts, shape_set_cost, window_plan, window_pools
 from solvers.backends import get_backend
-from solvers.packers import PACKERS
-from solvers.packers.dpfill import pad_shapes
 
 log = logging.getLogger("shapeplan")
 
@@ -307,15 +307,7 @@ def packer_candidates(problem: Problem, judge: Judge, deadline: Deadline, spent:
 def late_packers(problem: Problem, judge: Judge, tried: set[str]) -> list[Judged]:
     """Nothing met every limit in time: the packers not tried yet, judged past the deadline until one does (a
     time limit too short for the search must not end in "no plan" while a packer has one)."""
-    out = []
-    for name in (p for p in PACKER_ORDER if p not in tried):
-        try:
-            out.append(judge(problem, name, PACKERS[name](problem)))
-        except InfeasibleError:
-            continue
-        if out[-1].acceptable:
-            break
-    return out
+    return until_acceptable(problem, judge, [p for p in PACKER_ORDER if p not in tried])
 
 
 def exact_answer(problem: Problem, exact: Exact, bound: WindowBound, t0: float, deadline: Deadline,

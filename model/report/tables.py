@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from model.cost.device import device_hours
+from model.cost.metrics import Metrics
 from model.cost.model import CostModel
 from model.domain.schema import BucketResult, Violation, Windowing
 
@@ -33,15 +34,49 @@ def device_units(ms: float, cost: CostModel | None) -> str:
     return text
 
 
+def seconds(ms: float) -> str:
+    """A warm-up in seconds as a person reads it."""
+    return f"{fmt(ms / 1000.0)} s"
+
+
+def graph_summary(graphs, cost: CostModel | None) -> str:
+    """The graph count and its warm-up (compile time x graphs), the words beside a shape count."""
+    n = len(graphs)
+    text = f"{n} graph{'s' if n != 1 else ''}"
+    return text if cost is None else f"{text} (warm-up {seconds(cost.warmup_ms(n))})"
+
+
+def graph_line(m: Metrics, cost: CostModel | None) -> str:
+    """What the graphs are: with batch buckets the (bucket, shape) pairs the plan runs; where the batch is free,
+    that a graph is a distinct (batch size, shape) the plan runs, which a static-batch stack would compile."""
+    each = "" if cost is None else f", {seconds(cost.spike_ms)} to compile each"
+    if cost is not None and cost.batch_buckets is not None:
+        pairs = ", ".join(f"({b}, {s})" for b, s in m.graphs)
+        return (f"  graphs (batch bucket, shape): {pairs}; batch buckets "
+                f"{', '.join(map(str, cost.batch_buckets))}{each}")
+    mode = f"in {cost.name} mode " if cost is not None else ""
+    return (f"  graphs: the batch is free {mode}(no batch buckets): one graph per distinct (batch size, shape) "
+            f"the plan runs, what a static-batch stack would compile{each}")
+
+
+def graph_totals(results: list[BucketResult], cost: CostModel | None) -> str:
+    """The closing count of what the plans compile across all buckets: distinct graphs and their warm-up."""
+    graphs = sorted(set().union(*(set(r.metrics.graphs) for r in results if r.metrics)))
+    free = "" if cost is not None and cost.batch_buckets is not None else \
+        " (the batch is free: one per distinct batch size and shape)"
+    return f"compiled graphs across all buckets: {graph_summary(graphs, cost)}{free}"
+
+
 def bucket_table(result: BucketResult, extra: dict[str, str] | None = None,
                  cost: CostModel | None = None, windowing: Windowing | None = None) -> str:
-    """One bucket's table: each metric, its limit, the margin, and whether it holds (device mode: the
-    cost in device-hours too; with arrival windows, what the latency includes)."""
+    """One bucket's table: each metric, its limit, the margin, and whether it holds, with the shapes and the
+    graphs the plan compiles (device mode: the cost in device-hours too; with arrival windows, what the
+    latency includes)."""
     lines = [f"bucket {result.name}"]
     m = result.metrics
     if m is not None:
         lines[0] += (f": {m.n_requests} requests, {m.n_batches} batches, {len(m.shapes)} shapes "
-                     f"[{', '.join(map(str, m.shapes))}]")
+                     f"[{', '.join(map(str, m.shapes))}], {graph_summary(m.graphs, cost)}")
         checks = {c.metric: c for c in result.checks}
         lines.append(f"  {'metric':<16}{'value':>14}{'limit':>14}{'margin':>14}  ok")
         for name in METRIC_ROWS:
@@ -55,6 +90,7 @@ def bucket_table(result: BucketResult, extra: dict[str, str] | None = None,
                              f"{sign + fmt(c.margin, name):>14}  {'yes' if c.ok else 'NO'}")
         lines.append(f"  breakdown: prefill {fmt(m.prefill_cost)}, decode {fmt(m.decode_cost)}, "
                      f"overhead {fmt(m.overhead_cost)}, compile {fmt(m.compile_cost)}")
+        lines.append(graph_line(m, cost))
         units = device_units(m.cost, cost)
         if units:
             lines.append(f"  device time: {fmt(m.cost)} ms = {units}")

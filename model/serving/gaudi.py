@@ -1,37 +1,37 @@
-"""vLLM on Gaudi (vllm-gaudi): the ``gaudi-file`` bucket file and the ``gaudi-env`` bucketing variables.
+"""vLLM on Gaudi (vllm-gaudi): the bucketing rules, as its code applies them (late 2026).
 
-Follows vllm-gaudi's rules: ``VLLM_BUCKETING_FROM_FILE`` wins over any strategy, the
-deprecated ``VLLM_EXPONENTIAL_BUCKETING`` overrides ``VLLM_BUCKETING_STRATEGY`` (default
-``exp``), ``lin`` ladders are MIN, doubling up to STEP, then +STEP up to MAX, and ``exp``
-spaces ceil(log2(max model length)) + 1 points geometrically from the block size.  Export
-writes exactly the shapes the plans use: a bucket file always can; the variables only
-when a ``lin`` ladder generates exactly them (otherwise one line points at gaudi-file).
+Ranges: ``lin`` is MIN, doubling while below STEP, then +STEP up to MAX (MIN 0 adds a 0
+bucket); ``exp`` spaces ``limit`` points geometrically from MIN to MAX, each rounded
+up to STEP (MIN 0 or 1 adds that value), the last held at MAX.  Graphs: prompt
+``(batch, query_len, ctx_blocks)`` and decode ``(batch, 1, total KV blocks)``, the full
+product of the ranges (a file lists them).  Filters (prefix caching on, the vLLM
+default, so no contiguous PA): a prompt graph is dropped when its query is over
+``--max-model-len``, its context blocks over ceil((max_model_len - 1) / block size),
+batch x query over ``--max-num-batched-tokens`` or its batch over
+``VLLM_PROMPT_BS_BUCKET_MAX`` (1 when unset), the most prompts a step batches.  A
+decode graph is dropped when its batch is over its blocks and capped at batch x
+ceil(max_model_len / block size) blocks.  Reading files is in ``gaudi_read``,
+writing them in ``gaudi_write``.
 """
 
 from __future__ import annotations
 
-import ast
+import itertools
 import math
-import re
-from pathlib import Path
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 
 from model.base.errors import InputError
-from model.serving.parse import (
-    MAX_BUCKETS,
-    EnvValue,
-    check_range,
-    env_int,
-    env_vars,
-    max_model_len_of,
-    read_text,
-    shown,
-    text_lines,
-)
-from model.serving.spec import DEFAULT_BLOCK_SIZE, ExportSpec, Given
+from model.serving.graphs import Dropped, Graph
+from model.serving.parse import MAX_BUCKETS
+from model.serving.settings import missing
 
-# ---------------------------------------------------------------- ladders
+LONG_CTX_THRESHOLD = 8192  # from this max model length on, the largest prompt context follows each query
+DEFAULT_PROMPT_BS_MAX = 1  # vllm-gaudi's max prefill batch when VLLM_PROMPT_BS_BUCKET_MAX is unset
+
+# ---------------------------------------------------------------- ranges
 
 
 def lin_ladder(bmin: int, bstep: int, bmax: int) -> list[int]:
@@ -59,6 +59,20 @@ def lin_count(bmin: int, bstep: int, bmax: int) -> int:
     return ramp + (len(range(first, bmax + 1, bstep)) if first <= bmax else 0)
 
 
+def lin_range(bmin: int, bstep: int, bmax: int) -> list[int]:
+    """The whole ``lin`` range: MIN 0 stands for a 0 bucket plus the ladder from STEP (0, 0, 0 -> [0])."""
+    if bmin == 0:
+        return [0] if bmax == 0 else sorted({0, *lin_ladder(bstep, bstep, bmax)})
+    return lin_ladder(bmin, bstep, bmax)
+
+
+def lin_range_count(bmin: int, bstep: int, bmax: int) -> int:
+    """len(lin_range(...)) without building it."""
+    if bmin == 0:
+        return 1 if bmax == 0 else 1 + lin_count(bstep, bstep, bmax)
+    return lin_count(bmin, bstep, bmax)
+
+
 def lin_cover(values: list[int] | tuple[int, ...]) -> tuple[int, int, int]:
     """(MIN, STEP, MAX) of the smallest ``lin`` ladder found that contains every value.
 
@@ -80,6 +94,13 @@ def lin_cover(values: list[int] | tuple[int, ...]) -> tuple[int, int, int]:
     return lo, -best[1], hi
 
 
+def lin_exact(values: Iterable[int]) -> tuple[int, int, int] | None:
+    """(MIN, STEP, MAX) of a ``lin`` ladder that makes exactly these values, or None if none does."""
+    vals = sorted(set(values))
+    cfg = lin_cover(vals)
+    return cfg if lin_ladder(*cfg) == vals else None
+
+
 def _lin_covers(vals: list[int], lo: int, step: int, hi: int) -> bool:
     ramp = set()
     x = lo
@@ -99,294 +120,226 @@ def divisors(n: int) -> set[int]:
 
 
 def exp_ladder(bmin: int, bstep: int, bmax: int, count: int) -> list[int]:
-    """vllm-gaudi's ``exp`` spacing: ``count`` points from bmin to bmax on a geometric scale, each
-    rounded up to a multiple of bstep, duplicates dropped; the last point is bmax itself (as with
-    contiguous PA -- without it vllm-gaudi rounds bmax up to a multiple of bstep).
+    """vllm-gaudi's ``exp`` range: ``count`` points from bmin to bmax on a geometric scale, each rounded up
+    to a multiple of bstep, duplicates dropped, the largest held at bmax; a bmin of 0 or 1 starts the scale
+    at bstep and adds that value.  Its docstring's example: (128, 128, 2048, 10) -> 128, 256, 384, 512,
+    640, 896, 1152, 1536, 2048.
     """
-    if count == 1:
+    origin = bmin
+    if bmin in (0, 1):
+        bmin = bstep
+    if count <= 1:
         return [bmax]
-    out = set()
-    for i in range(count):
-        power = bmin * np.float_power(bmax / bmin, (1.0 / float(count - 1)) * i)
-        out.add(bmax if i == count - 1 else math.ceil(power / bstep) * bstep)
-    return sorted(int(b) for b in out)
+    out = {math.ceil(float(bmin * np.float_power(bmax / bmin, (1.0 / float(count - 1)) * i)) / bstep) * bstep
+           for i in range(count)}
+    if origin in (0, 1):
+        out.add(origin)
+    ordered = sorted(int(b) for b in out)
+    if ordered[-1] > bmax:
+        ordered[-1] = bmax
+    return ordered
 
 
-# ---------------------------------------------------------------- gaudi-file
+def log_points(n: int) -> int:
+    """ceil(log2(n)): the ``limit`` vllm-gaudi gives an exp range up to n (0 for n = 1)."""
+    return math.ceil(math.log2(n)) if n > 1 else 0
 
 
-_RANGE = re.compile(r"range\s*\(([^()]*)\)")
-_GAUDI_FIELDS = ("batch", "query_len", "ctx_blocks")
+# ---------------------------------------------------------------- the server a config runs on
 
 
-def read_gaudi_file(path: Path, text: str, max_model_len: int | None) -> list[Given]:
-    """``gaudi-file``: one Python literal 3-tuple a line, read with ast.literal_eval only.
+@dataclass(frozen=True)
+class GaudiServer:
+    """What vllm-gaudi's bucketing reads besides the bucket settings (None: not known here)."""
 
-    ``range(a, b[, step])`` is recognised here (its arguments are literal integers) and
-    stands in for its values lazily, so ``range(0, 10**12, 1)`` or a huge Cartesian
-    product is refused by counting, before anything is expanded.  Strings are not
-    allowed in a bucket, which keeps the stand-ins unambiguous.  A tuple whose middle
-    element is 1 is a decode bucket (checked, not a shape); any other is a prompt bucket
-    whose query_len is a shape.
-    """
-    src = str(path)
-    out: list[Given] = []
-    total = 0
-    for number, body in text_lines(text, src):
-        if "'" in body or '"' in body:
-            raise InputError(src, number, None, "strings are not allowed in a bucket line")
-        literal, ranges = _range_stand_ins(body, src, number)
-        try:
-            bucket = ast.literal_eval(literal)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            raise InputError(src, number, None, f"not a Python literal 3-tuple: {shown(body)}") from None
-        if not isinstance(bucket, tuple) or len(bucket) != 3:
-            raise InputError(src, number, None, f"expected a 3-tuple (batch, query_len, ctx_blocks), got {shown(body)}")
-        dims = [_gaudi_values(v, ranges, src, number, name) for v, name in zip(bucket, _GAUDI_FIELDS, strict=True)]
-        count = math.prod(len(d) for d in dims)
-        total += count
-        if count > MAX_BUCKETS or total > MAX_BUCKETS:
-            raise InputError(src, number, None, f"expands to {total if count <= MAX_BUCKETS else count} buckets; "
-                             f"at most {MAX_BUCKETS} are accepted (refused before expanding)")
-        for name, lo, values in zip(_GAUDI_FIELDS, (1, 1, 0), dims, strict=True):
-            for v in (values[0], values[-1]) if isinstance(values, range) else values:
-                check_range(v, src, number, name, lo)
-        out.extend(Given(q, src, number, "query_len") for q in dims[1] if q != 1)
+    block_size: int
+    max_model_len: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    prompt_bs_max: int | None = None  # VLLM_PROMPT_BS_BUCKET_MAX
+    ctx_bucket_max: int | None = None  # VLLM_PROMPT_CTX_BUCKET_MAX (the long-context edge respects it)
+    contiguous_pa: bool = False  # VLLM_CONTIGUOUS_PA (off whenever prefix caching is on, vLLM's default)
+
+    @property
+    def max_prefill(self) -> int:
+        return self.prompt_bs_max or DEFAULT_PROMPT_BS_MAX
+
+    def need(self, value: int | None, name: str, why: str, src: str) -> int:
+        """A setting a rule cannot be followed without: its value, or an InputError naming it."""
+        if value is None:
+            raise InputError(src, None, name, missing(name, why))
+        return value
+
+
+def check_count(count: int, src: str, what: str) -> None:
+    """Refuse a product of ranges larger than MAX_BUCKETS before it is built."""
+    if count > MAX_BUCKETS:
+        raise InputError(src, None, None, f"the {what} expand to {count} graphs; at most {MAX_BUCKETS} are "
+                         "counted (refused before expanding)")
+
+
+def prompt_product(bs: list[int], query: list[int], ctx: list[int], server: GaudiServer) -> list[tuple[int, ...]]:
+    """Every prompt tuple of the ranges, with vllm-gaudi's long-context edge: from a max model length of 8192
+    the largest context value becomes (max_model_len - query) // block size per query, when
+    VLLM_PROMPT_CTX_BUCKET_MAX allows it (the value carries to the next query otherwise, as in its loop)."""
+    out = []
+    top = max(ctx)
+    long = server.max_model_len is not None and server.max_model_len >= LONG_CTX_THRESHOLD
+    for b, c0 in itertools.product(bs, ctx):
+        c = c0
+        for q in query:
+            if long and c0 == top:
+                edge = (server.max_model_len - q) // server.block_size
+                if edge >= 0 and (server.ctx_bucket_max is None or edge < server.ctx_bucket_max):
+                    c = edge
+            out.append((b, q, c))
     return out
 
 
-def _range_stand_ins(body: str, src: str, line: int) -> tuple[str, list[range]]:
-    """body with each ``range(...)`` replaced by the string literal 'range#k', and the k-th lazy range."""
-    ranges: list[range] = []
-    pieces, at = [], 0
-    for m in _RANGE.finditer(body):
-        ranges.append(_literal_range(m.group(1), src, line))
-        pieces += [body[at:m.start()], repr(f"range#{len(ranges) - 1}")]
-        at = m.end()
-    return "".join(pieces) + body[at:], ranges
+Ruled = tuple[list[Graph], list[Dropped], list[str]]  # (compiled, dropped, notes)
 
 
-def _literal_range(args: str, src: str, line: int) -> range:
-    """``range(...)``'s arguments, each a literal integer; the range stays lazy."""
-    try:
-        values = ast.literal_eval(f"({args},)")
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        raise InputError(src, line, "range", f"arguments must be literal integers, got {shown(args)}") from None
-    if not 1 <= len(values) <= 3 or any(isinstance(v, bool) or not isinstance(v, int) for v in values):
-        raise InputError(src, line, "range", f"expected range(a, b[, step]) of integers, got range({args})")
-    if len(values) == 3 and values[2] == 0:
-        raise InputError(src, line, "range", "step must not be zero")
-    r = range(*values)
-    try:
-        n = len(r)
-    except OverflowError:
-        n = MAX_BUCKETS + 1
-    if n > MAX_BUCKETS:
-        raise InputError(src, line, "range", f"range({args}) has more than {MAX_BUCKETS} values; refused "
-                         "before expanding")
-    if n == 0:
-        raise InputError(src, line, "range", f"range({args}) is empty")
-    return r if r.step > 0 else r[::-1]
+def prompt_rules(tuples: Iterable[tuple[int, ...]], server: GaudiServer) -> Ruled:
+    """(compiled, dropped, notes) of prompt tuples under the server's filters; a filter whose setting is not
+    known is not applied and a note names the setting."""
+    kept, dropped, notes = [], [], []
+    mml, budget, block = server.max_model_len, server.max_num_batched_tokens, server.block_size
+    for b, q, c in tuples:
+        g = Graph("prompt", (b, q, c))
+        if mml is not None and q > mml:
+            dropped.append(Dropped(g, f"query_len {q} over --max-model-len {mml}"))
+        elif mml is not None and c > math.ceil((mml - 1) / block):
+            dropped.append(Dropped(g, f"{c} context blocks over ceil((--max-model-len - 1) / block size) = "
+                                      f"{math.ceil((mml - 1) / block)}"))
+        elif budget is not None and b * q > budget:
+            dropped.append(Dropped(g, f"batch x query_len {b * q} over --max-num-batched-tokens {budget}"))
+        elif b > server.max_prefill:
+            unset = "" if server.prompt_bs_max else " (its default when unset)"
+            dropped.append(Dropped(g, f"batch {b} over VLLM_PROMPT_BS_BUCKET_MAX {server.max_prefill}{unset}"))
+        else:
+            kept.append(g)
+    if mml is None:
+        notes.append(missing("max_model_len", "dropping prompt graphs longer than the max model length"))
+    if budget is None:
+        notes.append(missing("max_num_batched_tokens", "dropping prompt graphs over the token budget"))
+    return kept, dropped, notes
 
 
-def _gaudi_values(value, ranges: list[range], src: str, line: int, name: str) -> range | list[int]:
-    """One element of a bucket tuple: an int, a list of ints or a recognised range."""
-    if isinstance(value, str):
-        return ranges[int(value.split("#")[1])]
-    items = value if isinstance(value, list) else [value]
-    if any(isinstance(v, str) for v in items):
-        raise InputError(src, line, name, "range(...) cannot stand inside a list: use the range or a list")
-    if not items:
-        raise InputError(src, line, name, "empty list: the line would describe no bucket")
-    for v in items:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise InputError(src, line, name, f"expected an integer, a list of integers or range(...), "
-                             f"got {shown(v) if not isinstance(v, (tuple, set, dict)) else repr(v)[:40]}")
-    return items
+def decode_rules(tuples: Iterable[tuple[int, ...]], server: GaudiServer) -> Ruled:
+    """(compiled, dropped, notes) of decode tuples: without contiguous PA a graph needs at least a block per
+    sequence and is capped at batch x ceil(max_model_len / block size) blocks."""
+    kept, dropped, notes = [], [], []
+    mml = server.max_model_len
+    for b, q, blocks in tuples:
+        g = Graph("decode", (b, q, blocks))
+        if server.contiguous_pa:
+            kept.append(g)
+        elif b > blocks:
+            dropped.append(Dropped(g, f"batch {b} over its {blocks} blocks"))
+        elif mml is not None and blocks > b * -(-mml // server.block_size):
+            cap = b * -(-mml // server.block_size)
+            dropped.append(Dropped(g, f"capped at batch x ceil(--max-model-len / block size) = {cap} blocks: "
+                                      f"compiled as ({b}, 1, {cap})"))
+            kept.append(Graph("decode", (b, q, cap)))
+        else:
+            kept.append(g)
+    if mml is None and not server.contiguous_pa:
+        notes.append(missing("max_model_len", "capping decode graphs at the max model length"))
+    return kept, dropped, notes
 
 
-# ---------------------------------------------------------------- gaudi-env
+# ---------------------------------------------------------------- the lin and exp strategies' ranges
 
 
-_BUCKET_VAR = re.compile(r"VLLM_(PROMPT|DECODE)_\w*BUCKET\w*")
-_KNOWN_BUCKET_VARS = frozenset(f"VLLM_{phase}_{dim}_BUCKET_{p}" for phase in ("PROMPT", "DECODE")
-                               for dim in ("BS", "QUERY", "SEQ", "CTX", "BLOCK")
-                               for p in ("MIN", "STEP", "MAX", "LIMIT", "PAD_MAX", "PAD_PERCENT"))
-GAUDI_STRATEGIES = ("exp", "lin", "pad")
+Triple = tuple[int | None, int | None, int | None]  # (MIN, STEP, MAX) as set; None: vllm-gaudi's default
 
 
-def read_gaudi_env(path: Path, text: str, max_model_len: int | None) -> list[Given]:
-    """``gaudi-env``: vllm-gaudi's bucketing variables; the shapes are the prompt query lengths.
-
-    ``VLLM_BUCKETING_FROM_FILE`` wins over any strategy (as in vllm-gaudi); then the
-    deprecated ``VLLM_EXPONENTIAL_BUCKETING`` (true -> exp, false -> lin) overrides
-    ``VLLM_BUCKETING_STRATEGY`` (default exp).  A misspelt bucket variable is an error,
-    not a silently ignored line.
-    """
-    src = str(path)
-    env = env_vars(text, src)
-    for name, v in env.items():
-        if _BUCKET_VAR.fullmatch(name) and name not in _KNOWN_BUCKET_VARS:
-            raise InputError(src, v.line, name, "unknown bucketing variable (a typo?)")
-    bucket_file = env.get("VLLM_BUCKETING_FROM_FILE")
-    if bucket_file is not None:
-        target = Path(bucket_file.value)
-        target = target if target.is_absolute() else path.parent / target
-        if not bucket_file.value or not target.is_file():
-            raise InputError(src, bucket_file.line, "VLLM_BUCKETING_FROM_FILE",
-                             f"{str(target)!r} is not a file (relative paths are taken from {str(path.parent)!r})")
-        return read_gaudi_file(target, read_text(target), max_model_len)
-    strategy = gaudi_strategy(env, src)
-    if strategy == "pad":
-        v = env["VLLM_BUCKETING_STRATEGY"]
-        raise InputError(src, v.line, "VLLM_BUCKETING_STRATEGY", "the pad strategy is not supported; "
-                         "use lin, exp or VLLM_BUCKETING_FROM_FILE")
-    if strategy == "exp":
-        return gaudi_exp_query(env, src, max_model_len)
-    return gaudi_lin_query(env, src)
+def pick(value: int | None, default: int | None, setting: str, why: str, src: str) -> int:
+    """A range parameter: as set, else vllm-gaudi's default, else an InputError naming the setting it needs."""
+    if value is not None:
+        return value
+    if default is None:
+        raise InputError(src, None, setting, missing(setting, why))
+    return default
 
 
-def gaudi_strategy(env: dict[str, EnvValue], src: str) -> str:
-    """The strategy vllm-gaudi would run with these variables."""
-    legacy = env.get("VLLM_EXPONENTIAL_BUCKETING")
-    if legacy is not None:
-        flag = legacy.value.strip().lower()
-        if flag not in ("1", "true", "t", "yes", "0", "false", "f", "no"):
-            raise InputError(src, legacy.line, "VLLM_EXPONENTIAL_BUCKETING", f"expected true or false, "
-                             f"got {legacy.value!r}")
-        return "exp" if flag in ("1", "true", "t", "yes") else "lin"
-    chosen = env.get("VLLM_BUCKETING_STRATEGY")
-    if chosen is None:
-        return "exp"
-    if chosen.value not in GAUDI_STRATEGIES:
-        raise InputError(src, chosen.line, "VLLM_BUCKETING_STRATEGY", f"expected one of "
-                         f"{', '.join(GAUDI_STRATEGIES)}, got {chosen.value!r}")
-    return chosen.value
+def lin_prompt_cfgs(cfg: dict[str, Triple], server: GaudiServer, src: str) -> list[tuple[int, int, int]]:
+    """The lin prompt (MIN, STEP, MAX) triples, each parameter as set or by vllm-gaudi's default: batch (1, 1,
+    VLLM_PROMPT_BS_BUCKET_MAX), query (block, block, token budget), context (0, 1, (max model len - query
+    MIN) // block)."""
+    block, mml = server.block_size, server.max_model_len
+    b0, b1, b2 = cfg.get("bs", (None, None, None))
+    bs = (pick(b0, 1, "", "", src), pick(b1, 1, "", "", src), pick(b2, server.max_prefill, "", "", src))
+    q0, q1, q2 = cfg.get("query", (None, None, None))
+    query = (pick(q0, block, "", "", src), pick(q1, block, "", "", src),
+             pick(q2, server.max_num_batched_tokens, "max_num_batched_tokens", "lin's default query MAX", src))
+    c0, c1, c2 = cfg.get("ctx", (None, None, None))
+    ctx = (pick(c0, 0, "", "", src), pick(c1, 1, "", "", src),
+           pick(c2, None if mml is None else (mml - query[0]) // block, "max_model_len",
+                "lin's default context MAX", src))
+    return [check_order(r, src) for r in (bs, query, ctx)]
 
 
-def gaudi_lin_query(env: dict[str, EnvValue], src: str) -> list[Given]:
-    """The ``lin`` prompt query ladder, from the QUERY variables or their legacy SEQ names."""
-    cfg: list[int] = []
-    names: list[str] = []
-    for p in ("MIN", "STEP", "MAX"):
-        new, old = f"VLLM_PROMPT_QUERY_BUCKET_{p}", f"VLLM_PROMPT_SEQ_BUCKET_{p}"
-        a, b = env_int(env, src, new), env_int(env, src, old)
-        if a is not None and b is not None and a != b:
-            raise InputError(src, env[old].line, old, f"{b} disagrees with {new}={a}")
-        if a is None and b is None:
-            raise InputError(src, None, new, "missing (or its legacy name " + old + "); lin's default depends on "
-                             "the server's block size and token budget")
-        cfg.append(a if a is not None else b)
-        names.append(new if a is not None else old)
-    bmin, bstep, bmax = cfg
+def check_order(cfg: tuple[int, int, int], src: str) -> tuple[int, int, int]:
+    """vllm-gaudi asserts MIN <= MAX (and a 0 STEP would never end): an InputError instead."""
+    if cfg[0] > cfg[2] or (cfg[1] < 1 and cfg[2] > 0):
+        raise InputError(src, None, None, f"a lin range (MIN, STEP, MAX) = {cfg} needs MIN <= MAX and STEP >= 1")
+    return cfg
+
+
+def exp_prompt_ranges(server: GaudiServer, query_min: int, src: str) -> tuple[list[int], list[int], list[int]]:
+    """The exp prompt ranges (since October 2025): batch 1..VLLM_PROMPT_BS_BUCKET_MAX, query up to the token
+    budget with ceil(log2(budget)) points, context 0..max blocks; the user's bucket values are ignored."""
+    block = server.block_size
+    budget = server.need(server.max_num_batched_tokens, "max_num_batched_tokens", "the exp query range", src)
+    mml = server.need(server.max_model_len, "max_model_len", "the exp context range", src)
+    if log_points(budget) < 1:
+        raise InputError(src, None, "max_num_batched_tokens", f"{budget} gives the exp range no point")
+    bs_max = server.max_prefill
+    bs = exp_ladder(1, 2, bs_max, log_points(bs_max) + 1)
+    query = exp_ladder(query_min, block, budget, log_points(budget))
+    if mml >= LONG_CTX_THRESHOLD:
+        top = max(1, (mml - budget) // block)
+    else:
+        top = max(1, (mml - query_min) // block)
+    ctx = exp_ladder(0, 1, top, 2 if top == 1 else log_points(top) + 1)
+    return bs, query, ctx
+
+
+def lin_decode_cfgs(cfg: dict[str, Triple], server: GaudiServer, src: str) -> list[tuple[int, int, int]]:
+    """The lin decode triples, each parameter as set or by default: batch (1, 32, --max-num-seqs), blocks
+    (1, block, max model len x max seqs // block); a block MIN above MAX becomes MAX - STEP, as in vllm-gaudi."""
+    block, seqs, mml = server.block_size, server.max_num_seqs, server.max_model_len
+    b0, b1, b2 = cfg.get("decode_bs", (None, None, None))
+    bs = (pick(b0, 1, "", "", src), pick(b1, 32, "", "", src),
+          pick(b2, seqs, "max_num_seqs", "lin's default decode batch MAX", src))
+    k0, k1, k2 = cfg.get("block", (None, None, None))
+    top = None if mml is None or seqs is None else max(mml * seqs // block, block)
+    bmin, bstep, bmax = (pick(k0, 1, "", "", src), pick(k1, block, "", "", src),
+                         pick(k2, top, "max_model_len" if mml is None else "max_num_seqs",
+                              "lin's default decode block MAX", src))
     if bmin > bmax:
-        raise InputError(src, env[names[2]].line, names[2], f"{bmax} is below MIN {bmin}")
-    n = lin_count(bmin, bstep, bmax)
-    if n > MAX_BUCKETS:
-        raise InputError(src, env[names[1]].line, names[1], f"the ladder has {n} values; at most {MAX_BUCKETS}")
-    line = env[names[2]].line
-    return [Given(v, src, line, names[2]) for v in lin_ladder(bmin, bstep, bmax)]
+        bmin = max(1, bmax - bstep)
+    return [check_order(bs, src), check_order((bmin, bstep, bmax), src)]
 
 
-def gaudi_exp_query(env: dict[str, EnvValue], src: str, max_model_len: int | None) -> list[Given]:
-    """The ``exp`` prompt query buckets vllm-gaudi derives, ignoring the user's QUERY values.
-
-    block_size to max_model_len, ceil(log2(max_model_len)) + 1 points on a geometric
-    scale rounded up to the block size -- before the server drops buckets over its
-    token budget, which this file cannot know.
-    """
-    mml = max_model_len_of(env, src, max_model_len, "the exp strategy derives its buckets from the max model length")
-    block = env_int(env, src, "BLOCK_SIZE") or DEFAULT_BLOCK_SIZE
-    if block > mml:
-        raise InputError(src, env["BLOCK_SIZE"].line if "BLOCK_SIZE" in env else None, "BLOCK_SIZE",
-                         f"{block} is larger than the max model length {mml}")
-    line = env["MAX_MODEL_LEN"].line if "MAX_MODEL_LEN" in env else None
-    count = math.ceil(math.log2(mml)) + 1
-    return [Given(v, src, line, "MAX_MODEL_LEN") for v in exp_ladder(block, block, mml, count)]
+def lin_ranges(cfgs: list[tuple[int, int, int]], src: str, what: str) -> list[list[int]]:
+    """The ranges of lin triples, their product counted (and refused over MAX_BUCKETS) before any is built."""
+    check_count(math.prod(lin_range_count(*c) for c in cfgs), src, what)
+    return [lin_range(*c) for c in cfgs]
 
 
-# ---------------------------------------------------------------- writers
-
-
-def decode_buckets(spec: ExportSpec) -> list[tuple[int, int]]:
-    """Gaudi decode buckets (batch n, total KV blocks) for every (shape, n) the plans use.
-
-    A batch of n sequences at context c holds n * ceil(c / block size) blocks; the shape's
-    context (its longest) covers every batch at that shape.
-    """
-    out = set()
-    for u in spec.uses:
-        if u.context is None:
-            continue
-        per_seq = -(-u.context // spec.block_size)
-        out.update((n, n * per_seq) for n in (u.batch_sizes or (1,)))
-    return sorted(out)
-
-
-def _literal(values: list[int] | tuple[int, ...]) -> str:
-    """One gaudi-file element: a bare int when there is one value, else a list."""
-    return str(values[0]) if len(values) == 1 else "[" + ", ".join(map(str, values)) + "]"
-
-
-def write_gaudi_file(spec: ExportSpec) -> str:
-    """``gaudi-file``: exactly the (batch, shape) pairs used, and their decode buckets."""
-    lines = ["# shapeplan export: vLLM on Gaudi bucket file. Start the server with",
-             "# VLLM_BUCKETING_FROM_FILE=<this file>; it takes precedence over VLLM_BUCKETING_STRATEGY.",
-             "# prompt: (batch sizes, query_len, ctx_blocks) -- each shape with the batch sizes the plans use"]
-    lines += [f"({_literal(u.batch_sizes or (1,))}, {u.shape}, 0)" for u in spec.uses]
-    decode = decode_buckets(spec)
-    if decode:
-        lines.append(f"# decode: (batch, 1, total KV blocks of the batch at block size {spec.block_size}), "
-                     "a sequence's context being shape + longest generation")
-        by_size: dict[int, list[int]] = {}
-        for n, blocks in decode:
-            by_size.setdefault(n, []).append(blocks)
-        lines += [f"({n}, 1, {_literal(blocks)})" for n, blocks in sorted(by_size.items())]
+def exp_decode_ranges(server: GaudiServer, kv_blocks: int | None, src: str) -> tuple[list[int], list[int], str | None]:
+    """The exp decode ranges: batch 1..--max-num-seqs, blocks 1..max seqs x ceil(max model len / block),
+    clamped to 3 x the KV cache's blocks (a note when that count is not known)."""
+    seqs = server.need(server.max_num_seqs, "max_num_seqs", "the exp decode range", src)
+    mml = server.need(server.max_model_len, "max_model_len", "the exp decode range", src)
+    top = -(-mml // server.block_size) * seqs
+    note = None
+    if kv_blocks is not None:
+        top = min(top, 3 * kv_blocks)
     else:
-        lines.append("# decode buckets need the generation lengths: export with --requests or --scenario")
-    return "\n".join(lines) + "\n"
-
-
-def write_gaudi_env(spec: ExportSpec) -> str:
-    """``gaudi-env``: the lin strategy with a query ladder that generates exactly the shapes.
-
-    Refused (one line naming gaudi-file) when no MIN/STEP/MAX generates exactly them:
-    a covering ladder would compile lengths the plans never use, which is what they
-    were optimised to avoid.
-    """
-    shapes = spec.shapes
-    qmin, qstep, qmax = lin_cover(shapes)
-    if lin_ladder(qmin, qstep, qmax) != list(shapes):
-        raise InputError("--format", None, None,
-                         f"gaudi-env cannot express the shapes {', '.join(map(str, shapes))}: the lin strategy "
-                         "only makes ladders (MIN, doubling up to STEP, then +STEP up to MAX); export with "
-                         "--format gaudi-file and set VLLM_BUCKETING_FROM_FILE to that file")
-    sizes = spec.batch_sizes or (1,)
-    lines = ["# shapeplan export: vLLM on Gaudi bucketing variables (VAR=value; source or pass as environment).",
-             "# lin keeps these values; exp (the default) would overwrite them. VLLM_EXPONENTIAL_BUCKETING,",
-             "# deprecated, overrides the strategy when set, so it is pinned to lin (false) as well.",
-             "VLLM_BUCKETING_STRATEGY=lin",
-             "VLLM_EXPONENTIAL_BUCKETING=false",
-             f"# prompt query lengths: exactly the shapes {', '.join(map(str, shapes))}",
-             *_triple("VLLM_PROMPT_QUERY_BUCKET", (qmin, qstep, qmax)),
-             "# the same under the legacy names older releases read",
-             *_triple("VLLM_PROMPT_SEQ_BUCKET", (qmin, qstep, qmax))]
-    bs = lin_cover(sizes)
-    lines += [(f"# prompt batch sizes: a ladder covering {', '.join(map(str, sizes))} "
-               f"(it makes {', '.join(map(str, lin_ladder(*bs)))}); lin crosses it with every query length"),
-              *_triple("VLLM_PROMPT_BS_BUCKET", bs)]
-    decode = decode_buckets(spec)
-    if decode:
-        dbs = lin_cover([n for n, _ in decode])
-        blocks = lin_cover([b for _, b in decode])
-        lines += [(f"# decode: batch sizes and total KV blocks (block size {spec.block_size}); each ladder "
-                   "covers what the plans' batches need"),
-                  *_triple("VLLM_DECODE_BS_BUCKET", dbs), *_triple("VLLM_DECODE_BLOCK_BUCKET", blocks)]
-    else:
-        lines.append("# decode buckets need the generation lengths: export with --requests or --scenario")
-    return "\n".join(lines) + "\n"
-
-
-def _triple(prefix: str, cfg: tuple[int, int, int]) -> list[str]:
-    return [f"{prefix}_{p}={v}" for p, v in zip(("MIN", "STEP", "MAX"), cfg, strict=True)]
-
+        note = missing("num_gpu_blocks_override", "clamping the exp decode block range to 3 x the KV cache's blocks")
+    bs = exp_ladder(1, 2, seqs, log_points(seqs) + 1)
+    blocks = exp_ladder(1, seqs, top, log_points(top) + 1)
+    return bs, blocks, note

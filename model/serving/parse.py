@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model.base.errors import InputError
+from model.load.files import read_input
 from model.load.requests import MAX_LEN
 from model.serving.spec import Given
 
@@ -30,14 +31,10 @@ LIMIT_NOTE = f"the largest accepted is {MAX_LEN} (2**20 tokens); a larger value 
 def read_text(path: Path) -> str:
     """The file as text: never a traceback for a folder, a missing, huge, binary or non-UTF-8 file."""
     src = str(path)
-    if path.is_dir():
-        raise InputError(src, None, None, "is a folder, expected a file")
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise InputError(src, None, None, f"cannot read: {exc.strerror or exc}") from None
+    # the one place inputs are opened: a FIFO is refused, not waited on
+    raw = read_input(path, MAX_FILE_BYTES, folder="is a folder, expected a file")
     if len(raw) > MAX_FILE_BYTES:
+
         raise InputError(src, None, None, f"larger than {MAX_FILE_BYTES >> 20} MiB; a shape configuration "
                          "is a few lines")
     if b"\0" in raw:

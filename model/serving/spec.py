@@ -1,7 +1,8 @@
 """The records every serving format shares: lengths read from a file, shapes imported, what an export writes.
 
 Readers return ``Given`` lengths (value and where the file states it, so an error or a
-warning can name the line); the registry turns them into a ``ShapeImport``.  Writers take
+warning can name the line); the registry turns them into a ``ShapeImport``
+(``model.serving.graphs``).  Writers take
 an ``ExportSpec``: the shapes the plans use, the batch sizes at each and, with requests,
 each shape's context.  ``check_spec`` is the one gate before any writer runs.
 """
@@ -28,32 +29,27 @@ class Given:
 
 
 @dataclass(frozen=True)
-class ShapeImport:
-    """The shapes a configuration compiles, rounded up to multiples of 64."""
-
-    shapes: tuple[int, ...]  # sorted, unique, positive multiples of 64
-    rounded: tuple[tuple[int, int], ...]  # (given, rounded up) for every given length that moved
-    source: str
-
-    def warning(self) -> str | None:
-        """The line to show when lengths were rounded up, naming each of them (None if none were)."""
-        if not self.rounded:
-            return None
-        pairs = ", ".join(f"{a} -> {b}" for a, b in self.rounded)
-        return f"{self.source}: lengths that are not multiples of {GRANULARITY} rounded up: {pairs}"
-
-
-@dataclass(frozen=True)
 class ShapeUse:
     """How the plans use one shape: the batch sizes declared at it and, with requests, its context.
 
     ``context`` is the shape plus the longest generation among its batches (tokens,
-    not rounded): the longest sequence a decode at this shape reaches.
+    not rounded): the longest sequence a decode at this shape reaches.  ``contexts``,
+    when given, is the same per batch size (parallel to ``batch_sizes``): each
+    (batch size, shape) the plans run is a graph of its own, and its decode graph
+    needs only the longest context of those batches.
     """
 
     shape: int
     batch_sizes: tuple[int, ...] = ()
     context: int | None = None
+    contexts: tuple[int, ...] = ()
+
+    def runs(self) -> tuple[tuple[int, int | None], ...]:
+        """(batch size, context or None) of every graph the plans run at this shape (batch 1 if none given)."""
+        sizes = self.batch_sizes or (1,)
+        if self.contexts:
+            return tuple(zip(sizes, self.contexts, strict=True))
+        return tuple((n, self.context) for n in sizes)
 
 
 @dataclass(frozen=True)
@@ -63,6 +59,7 @@ class ExportSpec:
     uses: tuple[ShapeUse, ...]  # one per shape, sorted by shape
     block_size: int = DEFAULT_BLOCK_SIZE
     max_model_len: int | None = None
+    compile_ms: float | None = None  # a device profile's compile time per graph (the warm-up estimate)
 
     @classmethod
     def of_shapes(cls, shapes, block_size: int = DEFAULT_BLOCK_SIZE,
@@ -101,7 +98,9 @@ def check_spec(spec: ExportSpec) -> None:
         raise InputError("--block-size", None, None, f"must be a positive integer up to {MAX_LEN}, "
                          f"got {spec.block_size}")
     for u in spec.uses:
-        if any(n < 1 for n in u.batch_sizes) or (u.context is not None and u.context < u.shape):
+        if any(n < 1 for n in u.batch_sizes) or (u.context is not None and u.context < u.shape) or (
+                u.contexts and (len(u.contexts) != len(u.batch_sizes) or u.context is None
+                                or any(not u.shape <= c <= u.context for c in u.contexts))):
             raise InputError("<plans>", None, "uses", f"batch sizes must be positive and the context at least "
                              f"the shape, got {u}")
     if spec.max_model_len is not None:
@@ -110,6 +109,12 @@ def check_spec(spec: ExportSpec) -> None:
             what = "shape" if longest == max(shapes) else "context (shape + longest generation)"
             raise InputError("--max-model-len", None, None,
                              f"{spec.max_model_len} is shorter than the plans' longest {what}, {longest}")
+
+
+def context_bucket(context: int, spec: ExportSpec) -> int:
+    """A context as a token bucket: rounded up to 64 and held under --max-model-len (the rounding must
+    not push a bucket past the server's limit)."""
+    return min(align(context), spec.max_model_len or MAX_LEN)
 
 
 def contexts(spec: ExportSpec) -> list[int]:

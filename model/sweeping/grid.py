@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from model.base.errors import InputError
+from model.base.numbers import decimal_text, integer_text
 from model.domain.schema import LIMIT_KEYS, Limits, Problem
 from model.load.scenario import MAX_SHAPES
 
@@ -37,10 +38,9 @@ def parse_ks(spec: str, most: int = MAX_SHAPES) -> tuple[int, ...]:
     ks: set[int] = set()
     for part in (p.strip() for p in spec.split(",")):
         lo, dash, hi = part.partition("-")
-        try:
-            a, b = int(lo), int(hi if dash else lo)
-        except ValueError:
-            raise InputError("--k", None, None, f"expected K values like 1-16 or 2,4,8, got {spec!r}") from None
+        a, b = integer_text(lo), integer_text(hi if dash else lo)
+        if a is None or b is None:
+            raise InputError("--k", None, None, f"expected K values like 1-16 or 2,4,8, got {spec!r}")
         if a < 1 or b < a:
             raise InputError("--k", None, None, f"expected positive K values in increasing ranges, got {part!r}")
         if b > most:
@@ -69,10 +69,9 @@ def useful_ks(ks: Sequence[int], distinct: int) -> tuple[tuple[int, ...], str | 
 
 def parse_factors(spec: str) -> tuple[float, ...]:
     """``--factors``: comma-separated positive scale factors, sorted (tightest first)."""
-    try:
-        values = {float(p) for p in spec.split(",") if p.strip()}
-    except ValueError:
-        raise InputError("--factors", None, None, f"expected numbers like 0.8,0.9,1.0, got {spec!r}") from None
+    values = {decimal_text(p.strip()) for p in spec.split(",") if p.strip()}
+    if None in values:
+        raise InputError("--factors", None, None, f"expected numbers like 0.8,0.9,1.0, got {spec!r}")
     if not values or any(not (v > 0 and math.isfinite(v)) for v in values):
         raise InputError("--factors", None, None, f"expected positive numbers, got {spec!r}")
     return tuple(sorted(values))

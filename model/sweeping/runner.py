@@ -116,6 +116,11 @@ class SweepRow:
     mean_devices: float | None = None  # and its mean over the windows
     total_peak_devices: int | None = None  # the same with every bucket's work pooled
     total_mean_devices: float | None = None
+    n_graphs: int | None = None  # distinct graphs (batch size or bucket, shape) this bucket's plan runs
+    warmup_s: float | None = None  # their warm-up: compile time x graphs
+    graphs: str = ""  # the graphs, "BxS" each (with the batch free: one per distinct batch size and shape)
+    total_graphs: int | None = None  # distinct graphs across all buckets
+    total_warmup_s: float | None = None
 
     @property
     def point(self) -> SweepPoint:
@@ -210,6 +215,8 @@ def point_rows(point: SweepPoint, problem: Problem, outcomes: Sequence[PlannerOu
         rep = out.report
         total = out.total_cost
         total_bound = rep.bound if rep is not None else None
+        all_graphs = None if out.results is None or any(r.metrics is None for r in out.results) else \
+            set().union(*(set(r.metrics.graphs) for r in out.results))
         for b, (bucket, limits) in enumerate(zip(problem.buckets, problem.limits, strict=True)):
             res = out.results[b] if out.results is not None else None
             m = res.metrics if res is not None else None
@@ -237,7 +244,12 @@ def point_rows(point: SweepPoint, problem: Problem, outcomes: Sequence[PlannerOu
                 peak_devices=out.devices.peak(b) if out.devices else None,
                 mean_devices=out.devices.mean(b) if out.devices else None,
                 total_peak_devices=out.devices.peak() if out.devices else None,
-                total_mean_devices=out.devices.mean() if out.devices else None))
+                total_mean_devices=out.devices.mean() if out.devices else None,
+                n_graphs=len(m.graphs) if m else None,
+                warmup_s=problem.cost.warmup_ms(len(m.graphs)) / 1000.0 if m else None,
+                graphs=" ".join(f"{g}x{s}" for g, s in m.graphs) if m else "",
+                total_graphs=len(all_graphs) if all_graphs is not None else None,
+                total_warmup_s=problem.cost.warmup_ms(len(all_graphs)) / 1000.0 if all_graphs is not None else None))
     return rows
 
 

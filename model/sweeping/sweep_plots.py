@@ -1,8 +1,8 @@
 """Pictures of a sweep: cost against K with the bound band, the cost breakdown and the limit trade-off.
 
 Drawn like every picture of the project (``model.report.plots``: matplotlib's object API on the
-Agg canvas, one Figure per function, saved as PNG and returned so a test can read back what was
-drawn); artists that tests look for carry a ``gid``.
+Agg canvas, one Figure per function, saved as PNG -- unless the path is None -- and returned so a test can
+read back what was drawn); artists that tests look for carry a ``gid``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def mark_broken(ax, xs: Sequence[float], ys: Sequence[float]) -> None:
         ax.scatter(xs, ys, marker="x", s=60, color="red", zorder=5, gid=BROKEN_GID, label="breaks a limit")
 
 
-def plot_cost_vs_k(totals: Sequence[PlannerTotal], path: Path, factor: float | None = None) -> Figure:
+def plot_cost_vs_k(totals: Sequence[PlannerTotal], path: Path | None, factor: float | None = None) -> Figure:
     """Total cost against the shape cap, one line per planner, the MIP's bound-to-cost band shaded.
 
     The band is where the true optimum lies: a narrow band means the MIP's curve is
@@ -79,7 +79,13 @@ def plot_cost_vs_k(totals: Sequence[PlannerTotal], path: Path, factor: float | N
     ax.set_title(f"Cost vs shape cap{where}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, ncols=2)
-    return save(fig, path)
+    return saved(fig, path)
+
+
+def saved(fig: Figure, path: Path | None) -> Figure:
+    """The figure, saved as PNG at ``path`` first when one is given (None: a writer that puts every file of a
+    report down together takes its bytes instead)."""
+    return fig if path is None else save(fig, path)
 
 
 def chart_top(here: Sequence[PlannerTotal]) -> float | None:
@@ -88,7 +94,7 @@ def chart_top(here: Sequence[PlannerTotal]) -> float | None:
     return BAR_CLIP * max(mip) if mip else None
 
 
-def plot_breakdown(totals: Sequence[PlannerTotal], point: SweepPoint, path: Path) -> Figure:
+def plot_breakdown(totals: Sequence[PlannerTotal], point: SweepPoint, path: Path | None) -> Figure:
     """Stacked bars of overhead, compile, prefill and decode cost per planner at one point.
 
     Shows where each rule loses: baseline on decode (padding to the longest
@@ -115,7 +121,7 @@ def plot_breakdown(totals: Sequence[PlannerTotal], point: SweepPoint, path: Path
     ax.set_ylabel("total cost (all buckets)")
     ax.set_title(f"Cost breakdown at {point.label()}")
     ax.legend(fontsize=8)
-    return save(fig, path)
+    return saved(fig, path)
 
 
 def frame(ax, rows: Sequence[SweepRow]) -> None:
@@ -131,7 +137,7 @@ def frame(ax, rows: Sequence[SweepRow]) -> None:
     ax.set_ylim(min(ys) - dy, max(ys) + dy)
 
 
-def plot_tradeoff(rows: Sequence[SweepRow], k: int, path: Path) -> Figure:
+def plot_tradeoff(rows: Sequence[SweepRow], k: int, path: Path | None) -> Figure:
     """Sequential time against cost along the limit sweep at one K, a panel per bucket, a line per planner.
 
     The MIP's line is the price of each millisecond of sequential-time budget; its
@@ -170,4 +176,4 @@ def plot_tradeoff(rows: Sequence[SweepRow], k: int, path: Path) -> Figure:
         ax.set_title(f"{bucket}: {here[0].sweep_limit} swept, K={k}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    return save(fig, path)
+    return saved(fig, path)

@@ -14,6 +14,7 @@ import numpy as np
 
 from model.domain.schema import LimitCheck, Limits, Problem
 from model.histogram.cells import Histogram
+from model.load.outputs import write_together
 from model.report.document import (
     Block,
     Heading,
@@ -25,7 +26,7 @@ from model.report.document import (
     to_html,
     to_markdown,
 )
-from model.report.plots import plot_heatmap
+from model.report.plots import heatmap_figure, png_bytes
 from model.report.tables import fmt
 from model.sweeping.grid import SweepPoint, SweepSettings, base_factor
 from model.sweeping.recommend import Recommendation, recommend
@@ -181,23 +182,33 @@ def report_point(rec: Recommendation, totals: Sequence[PlannerTotal]) -> SweepPo
     return rec.point or min((t.point for t in totals if t.point.factor == factor), key=lambda p: p.k)
 
 
+REPORT_FILES = ("report.md", "report.html", "cost_vs_k.png", "breakdown.png", "heatmap.png")
+TRADEOFF_FILE = "tradeoff.png"  # drawn when a limit is swept
+
+
+def report_names(sweep_limit: bool) -> tuple[str, ...]:
+    """The files a sweep report holds (checked before the sweep runs, written together after it)."""
+    return REPORT_FILES + ((TRADEOFF_FILE,) if sweep_limit else ())
+
+
 def figures(folder: Path, problem: Problem, hists: Sequence[Histogram], result: SweepResult,
             rec: Recommendation) -> list[Image]:
-    """Draw every picture the report shows into folder, at the recommended point (or the base one)."""
+    """Every picture the report shows, at the recommended point (or the base one), as PNG bytes for folder (drawn
+    in memory: nothing is on disk until the whole report is)."""
     totals = planner_totals(result.rows)
     point = report_point(rec, totals)
     images = [Image(folder / "cost_vs_k.png", "Total cost against the shape cap K; shaded: between the MIP's "
-                    "certified lower bound and its cost; red crosses: plans that break a limit.")]
-    plot_cost_vs_k(totals, images[-1].path)
-    images.append(Image(folder / "breakdown.png", f"Where the cost goes, per planner, at {point.label()}."))
-    plot_breakdown(totals, point, images[-1].path)
+                    "certified lower bound and its cost; red crosses: plans that break a limit.",
+                    png_bytes(plot_cost_vs_k(totals, None)))]
+    images.append(Image(folder / "breakdown.png", f"Where the cost goes, per planner, at {point.label()}.",
+                        png_bytes(plot_breakdown(totals, point, None))))
     images.append(Image(folder / "heatmap.png", "Requests over (aligned prompt, gen_len), log counts; dashed: the "
-                        f"compiled shapes, crosses: each batch's (S_max, G_max), MIP plan at {point.label()}."))
-    plot_heatmap(problem, hists, result.mip_batchings.get(point), images[-1].path)
+                        f"compiled shapes, crosses: each batch's (S_max, G_max), MIP plan at {point.label()}.",
+                        png_bytes(heatmap_figure(problem, hists, result.mip_batchings.get(point)))))
     if any(r.sweep_limit for r in result.rows):
-        images.append(Image(folder / "tradeoff.png", f"Sequential time against cost as {point.limit or 'the limit'} "
-                            f"is scaled, K = {point.k}."))
-        plot_tradeoff(result.rows, point.k, images[-1].path)
+        images.append(Image(folder / TRADEOFF_FILE, f"Sequential time against cost as "
+                            f"{point.limit or 'the limit'} is scaled, K = {point.k}.",
+                            png_bytes(plot_tradeoff(result.rows, point.k, None))))
     return images
 
 
@@ -226,17 +237,24 @@ def report_blocks(problem: Problem, hists: Sequence[Histogram], result: SweepRes
     return blocks
 
 
-def write_report(folder: Path, problem: Problem, hists: Sequence[Histogram], result: SweepResult,
-                 settings: SweepSettings, extra: Sequence[Block] = ()) -> tuple[Path, Path]:
-    """Draw the pictures and write report.md and report.html into folder (``extra`` blocks follow the
-    recommendation, e.g. the hold-out check)."""
-    folder.mkdir(parents=True, exist_ok=True)
+def report_files(folder: Path, problem: Problem, hists: Sequence[Histogram], result: SweepResult,
+                 settings: SweepSettings, extra: Sequence[Block] = ()) -> dict[Path, bytes]:
+    """Every file of the report in folder -- report.md, report.html and the PNGs -- as bytes, drawn and rendered
+    in memory so the command writes them together with the CSV (``extra`` blocks follow the recommendation,
+    e.g. the hold-out check)."""
     images = figures(folder, problem, hists, result, recommend(result.rows, settings.tolerance))
     blocks = report_blocks(problem, hists, result, settings, images)
     if extra:
         at = next((i for i, b in enumerate(blocks) if isinstance(b, Image)), len(blocks))
         blocks = [*blocks[:at], *extra, *blocks[at:]]
-    md, page = folder / "report.md", folder / "report.html"
-    md.write_text(to_markdown(blocks, folder), encoding="utf-8")
-    page.write_text(to_html(blocks, f"Shape plan sweep: {settings.source}"), encoding="utf-8")
-    return md, page
+    return {folder / "report.md": to_markdown(blocks, folder).encode("utf-8"),
+            folder / "report.html": to_html(blocks, f"Shape plan sweep: {settings.source}").encode("utf-8"),
+            **{image.path: image.data for image in images}}
+
+
+def write_report(folder: Path, problem: Problem, hists: Sequence[Histogram], result: SweepResult,
+                 settings: SweepSettings, extra: Sequence[Block] = ()) -> tuple[Path, Path]:
+    """Write the report (``report_files``) into folder, every file or none; returns report.md and report.html."""
+    files = report_files(folder, problem, hists, result, settings, extra)
+    write_together({path: [data] for path, data in files.items()})
+    return folder / "report.md", folder / "report.html"

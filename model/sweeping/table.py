@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from model.load.outputs import write_together
 from model.sweeping.grid import SweepPoint
 from model.sweeping.runner import SweepRow
 
@@ -22,15 +24,20 @@ def csv_value(value) -> str:
     return str(value)
 
 
-def write_csv(rows: Sequence[SweepRow], path: Path) -> None:
-    """The tidy CSV, columns in SweepRow field order."""
+def csv_bytes(rows: Sequence[SweepRow]) -> bytes:
+    """The tidy CSV's bytes, columns in SweepRow field order."""
     names = [f.name for f in fields(SweepRow)]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh, lineterminator="\n")
-        writer.writerow(names)
-        for row in rows:
-            writer.writerow([csv_value(getattr(row, n)) for n in names])
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(names)
+    for row in rows:
+        writer.writerow([csv_value(getattr(row, n)) for n in names])
+    return buf.getvalue().encode("utf-8")
+
+
+def write_csv(rows: Sequence[SweepRow], path: Path) -> None:
+    """The tidy CSV at path, written whole or not at all (``model.load.outputs.write_together``)."""
+    write_together({path: [csv_bytes(rows)]})
 
 
 def csv_cell(text: str, kind: str):

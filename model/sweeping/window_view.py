@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from model.load.plans import write_together
 from model.report.document import Block, Heading, Image, Paragraph, Table, to_html, to_markdown
 from model.report.plots import new_figure, png_bytes
 from model.report.tables import fmt
@@ -16,7 +15,7 @@ from model.sweeping.grid import base_factor
 from model.sweeping.recommend import recommend
 from model.sweeping.runner import SweepRow
 from model.sweeping.sweep_report import k_table
-from model.sweeping.table import planner_totals, write_csv
+from model.sweeping.table import csv_bytes, planner_totals
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -99,15 +98,17 @@ def per_window_k_tables(by_window: dict[float, Sequence[SweepRow]]) -> list[Bloc
     return out
 
 
-def write_window_report(folder: Path, by_window: dict[float, Sequence[SweepRow]], tolerance: float, title: str,
-                        csv_path: Path) -> tuple[Path, ...]:
-    """report.md, report.html and windows.png (and the CSV, written first) for a sweep over window lengths."""
-    write_csv([r for rows in by_window.values() for r in rows], csv_path)
+WINDOW_REPORT_FILES = ("report.md", "report.html", "windows.png")
+
+
+def window_report(folder: Path, by_window: dict[float, Sequence[SweepRow]], tolerance: float, title: str,
+                  csv_path: Path) -> dict[Path, bytes]:
+    """Every file of a sweep over window lengths -- the CSV, report.md, report.html and windows.png -- as bytes,
+    for the command to write together (all of them or none)."""
     png = folder / "windows.png"
     image = Image(png, "Cost and devices needed against the window length, one line per planner.",
                   png_bytes(window_figure(by_window, tolerance)))
     blocks = [Heading(title, 1), *window_blocks(by_window, tolerance), image, *per_window_k_tables(by_window)]
-    md, page = folder / "report.md", folder / "report.html"
-    write_together({md: [to_markdown(blocks, folder).encode("utf-8")], page: [to_html(blocks, title).encode("utf-8")],
-                    png: [image.data]})
-    return md, page, png
+    return {csv_path: csv_bytes([r for rows in by_window.values() for r in rows]),
+            folder / "report.md": to_markdown(blocks, folder).encode("utf-8"),
+            folder / "report.html": to_html(blocks, title).encode("utf-8"), png: image.data}

@@ -195,6 +195,11 @@ def read_result(h: highspy.Highs, model: MipArrays, relax: bool, t0: float) -> B
     sol = h.getSolution()
     x = np.asarray(sol.col_value) if sol.value_valid else None
     status = mapped(HIGHS_STATUS, native, x is not None)
+    if x is not None and not relax and status is Status.TIME_LIMIT_FEASIBLE and not satisfies(model, x):
+        # stopped before any solution of its own, HiGHS hands back the start it was given even where the start
+        # breaks a row: that is no solution
+        x = None
+        status = mapped(HIGHS_STATUS, native, False)
     if x is not None and status in (Status.ERROR, Status.INFEASIBLE, Status.TIME_LIMIT_NO_SOLUTION):
         x = None  # values that come with no usable status (an LP's, a failed run's) are no plan
     duals = np.asarray(sol.row_dual) * model.scale if (relax and sol.dual_valid) else None

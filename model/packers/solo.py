@@ -14,8 +14,8 @@ import numpy as np
 
 from model.cost.common import align
 from model.domain.schema import Batching, Problem
-from solvers.packers.grouping import packed
-from solvers.packers.shapecap import cap_shapes
+from model.packers.grouping import packed
+from model.packers.shapecap import cap_shapes
 
 
 def pack(problem: Problem) -> tuple[Batching, ...]:

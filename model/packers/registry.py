@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from model.domain.schema import Batching, Problem
-from solvers.packers import baseline, dpfill, exp, greedy, pow2, solo
-from solvers.packers import per_cell as cells
+from model.packers import baseline, dpfill, exp, greedy, pow2, solo
+from model.packers import per_cell as cells
 
 PACKERS: dict[str, Callable[[Problem], tuple[Batching, ...]]] = {
     "baseline": baseline.pack,

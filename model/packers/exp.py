@@ -15,8 +15,8 @@ import numpy as np
 
 from model.cost.common import align
 from model.domain.schema import Batching, Problem
-from solvers.packers.grouping import gen_bucket, packed
-from solvers.packers.shapecap import cap_shapes, round_up
+from model.packers.grouping import gen_bucket, packed
+from model.packers.shapecap import cap_shapes, round_up
 
 
 def ladder(lo: int, hi: int, n: int) -> np.ndarray:

@@ -54,7 +54,7 @@ from model.cost.common import allowed_above
 from model.cost.model import CostModel
 from model.domain.schema import Batching, Bucket, Limits, Problem
 from model.domain.windowing import windows_of
-from solvers.packers.per_cell import pack as pack_cells
+from model.packers.per_cell import pack as pack_cells
 
 
 def box_latency(s_box, g_box, p: CostParams):

@@ -4,7 +4,9 @@ Every fixed-rule packer is a choice of grouping key; this is the one place that
 numbers the batches, splits oversized groups and checks nothing rides at a shape
 smaller than its prompt.  With arrival windows (``Problem.windowing``) the window is
 one more key, so every packer batches within windows while its shapes stay the ones
-its rule chose for the whole trace.
+its rule chose for the whole trace.  With compiled batch sizes (batch buckets) a batch holds
+at most the largest bucket whose graph's KV fits, so no packer's batch exceeds the largest
+bucket, and a run shorter than that rides in the smallest bucket holding it.
 """
 
 from __future__ import annotations
@@ -53,18 +55,25 @@ def batch_capacity(shape: int, g: np.ndarray, max_batch_size: int | None, kv: in
     return cap
 
 
+def bounded(problem: Problem) -> bool:
+    """Whether the cost model caps a batch's size by its shape and gen (a KV capacity, or batch buckets)."""
+    return problem.cost.kv_capacity is not None or problem.cost.batch_buckets is not None
+
+
 def filled_batching(bucket: Bucket, shape: np.ndarray, group: np.ndarray, problem: Problem) -> Batching:
     """Requests of each group (one declared shape per group) in gen order, cut into the longest runs that fit.
 
-    A run fits when its size is within ``batch_capacity`` at its longest gen; gens
-    ascend along the run, so the capacity only shrinks and the first run that does not
-    fit ends the batch.  Used by dpfill, and by every packer in device mode, where the
-    KV cache bounds a batch.
+    A run fits when its size is within the cost model's ``batch_cap`` at its longest gen
+    (the KV capacity and the batch-size cap, and with batch buckets the largest bucket
+    whose graph's KV fits); gens ascend along the run, so the capacity only shrinks and
+    the first run that does not fit ends the batch.  Used by dpfill, and by every packer
+    in device mode, where the KV cache (and the compiled batch sizes) bound a batch.
     """
     shape = np.asarray(shape, dtype=np.int64)
     if (shape < align(bucket.prompt_len)).any() or (shape % GRANULARITY).any():
         raise ValueError(f"bucket {bucket.name}: a declared shape does not cover its prompt")
     kv = kv_capacity(problem)
+    cap_b = problem.max_batch_size
     n = len(bucket)
     if problem.windowing is not None and n:  # batches never span two windows
         group = np.unique(np.stack([np.asarray(group, dtype=np.int64), windows_of(problem, bucket)]), axis=1,
@@ -79,8 +88,8 @@ def filled_batching(bucket: Bucket, shape: np.ndarray, group: np.ndarray, proble
         gens = bucket.gen_len[order[start:end]]
         p = 0
         while p < end - start:
-            window = int(min(end - start - p, batch_capacity(s, gens[p:p + 1], problem.max_batch_size, kv)[0] + 1))
-            fits = np.arange(1, window + 1) <= batch_capacity(s, gens[p:p + window], problem.max_batch_size, kv)
+            window = int(min(end - start - p, problem.cost.batch_cap(s, gens[p:p + 1], cap_b)[0] + 1))
+            fits = np.arange(1, window + 1) <= problem.cost.batch_cap(s, gens[p:p + window], cap_b)
             if not fits[0]:
                 raise InfeasibleError(f"bucket {bucket.name}: request {bucket.request_ids[order[start + p]]!r} "
                                       f"does not fit one batch at shape {s} (KV capacity {kv} tokens)")
@@ -147,11 +156,11 @@ def balanced_batching(bucket: Bucket, shape: np.ndarray, box_of: np.ndarray, bat
 
 def packed(problem: Problem, bucket: Bucket, shape: np.ndarray, keys: Sequence[np.ndarray] = ()) -> Batching:
     """A packer's grouping rule as batches: one batch per (shape, *keys), split by the batch-size cap --
-    and in device mode cut in gen order to what the KV cache holds (``filled_batching``); with arrival
-    windows the window is one more key."""
+    and in device mode cut in gen order to what the KV cache (and the batch buckets) hold
+    (``filled_batching``); with arrival windows the window is one more key."""
     if problem.windowing is not None:
         keys = (*keys, windows_of(problem, bucket))
-    if kv_capacity(problem) is None:
+    if not bounded(problem):
         return group_batching(bucket, shape, keys, problem.max_batch_size)
     columns = [np.asarray(shape, dtype=np.int64), *(np.asarray(k, dtype=np.int64) for k in keys)]
     group = np.unique(np.stack(columns), axis=1, return_inverse=True)[1].reshape(-1) if len(bucket) else \

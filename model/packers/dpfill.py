@@ -18,8 +18,8 @@ import numpy as np
 from model.cost.common import align
 from model.domain.schema import Batching, Problem
 from model.domain.shapeset import round_up_to, usable
-from solvers.packers.grouping import filled_batching
-from solvers.packers.shapecap import check_fits
+from model.packers.grouping import filled_batching
+from model.packers.shapecap import check_fits
 
 
 def pad_shapes(values: np.ndarray, counts: np.ndarray, k: int) -> np.ndarray:

@@ -5,6 +5,6 @@ plan within the shape cap (per bucket and across buckets) or raises InfeasibleEr
 saying why it cannot.
 """
 
-from solvers.packers.registry import PACKERS
+from model.packers.registry import PACKERS
 
 __all__ = ["PACKERS"]

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from model.cost.common import align
 from model.domain.schema import Batching, Problem
-from solvers.packers.grouping import gen_bucket, packed, pow2_ceil
-from solvers.packers.shapecap import cap_shapes
+from model.packers.grouping import gen_bucket, packed, pow2_ceil
+from model.packers.shapecap import cap_shapes
 
 
 def pack(problem: Problem) -> tuple[Batching, ...]:
