@@ -44,6 +44,7 @@ from model.planning.device_search import all_shapes, flow_search, shape_levels, 
 from model.planning.diagnose import alone_message, explain_infeasible, single_limit, unmeetable
 from model.planning.exact_runs import device_start
 from model.planning.options import PlannerOptions
+from model.planning.rebatch import rebatched_candidates
 from model.planning.reshape import redeclared
 from model.planning.shapes import ShapeChoice
 from model.planning.stages import SearchOutcome, ShapeSetup, greedy_plan, search, shape_setup
@@ -195,6 +196,10 @@ class BoxSearch:
         """Nothing to match: the box model's solution is runs of cells already."""
         return 0.0
 
+    def rebatch_s(self, time_limit: float, options: PlannerOptions) -> float:
+        """Nothing to re-batch: a member's cost is its box's, whatever batch it shares."""
+        return 0.0
+
     def prepare(self, problem: Problem, fine: list[Histogram], start: Start, options: PlannerOptions,
                 work: Deadline) -> ShapeSetup:
         """The shape choice and the bound it certifies."""
@@ -236,6 +241,10 @@ class FlowSearch:
     def matching_s(self, fine: list[Histogram], options: PlannerOptions) -> float:
         """The flow solution's matching to requests, kept back from the search."""
         return options.match_s_per_cell * sum(len(h) for h in fine)
+
+    def rebatch_s(self, time_limit: float, options: PlannerOptions) -> float:
+        """The candidates' exact re-batching (``model.planning.rebatch``), kept back from the search."""
+        return options.rebatch_share * time_limit
 
     def prepare(self, problem: Problem, fine: list[Histogram], start: Start, options: PlannerOptions,
                 work: Deadline) -> ShapeChoice:
@@ -283,7 +292,8 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     # the final judging of the MIP's plan must fit too: keep about what judging greedy's took
     spent = time.perf_counter() - t_judge if greedy is not None else options.judge_s_per_request * n_requests
     work = Deadline(clock.at - judge_reserve(spent, clock.left(), options) - strategy.matching_s(fine, options)
-                    - min(options.solver_stop_s, options.solver_stop_share * time_limit))
+                    - min(options.solver_stop_s, options.solver_stop_share * time_limit)
+                    - strategy.rebatch_s(time_limit, options))
     state = strategy.prepare(problem, fine, start, options, work)
     first, mip_ok, judged, attempt_problem, attempt = None, None, None, problem, 0
     reserves = (0,) * len(fine)  # the model places every compile spike exactly (arrays.spike_rows)
@@ -318,6 +328,8 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
         overdue = bool(candidates)
     if not candidates:
         raise no_plan(problem, judge, solver.name, first, outcome, judged, judged_greedy, tried, attempt, clock)
+    candidates += rebatched_candidates(problem, judge, candidates, Deadline(clock.at - judge_reserve(
+        spent, clock.left(), options)))
     said = []
     for cand in sorted(candidates, key=lambda j: j.cost):
         passed, pass_note = final_shapes(problem, judge, cand, clock, spent, options)
@@ -334,6 +346,7 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
         if attempt:
             notes.append(f"repaired: re-solved {attempt} time(s) with limits tightened by what the exact "
                          "evaluation found the model had missed")
+        notes += cand.notes
         if pass_note:
             notes.append(pass_note)
         said.append(replace(passed, notes=tuple(notes)))

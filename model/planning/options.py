@@ -82,6 +82,9 @@ class PlannerOptions:
         behind, a child killed): kept back, but never more than this share of the whole limit, which a short
         run needs for its search and bound.
       match_s_per_cell: device mode: the flow solution's matching to requests (0.48 s on 68k cells).
+      rebatch_share: device mode: share of the time limit kept back from the search for re-batching the
+        cheapest candidates' shapes exactly under the limits (``model.planning.rebatch``; 0.6 s on 12k
+        long-context requests).
     """
 
     max_gen_values: int = 2048
@@ -117,3 +120,4 @@ class PlannerOptions:
     solver_stop_s: float = 0.5
     solver_stop_share: float = 0.1
     match_s_per_cell: float = 7e-6
+    rebatch_share: float = 0.05

@@ -36,7 +36,8 @@ def size_parts(gens: np.ndarray, s: int, cost: CostModel, sizes: np.ndarray
 
 
 def optimal_runs(gens: np.ndarray, s: int, cost: CostModel, max_batch: int | None,
-                 latency_limit: float | None = None, classes: set | None = None) -> tuple[float, np.ndarray]:
+                 latency_limit: float | None = None, classes: set | None = None, pad_weight: float = 0.0,
+                 over_weight: float | None = None) -> tuple[float, np.ndarray]:
     """Cheapest cut of ``gens`` (sorted ascending) into consecutive batches at shape s.
 
     Returns (total batch time, batch number of each member).  Exact for the order given
@@ -46,6 +47,14 @@ def optimal_runs(gens: np.ndarray, s: int, cost: CostModel, max_batch: int | Non
     exceed it even alone (every member's latency is its batch's time): a P95 limit then
     counts no member over it that need not be.  ``classes`` keeps only the sizes of those
     size classes (None: every size); ValueError when the runs cannot be cut into them.
+
+    Two Lagrangian weights let a caller price the limits that bind the whole bucket rather
+    than one batch (``model.planning.rebatch``): ``pad_weight`` charges each batch that many
+    ms per KV token it holds (``CostModel.box_pad``: its members' padding plus what no
+    partition changes), and ``over_weight``, with a ``latency_limit``, turns the limit soft
+    -- a batch over it is allowed, charged that many ms per member (what a P95 limit
+    counts).  The DP minimises the weighted sum; the total returned is always the runs'
+    own device time (``CostModel.batch_total``), weights aside.
     """
     n = len(gens)
     best = np.full(n + 1, np.inf)
@@ -56,13 +65,15 @@ def optimal_runs(gens: np.ndarray, s: int, cost: CostModel, max_batch: int | Non
         raise ValueError(f"a request does not fit one batch at shape {s}")
     sizes = np.arange(1, int(min(caps.max(), n)) + 1)
     fixed, per, row = size_parts(gens, s, cost, sizes)
+    pad_fixed, pad_per = (pad_parts(gens, s, cost) if pad_weight else (np.zeros_like(fixed), np.zeros_like(per)))
+    soft = latency_limit is not None and over_weight is not None
     allowed = None if classes is None else np.isin(np.asarray(cost.size_class(sizes)), list(classes))
     if allowed is not None and not allowed.any():
         raise ValueError(f"no batch size of the classes {sorted(classes)} fits at shape {s}")
     smallest = 0 if allowed is None else int(np.argmax(allowed))  # the smallest size a member may ride in
     # members over the limit even alone: a suffix of the gen order (time grows with gen)
     first_over = n
-    if latency_limit is not None:
+    if latency_limit is not None and not soft:
         alone = fixed[row[smallest]] + sizes[smallest] * per[row[smallest]]
         first_over = int(np.searchsorted(alone > latency_limit, True))  # alone is non-decreasing in gen
     for i in range(1, n + 1):
@@ -70,7 +81,11 @@ def optimal_runs(gens: np.ndarray, s: int, cost: CostModel, max_batch: int | Non
         sz = sizes[:cap]
         time_ = fixed[row[:cap], i - 1] + sz * per[row[:cap], i - 1]
         cost_ = best[i - sz] + time_
-        if latency_limit is not None:
+        if pad_weight:
+            cost_ = cost_ + pad_weight * (pad_fixed[row[:cap], i - 1] + sz * pad_per[row[:cap], i - 1])
+        if soft:
+            cost_ = cost_ + np.where(time_ > latency_limit, over_weight * sz, 0.0)
+        elif latency_limit is not None:
             keep = time_ <= latency_limit if i <= first_over else sz <= i - first_over
             cost_ = np.where(keep | (sz == sizes[smallest]), cost_, np.inf)
         if allowed is not None:
@@ -86,7 +101,24 @@ def optimal_runs(gens: np.ndarray, s: int, cost: CostModel, max_batch: int | Non
         i -= int(take[i])
     bounds = np.asarray(sorted(cuts), dtype=np.int64)
     batch = np.searchsorted(bounds, np.arange(n), side="right")
+    if pad_weight or soft:
+        return runs_time(gens, batch, s, cost), batch
     return float(best[n]), batch
+
+
+def pad_parts(gens: np.ndarray, s: int, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """(per batch[c, i], per member[c, i]) KV tokens a batch of size class c with longest gen gens[i] holds at
+    shape s (``CostModel.box_pad``): what a pad weight charges (the members' own tokens are the same in every
+    cut, so charging all the tokens charges the padding)."""
+    parts = [cost.box_pad(np.full(len(gens), s), gens, np.full(len(gens), c)) for c in cost.size_classes()]
+    return np.stack([f for f, _ in parts]), np.stack([u for _, u in parts])
+
+
+def runs_time(gens: np.ndarray, batch: np.ndarray, s: int, cost: CostModel) -> float:
+    """Device time of runs (``gens`` sorted, ``batch`` their run numbers) at shape s: each run's
+    ``CostModel.batch_total`` at its size and its last (longest) gen."""
+    sizes = np.bincount(batch)
+    return float(cost.batch_total(sizes, s, gens[np.cumsum(sizes) - 1]).sum())
 
 
 def compile_units(sizes: np.ndarray, cost: CostModel) -> int:

@@ -49,6 +49,7 @@ from model.planning.contract import Candidates, Judge, Judged, select
 from model.planning.mip import final_shapes, packer_plans, plan_mip, until_acceptable
 from model.planning.options import PlannerOptions
 from model.planning.parallel import run_items, shared, workers_available
+from model.planning.rebatch import rebatched_candidates
 from model.planning.window_bound import WindowBound, candidate_shapes, window_bound
 from model.planning.window_exact import Exact, exact_plan
 from model.planning.window_merge import overlay, split_at_windows, window_slices
@@ -409,6 +410,10 @@ def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 
         raise NoPlanFound("no windowed plan meets every limit (the per-window plans, the un-windowed plan cut at the "
                           "windows and every windowed packer's each break one; not proven unmeetable); try longer "
                           "windows or looser limits")
+    # each window's (bucket, shape) members re-batched exactly under the limits: the per-window DP of the runs
+    # plan sees only its window's share of a limit, the MIPs a coarsened space, the packers no optimum
+    candidates += rebatched_candidates(problem, judge, candidates, Deadline(deadline.at - options.judge_margin
+                                                                            * spent))
     best = min(candidates, key=lambda j: j.cost)
     passed, pass_note = final_shapes(problem, judge, best, deadline, spent, options)
     if pass_note:

@@ -1,0 +1,204 @@
+"""Device mode: a judged plan's requests kept on their shapes and re-batched exactly, the limits priced by weights.
+
+Once the shapes are settled -- by the MIP, a packer, the windowed planner -- the batches
+are a separate question: at one declared shape a batch's time depends only on its size
+and its longest gen, so each (bucket, window, shape) group's members, sorted by gen, are
+best cut into consecutive runs (``model.planning.run_cuts.optimal_runs``, the exact DP,
+under the KV capacity, the batch-size cap and, with compiled batch sizes, only the graphs
+the plan already compiles at that shape, so no compile and no graph is added).
+
+The limits bind a whole bucket, not a batch, so they are priced, not imposed per batch:
+
+- the P95 limit counts members over it: first every batch is kept within it (its time
+  plus the group's longest wait), which meets it wherever the plan can; then the limit is
+  made soft, a batch over it charged ``over_weight`` ms per member, and the least weight
+  that the judge accepts is searched for (a Lagrangian multiplier of the counting row);
+- the pad limit is a sum of tokens: a batch is charged ``pad_weight`` ms per KV token it
+  holds, the least weight accepted searched the same way.
+
+Every trial is judged exactly on the bucket alone (its limits, spikes placed by the
+expansion), so what is kept meets every limit; the whole plan is judged once more at the
+end.  The result is a candidate plan, never a bound; it is kept only when cheaper.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from model.base.runtime import Deadline, check_interrupt
+from model.cost.metrics import window_wait_ms
+from model.domain.schema import Batching, Problem
+from model.domain.windowing import windows_of
+from model.planning.contract import Judge, Judged
+from model.planning.run_cuts import optimal_runs
+
+log = logging.getLogger("shapeplan")
+
+DOUBLINGS = 14  # weights tried from a tiny one up, doubling, before a bisection between the last two
+BISECTIONS = 3
+
+
+@dataclass(frozen=True, eq=False)
+class Group:
+    """One bucket's members that share a window and a declared shape, by gen then row (the order runs cut),
+    with their per-batch latency limit (the P95 limit less the group's longest wait; None: no limit) and the
+    size classes their runs may use (None: every one)."""
+
+    rows: np.ndarray
+    gens: np.ndarray
+    shape: int
+    limit: float | None
+    classes: frozenset | None
+
+
+def groups_of(problem: Problem, b: int, batching: Batching) -> list[Group]:
+    """The groups of bucket b's plan: its members by (window, declared shape), each group's classes those its
+    batches use now where a class is a graph of its own (compiled batch sizes)."""
+    bucket, cm = problem.buckets[b], problem.cost
+    batch_of = np.asarray(batching.batch_of, dtype=np.int64)
+    shape_of = np.asarray(batching.shape_of, dtype=np.int64)
+    shape = shape_of[batch_of]
+    wins = windows_of(problem, bucket)
+    w = problem.windowing
+    wait = (window_wait_ms(bucket.arrival_s, w.seconds, w.origin_s) if w is not None
+            else np.zeros(len(bucket)))
+    p95 = problem.limits[b].max_p95_latency_ms
+    sizes = np.bincount(batch_of, minlength=len(shape_of))
+    out = []
+    order = np.lexsort((np.arange(len(bucket)), bucket.gen_len, shape, wins))
+    key_of = np.stack([wins[order], shape[order]], axis=1)
+    starts = np.flatnonzero(np.r_[True, (key_of[1:] != key_of[:-1]).any(axis=1)])
+    for lo, hi in zip(starts, np.r_[starts[1:], len(order)], strict=True):
+        rows = order[lo:hi]
+        s = int(shape[rows[0]])
+        classes = None
+        if cm.n_compile_classes > 1:
+            used = np.unique(batch_of[rows])
+            classes = frozenset(np.asarray(cm.size_class(sizes[used])).tolist())
+        limit = None if p95 is None else float(p95 - wait[rows].max())
+        out.append(Group(rows, bucket.gen_len[rows], s, limit, classes))
+    return out
+
+
+def cut(problem: Problem, groups: list[Group], n: int, pad_weight: float, over_weight: float | None,
+        deadline: Deadline) -> Batching | None:
+    """Every group cut into optimal runs under the weights (``optimal_runs``): the bucket's batching, or None
+    when a group cannot be cut (its classes) or the deadline passes first."""
+    batch_of = np.empty(n, dtype=np.int64)
+    shapes: list[np.ndarray] = []
+    base = 0
+    for g in groups:
+        check_interrupt()
+        if deadline.expired():
+            return None
+        try:
+            _, batch = optimal_runs(g.gens, g.shape, problem.cost, problem.max_batch_size, g.limit,
+                                    None if g.classes is None else set(g.classes), pad_weight, over_weight)
+        except ValueError:
+            return None
+        batch_of[g.rows] = base + batch
+        k = int(batch.max()) + 1
+        shapes.append(np.full(k, g.shape, dtype=np.int64))
+        base += k
+    return Batching(batch_of, np.concatenate(shapes) if shapes else np.zeros(0, np.int64))
+
+
+def least_weight(trial, scale: float, deadline: Deadline) -> float | None:
+    """The least weight (from ``scale`` / 2^8 up, doubling, then bisected) at which ``trial(weight)`` holds;
+    None when none does within ``DOUBLINGS`` or the deadline.  ``trial`` judges, so this is a search, not a
+    proof; a weight that holds is a plan that meets the limits."""
+    bad, good = 0.0, None
+    w = scale / 256.0
+    for _ in range(DOUBLINGS):
+        if deadline.expired():
+            return None
+        if trial(w):
+            good = w
+            break
+        bad, w = w, 2 * w
+    if good is None:
+        return None
+    for _ in range(BISECTIONS):
+        if deadline.expired():
+            break
+        mid = 0.5 * (bad + good)
+        if trial(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def rebatch_bucket(problem: Problem, b: int, judged: Judged, judge: Judge, deadline: Deadline
+                   ) -> tuple[Batching, float]:
+    """Bucket b's cheapest re-batching found that meets its limits, and its cost; the plan's own batching and
+    cost when none is cheaper (see the module docstring for the search)."""
+    batching = judged.batchings[b]
+    metrics = judged.evaluation.results[b].metrics
+    own = (batching, float(metrics.cost) if metrics is not None else np.inf)
+    sub = replace(problem, buckets=(problem.buckets[b],), limits=(problem.limits[b],))
+    n = len(problem.buckets[b])
+    groups = groups_of(problem, b, batching)
+    best = [own]
+
+    def trial(pad_weight: float, over_weight: float | None) -> bool:
+        """Cut and judge; keep the cut when cheaper and acceptable; True when acceptable."""
+        bt = cut(problem, groups, n, pad_weight, over_weight, deadline)
+        if bt is None:
+            return False
+        found = judge(sub, judged.name, (bt,))
+        if found.acceptable and found.cost < best[0][1]:
+            best[0] = (bt, found.cost)
+        return found.acceptable
+
+    lim = problem.limits[b]
+    pad_weight = 0.0
+    if not trial(0.0, None) and lim.max_pad_ratio is not None:
+        tokens = max(1.0, float(metrics.pad_tokens + metrics.real_tokens)) if metrics is not None else 1.0
+        found = least_weight(lambda w: trial(w, None), own[1] / tokens, deadline)
+        pad_weight = found if found is not None else 0.0
+    if lim.max_p95_latency_ms is not None:
+        least_weight(lambda w: trial(pad_weight, w), own[1] / max(1, n), deadline)
+    return best[0]
+
+
+def rebatched(problem: Problem, judge: Judge, judged: Judged, deadline: Deadline) -> Judged | None:
+    """The judged plan with every bucket re-batched (``rebatch_bucket``), judged whole; None unless it is
+    cheaper and meets every limit (or in a mode where a batch's size does not set its time)."""
+    if not problem.cost.shared_batch_time or not judged.acceptable:
+        return None
+    out = []
+    for b in range(len(problem.buckets)):
+        out.append(rebatch_bucket(problem, b, judged, judge, deadline)[0])
+    if all(new is old for new, old in zip(out, judged.batchings, strict=True)):
+        return None
+    found = judge(problem, judged.name, tuple(out))
+    if not found.acceptable or found.cost >= judged.cost * (1 - 1e-12):
+        return None
+    log.info("re-batching the %s plan's shapes exactly: %.6e -> %.6e", judged.name, judged.cost, found.cost)
+    return replace(found, notes=(f"the {judged.name} plan's requests kept on their shapes and re-batched by the "
+                                 f"exact runs DP under the limits: cost {judged.cost:.6g} -> {found.cost:.6g}",))
+
+
+def rebatched_candidates(problem: Problem, judge: Judge, candidates: list[Judged], deadline: Deadline,
+                         most: int = 3) -> list[Judged]:
+    """The ``most`` cheapest acceptable candidates re-batched (``rebatched``), cheapest first while the deadline
+    allows: the ones that came out cheaper, as more candidates (device mode; none elsewhere)."""
+    if not problem.cost.shared_batch_time:
+        return []
+    out = []
+    seen: set[int] = set()
+    for cand in sorted((c for c in candidates if c.acceptable), key=lambda c: c.cost)[:most]:
+        if deadline.expired():
+            break
+        key = hash(tuple(np.asarray(bt.batch_of).tobytes() for bt in cand.batchings))
+        if key in seen:  # the same plan under two names (the MIP returning its start): once is enough
+            continue
+        seen.add(key)
+        found = rebatched(problem, judge, cand, deadline)
+        if found is not None:
+            out.append(found)
+    return out
