@@ -41,3 +41,18 @@ def test_growth_exponents_flag_only_superlinear_stages(bench):
     exps = bench.growth_exponents(stages)
     assert exps["load"] == pytest.approx(1.0) and exps["evaluate"] == pytest.approx(1.5)
     assert "aggregate" not in exps  # 0.01 s at the smaller scale is overhead, not growth
+
+
+def test_the_long_context_trace_is_seeded_and_its_kv_capacity_binds(bench):
+    """The same seed draws the same trace; under the TP4-like profile a batch of median prompts holds a few dozen
+    members at most: the KV capacity, not a batch-size cap, sets the batch sizes."""
+    import long_context
+    import numpy as np
+
+    a, b = long_context.long_context_bucket(3000, 5), long_context.long_context_bucket(3000, 5)
+    assert (a.prompt_len == b.prompt_len).all() and (a.gen_len == b.gen_len).all()
+    assert (np.diff(a.arrival_s) >= 0).all() and 0 <= a.arrival_s.min() and a.arrival_s.max() <= 3600
+    assert 128 <= a.prompt_len.min() and a.prompt_len.max() <= 128_000 and a.gen_len.max() <= 2048
+    prof = long_context.tp4_profile()
+    median = int(np.median(a.prompt_len + a.gen_len))
+    assert 10 <= prof.kv_capacity_tokens // median <= 60
