@@ -114,3 +114,24 @@ def test_the_split_brackets_every_window_by_its_brute_force_optimum(seed, window
     parts = split.window_parts()
     if parts is not None:
         assert split.shape_part + sum(parts) == pytest.approx(split.gap, abs=1e-9)
+
+
+@pytest.mark.slow  # a MIP per window
+def test_each_windows_own_mip_is_a_plan_no_cheaper_than_the_optimum():
+    rng = np.random.default_rng(3)
+    n = 6
+    b = timed(bucket(rng.integers(1, 400, n).tolist(), rng.integers(1, 200, n).tolist()),
+              np.sort(rng.uniform(0, 20, n)))
+    prob = windowed(problem(b, k=2, params=TOY, mode="device"), 10.0)
+    run = pipeline.run(prob, "pow2")
+    comp = sum(r.metrics.compile_cost for r in run.evaluation.results)
+    split = gap_split(prob, run.planned.batchings, run.evaluation.total_cost, 0.0, comp, Deadline.never(),
+                      window_s=2.0, judge=pipeline.judge)
+    shapes = np.unique(run.planned.batchings[0].shape_of)
+    wins = windows_of(prob, b)
+    for w in split.windows:
+        rows = np.flatnonzero(wins == w.window)
+        best = fixed_optimum(prob.cost, align(b.prompt_len[rows]), b.gen_len[rows], shapes)
+        assert w.found is not None and best * (1 - 1e-9) <= w.found
+    surely, parts = split.plan_at_least(), split.window_parts()
+    assert surely is not None and 0 <= surely <= parts[0] * (1 + 1e-9)

@@ -13,6 +13,8 @@ the compiles.  A gap between it and a plan mixes three things, which this module
    above that LP bound are at most what the plan leaves to gain under its shapes (``plan
    part``: exact where the LP converged and is integral, an upper bound elsewhere), and the
    LP bound above the bound's prices is what the prices fail to charge (``bound part``).
+   Where the problem has no limits, each sampled window's own MIP under the plan's shapes
+   is run too: a cheaper plan it finds is surely the plan's part (``plan_at_least``).
 
 Bounding every window takes long on big windows, so (2) is measured on a sample of windows
 (an even spread by size) and its shares applied to the rest of the gap; the split says so.
@@ -20,13 +22,16 @@ Bounding every window takes long on big windows, so (2) is measured on a sample 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from model.base.errors import InfeasibleError, NoPlanFound
 from model.base.runtime import Deadline
-from model.domain.schema import Batching, Problem
+from model.domain.schema import Batching, Bucket, Limits, Problem
 from model.domain.windowing import windows_of
+from model.planning.contract import Judge
+from model.planning.mip import plan_mip
 from model.planning.window_bound import window_prices
 from model.planning.window_lp import window_lp
 from model.planning.window_runs import entry_shapes
@@ -44,6 +49,7 @@ class WindowGap:
     relax: float
     lp: float | None = None
     converged: bool = False
+    found: float | None = None  # the cheapest plan of the window under the plan's shapes its own MIP found
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,16 @@ class GapSplit:
     def shape_part(self) -> float:
         """Share of the cost between the bound at the plan's shapes and the bound (part 1)."""
         return (self.relax_total - self.bound) / self.cost
+
+    def plan_at_least(self) -> float | None:
+        """The share of the rest of the gap that is surely the plan's: on the sample, the plan's batches above
+        the cheapest plan each window's own MIP found under the same shapes (None without those MIPs)."""
+        sample = [w for w in self.sample if w.found is not None]
+        above = sum(w.plan - w.relax for w in sample)
+        if not sample or above <= 0:
+            return None
+        rest = (self.cost - self.relax_total) / self.cost
+        return rest * sum(w.plan - min(w.plan, w.found) for w in sample) / above
 
     def window_parts(self) -> tuple[float, float] | None:
         """(plan part, bound part) of the rest of the gap, (cost - relax_total) / cost, split by the sample's
@@ -128,11 +144,28 @@ def relax_prices(problem: Problem, S: np.ndarray, G: np.ndarray, shapes: np.ndar
     return out
 
 
+def window_mip(problem: Problem, b: int, rows: np.ndarray, shapes: np.ndarray, judge: Judge, seconds: float
+               ) -> float | None:
+    """The cheapest plan of one window's requests under ``shapes`` (compiles aside, no limits) the MIP planner
+    finds in ``seconds``: what the windowed plan could have had there (None when it finds none)."""
+    bucket = problem.buckets[b]
+    sub = Bucket(bucket.name, bucket.source, bucket.request_ids[rows], bucket.prompt_len[rows],
+                 bucket.gen_len[rows], bucket.lines[rows])
+    allowed = tuple(int(s) for s in shapes)
+    alone = replace(problem, buckets=(sub,), limits=(Limits(),), windowing=None, allowed_shapes=allowed,
+                    max_shapes=len(allowed), cost=problem.cost.without_compile())
+    try:
+        return plan_mip(alone, time_limit=seconds, judge=judge).report.objective
+    except (InfeasibleError, NoPlanFound):
+        return None
+
+
 def gap_split(problem: Problem, batchings: tuple[Batching, ...], cost: float, bound: float, compile_cost: float,
-              deadline: Deadline, most: int = 12, window_s: float = 5.0) -> GapSplit:
+              deadline: Deadline, most: int = 12, window_s: float = 5.0, judge: Judge | None = None) -> GapSplit:
     """The split of a windowed plan's gap (module docstring): every window's plan cost and relax, then the LP of
     an even sample of at most ``most`` windows by size, each given ``window_s`` seconds, while the deadline
-    allows."""
+    allows; with a ``judge`` and no limits, each sampled window's own MIP too (as long again), whose plan
+    shows how much of the gap is surely the plan's."""
     found: list[WindowGap] = []
     detail = {}
     for b, bt in enumerate(batchings):
@@ -151,5 +184,10 @@ def gap_split(problem: Problem, batchings: tuple[Batching, ...], cost: float, bo
         S, G, shapes, cols, prices = detail[(g.bucket, g.window)]
         res = window_lp(problem.cost, S, G, shapes, problem.max_batch_size, cols,
                         Deadline(min(deadline.at, Deadline.after(window_s).at)), center=prices)
-        found[i] = WindowGap(g.bucket, g.window, g.requests, g.plan, g.relax, max(res.bound, g.relax), res.converged)
+        better = None
+        if judge is not None and all(not lim.items() for lim in problem.limits) and not deadline.expired():
+            rows = np.flatnonzero(windows_of(problem, problem.buckets[g.bucket]) == g.window)
+            better = window_mip(problem, g.bucket, rows, shapes, judge, min(window_s, deadline.left()))
+        found[i] = WindowGap(g.bucket, g.window, g.requests, g.plan, g.relax, max(res.bound, g.relax), res.converged,
+                             better)
     return GapSplit(cost, bound, compile_cost, tuple(found))

@@ -32,7 +32,7 @@ from model.base.runtime import Deadline, check_interrupt
 from model.cost.model import CostModel
 from solvers.backends import get_backend
 from solvers.backends.milp import Block, MipArrays
-from solvers.backends.result import SolveOptions
+from solvers.backends.result import SolveOptions, Status
 
 MAX_ROUNDS = 60
 COLUMNS_PER_ROUND = 400
@@ -133,8 +133,8 @@ def window_lp(cost: CostModel, S: np.ndarray, G: np.ndarray, shapes: np.ndarray,
         check_interrupt()
         res = solver.solve(covering_lp(cols, m), SolveOptions(time_limit=max(0.05, min(10.0, deadline.left())),
                                                               relax=True))
-        if res.row_duals is None:
-            break
+        if res.row_duals is None or res.status is not Status.OPTIMAL:
+            break  # duals of an unfinished LP still give a valid bound below, but no sign of convergence
         pi = np.maximum(np.asarray(res.row_duals, dtype=np.float64), 0.0)
         point = pi if center is None else alpha * center + (1 - alpha) * pi
         least, ratio, found = price(cost, S, G, shapes, point, max_batch)
