@@ -328,8 +328,9 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
         overdue = bool(candidates)
     if not candidates:
         raise no_plan(problem, judge, solver.name, first, outcome, judged, judged_greedy, tried, attempt, clock)
-    candidates += rebatched_candidates(problem, judge, candidates, Deadline(clock.at - judge_reserve(
-        spent, clock.left(), options)))
+    if options.rebatch_share > 0:
+        candidates += rebatched_candidates(problem, judge, candidates, Deadline(clock.at - judge_reserve(
+            spent, clock.left(), options)))
     said = []
     for cand in sorted(candidates, key=lambda j: j.cost):
         passed, pass_note = final_shapes(problem, judge, cand, clock, spent, options)

@@ -84,7 +84,8 @@ class PlannerOptions:
       match_s_per_cell: device mode: the flow solution's matching to requests (0.48 s on 68k cells).
       rebatch_share: device mode: share of the time limit kept back from the search for re-batching the
         cheapest candidates' shapes exactly under the limits (``model.planning.rebatch``; 0.6 s on 12k
-        long-context requests).
+        long-context requests); 0: no re-batching (the windowed planner's per-window MIPs, whose merged plan
+        it re-batches once).
     """
 
     max_gen_values: int = 2048

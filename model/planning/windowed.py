@@ -69,6 +69,7 @@ MIN_WINDOW_MIP_S = 0.05  # nor with less than this left: a MIP call costs about 
 FEWER_SHARE = 0.3  # of the time left: the plan for K - 1 shapes, one more candidate (recursively)
 FEWER_MAX_REQUESTS = 2000  # above this, the K - 1 shapes' start alone stands for it (a whole run per K costs)
 FEWER_MIN_S = 0.2  # nor with less time than this for it: each level judges a few plans past a tiny limit
+WINDOW_MIP_OPTIONS = PlannerOptions(rebatch_share=0.0)
 # every packer, the usual winners first; greedy merges per request, so it is skipped on big inputs
 PACKER_ORDER = ("dpfill", "greedy", "exp", "pow2", "cells", "solo", "baseline")
 
@@ -202,7 +203,9 @@ def _plan_window(item: tuple[int, float]) -> tuple[int, WindowPart | None, tuple
     part = window_part(problem, pools, index, limits, i)
     sub = window_problem(part, shapes, problem.max_shapes)
     try:
-        planned = plan_mip(sub, backend=backend, time_limit=min(left, max(MIN_WINDOW_MIP_S, share)), judge=judge)
+        # no re-batching inside: the merged plan is re-batched per window once, at the end
+        planned = plan_mip(sub, backend=backend, time_limit=min(left, max(MIN_WINDOW_MIP_S, share)), judge=judge,
+                           options=WINDOW_MIP_OPTIONS)
     except (InfeasibleError, NoPlanFound) as exc:  # under these shapes and shares only: proves nothing
         log.info("windows: window %d: %s", part.index, exc)
         return i, part, None
