@@ -37,6 +37,7 @@ from model.planning.run_cuts import optimal_runs
 
 log = logging.getLogger("shapeplan")
 
+RUNS_S_PER_MEMBER = 1e-5  # the runs DP's time per member (about a second on 10^5 long-context requests)
 DOUBLINGS = 14  # weights tried from a tiny one up, doubling, before a bisection between the last two
 BISECTIONS = 3
 
@@ -92,7 +93,7 @@ def cut(problem: Problem, groups: list[Group], n: int, pad_weight: float, over_w
     base = 0
     for g in groups:
         check_interrupt()
-        if deadline.expired():
+        if deadline.left() < RUNS_S_PER_MEMBER * len(g.rows):  # one DP call cannot stop part-way
             return None
         try:
             _, batch = optimal_runs(g.gens, g.shape, problem.cost, problem.max_batch_size, g.limit,
