@@ -12,13 +12,13 @@ from model.deploy.serving_audit import ServingAudit, ServingSide
 from model.evaluation.replay_metrics import ReplaySummary
 from model.report.capacity import capacity_json, capacity_paragraphs, capacity_table, quantile_name
 from model.report.document import Block, Heading, Image, Paragraph, Table, to_html, to_markdown
-from model.report.serving import graph_set_json, graphs_text, settings_text, summary_json
+from model.report.serving import graph_set_json, settings_text, summary_json
 
 REPORT_PAGES = ("report.md", "report.html")
 SIDE_NAMES = ("today", "planned")  # file prefixes of the sides' pictures
 PICTURES = ("timeline.png", "latency.png")  # model.report.serving_plots.REPORT_FILES
 OUT_FILES = ("audit.json", "today-graphs.json")
-SHOWN_COMPILES = 8  # run-time compile graphs named in a table cell
+SHOWN_COMPILES = 4  # run-time compile graphs named in a table cell
 
 
 def report_names(sides: int) -> tuple[str, ...]:
@@ -45,10 +45,23 @@ def compile_graphs(s: ReplaySummary) -> str:
     return (", ".join(seen[:SHOWN_COMPILES]) + more) if seen else "none"
 
 
+def graph_count(d: ServingSide) -> str:
+    """"181: 61 prompt, 60 decode, 60 prefix-cache" (nxdi: context and token-generation buckets)."""
+    g = d.graphs
+    if g.stack == "gaudi":
+        parts = [f"{len(g.prompt)} prompt", f"{len(g.decode)} decode"] + ([f"{g.unused} prefix-cache"] if g.unused
+                                                                          else [])
+    else:
+        parts = [f"{len(g.context)} context", f"{len(g.token_generation)} token-gen"] + (
+            [f"{g.unused} other batches"] if g.unused else [])
+    return f"{d.summary.graphs}: {', '.join(parts)}"
+
+
 ROWS: tuple[tuple[str, Callable[[ServingSide], str]], ...] = (
-    ("graphs compiled before serving", lambda d: f"{d.summary.graphs} ({graphs_text(d.graphs)})"),
+    ("graphs before serving", graph_count),
     ("warm-up a replica", lambda d: _s(d.summary.warmup_ms / max(d.summary.replicas, 1))),
-    ("run-time compiles", lambda d: f"{len(d.summary.runtime_compiles)} ({_s(d.summary.runtime_compile_ms)})"),
+    ("run-time compiles (all replicas)",
+     lambda d: f"{len(d.summary.runtime_compiles)} ({_s(d.summary.runtime_compile_ms)})"),
     ("graphs compiled at run time", lambda d: compile_graphs(d.summary)),
     ("busy device-hours", lambda d: _n(d.summary.busy_device_hours)),
     ("busy share", lambda d: _pct(d.summary.utilisation)),
