@@ -31,15 +31,18 @@ def counting_judge(passing: set[int]):
     return judge, calls
 
 
-def check_claims(passing: set[int], cap: int, scan_below: int) -> None:
+def check_claims(passing: set[int], cap: int, scan_below: int, alone_from: int | None = None) -> None:
+    """``alone_from``: every count from it on passes or fails as it does (the caller builds ``passing`` so)."""
     judge, calls = counting_judge(passing)
-    search = fewest_replicas(judge, cap, scan_below)
+    search = fewest_replicas(judge, cap, scan_below, alone_from=alone_from)
     assert len(calls) == len(set(calls)), "a count judged twice"
-    assert all(1 <= r <= cap for r in calls), "a count past the cap"
+    limit = cap if alone_from is None else min(cap, alone_from)
+    assert all(1 <= r <= limit for r in calls), "a count past the cap"
     assert [p.replicas for p in search.probes] == sorted(calls)
     truth = min((r for r in passing if r <= cap), default=None)
     if search.replicas is None:
-        assert cap in calls and not any(r in passing for r in calls)
+        assert limit in calls and not any(r in passing for r in calls)
+        assert search.no_more_to_try == (alone_from is not None and cap >= alone_from)
         return
     assert truth is not None and search.replicas in passing
     assert search.replicas == 1 or (search.replicas - 1) in calls and (search.replicas - 1) not in passing
@@ -61,10 +64,13 @@ def test_monotone_thresholds_give_the_fewest(cap):
 
 def test_arbitrary_passing_sets_keep_every_claim():
     rng = random.Random(20)
-    for _ in range(400):
+    for _ in range(600):
         cap = rng.randint(1, 40)
         passing = {r for r in range(1, 45) if rng.random() < rng.choice((0.05, 0.3, 0.7))}
-        check_claims(passing, cap, rng.choice((0, 3, 16)))
+        alone = rng.choice((None, rng.randint(1, 50)))
+        if alone is not None:  # from ``alone`` on, every count judges as ``alone`` does
+            passing = {r for r in passing if r < alone} | (set(range(alone, 100)) if alone in passing else set())
+        check_claims(passing, cap, rng.choice((0, 3, 16)), alone)
 
 
 def test_no_passing_count_stops_at_the_cap():
@@ -88,6 +94,17 @@ def test_a_non_monotone_answer_is_not_called_proved():
     judge, _ = counting_judge({3, 7, 8})
     search = fewest_replicas(judge, 8, scan_below=8)  # every count below 7 replayed: 3 is found
     assert search.replicas == 3 and search.proved
+
+
+def test_the_search_stops_where_every_request_has_a_replica_to_itself():
+    trace, cost = example_trace(), ServingCost(PROFILE)
+    (row,) = capacity(trace, (1.0,), GAUDI_SERVER, GAUDI, cost, Slo(ttft_ms=0.0), 1 << 16)
+    assert row.replicas is None and row.no_more_to_try and max(p.replicas for p in row.probes) == len(trace)
+    (row,) = capacity(trace, (1.0,), GAUDI_SERVER, GAUDI, cost, Slo(ttft_ms=0.0), 3)
+    assert row.replicas is None and not row.no_more_to_try and row.chosen.replicas == 3
+    alone = summarize(replay(trace, GAUDI_SERVER, GAUDI, cost, len(trace)), cost, Slo(ttft_ms=0.0)).slo
+    beyond = summarize(replay(trace, GAUDI_SERVER, GAUDI, cost, 3 * len(trace)), cost, Slo(ttft_ms=0.0)).slo
+    assert (alone.ttft_at_quantile, alone.tpot_at_quantile) == (beyond.ttft_at_quantile, beyond.tpot_at_quantile)
 
 
 def test_scaled_traces_are_the_loaders_scaled_traces():

@@ -103,6 +103,9 @@ def test_an_slo_no_count_meets_is_said_and_capped(example):
                "--replicas", "auto", "--slo-ttft-ms", "0", "--max-replicas", "5", cwd=example)
     assert done.returncode == 0, done.stderr
     assert "> 5" in done.stdout and "no count up to the cap 5 meets the SLOs" in done.stdout
+    done = cli("model.replay", "requests.jsonl", "--device-profile", "profile.toml", "--graphs", "gaudi.json",
+               "--replicas", "auto", "--slo-ttft-ms", "0", cwd=example)
+    assert done.returncode == 0 and "none found" in done.stdout and "raising --max-replicas cannot help" in done.stdout
 
 
 @pytest.mark.parametrize("extra, start", [

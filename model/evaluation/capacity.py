@@ -18,7 +18,11 @@ claims only what it checked:
 The answer is ``proved`` the fewest only when every smaller count was replayed and
 failed; otherwise it is the fewest the search found, with count - 1 failing.  When no
 count up to ``cap`` meets the SLOs the answer is None, with the last count tried: the
-search never runs on past the cap.
+search never runs on past the cap.  The cap is at most the number of requests: from
+there on every request has a replica to itself (the round-robin deal gives request k
+replica k), so more replicas change no latency: when that count misses the SLOs too,
+raising the cap cannot help (``no_more_to_try``; a smaller count the search skipped might
+still meet them, since meeting them need not be monotone).
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ class Search:
     cap: int
     replicas: int | None
     probes: tuple[Probe, ...]  # every count replayed, ascending
+    alone_from: int | None = None  # from this count on every request has a replica to itself (the trace's length)
+
+    @property
+    def no_more_to_try(self) -> bool:
+        """No count found, and the search reached the count from which more replicas change nothing."""
+        return self.replicas is None and self.alone_from is not None and self.cap >= self.alone_from
 
     def probe(self, replicas: int) -> Probe | None:
         return next((p for p in self.probes if p.replicas == replicas), None)
@@ -73,14 +83,18 @@ class Search:
 
 
 def fewest_replicas(judge: Callable[[int], Probe], cap: int, scan_below: int = 0,
-                    rate_scale: float = 1.0) -> Search:
+                    rate_scale: float = 1.0, alone_from: int | None = None) -> Search:
     """Exponential then binary search for the fewest count ``judge`` passes, from 1 to ``cap`` (module docstring).
 
     ``judge`` is called at most once per count.  ``scan_below``: also replay every count
     below the answer when the answer is at most this (cheap proof for small counts).
+    ``alone_from``: counts from this one on all judge alike (every request alone), so the
+    search stops there.
     """
     if cap < 1:
         raise ValueError(f"the replica cap must be at least 1, got {cap}")
+    given_cap = cap
+    cap = cap if alone_from is None else max(1, min(cap, alone_from))
     probes: dict[int, Probe] = {}
 
     def ok(r: int) -> bool:
@@ -92,7 +106,7 @@ def fewest_replicas(judge: Callable[[int], Probe], cap: int, scan_below: int = 0
     while not ok(r):
         lo = r
         if r >= cap:
-            return Search(rate_scale, cap, None, tuple(probes[k] for k in sorted(probes)))
+            return Search(rate_scale, given_cap, None, tuple(probes[k] for k in sorted(probes)), alone_from)
         r = min(2 * r, cap)
     hi = r
     while hi - lo > 1:
@@ -106,7 +120,7 @@ def fewest_replicas(judge: Callable[[int], Probe], cap: int, scan_below: int = 0
     if hi <= scan_below:
         passing = [k for k in range(1, hi) if ok(k)]
         hi = passing[0] if passing else hi
-    return Search(rate_scale, cap, hi, tuple(probes[k] for k in sorted(probes)))
+    return Search(rate_scale, given_cap, hi, tuple(probes[k] for k in sorted(probes)), alone_from)
 
 
 def meets(summary: ReplaySummary) -> bool:
@@ -149,5 +163,5 @@ def capacity(trace: Trace, rate_scales: Sequence[float], settings: ServerSetting
              cost: ServingCost, slo: Slo, cap: int, tick: Callable[[], None] | None = None,
              scan_below: int = 0) -> tuple[Search, ...]:
     """The fewest replicas meeting ``slo`` at each rate scale (``trace`` at scale 1): the capacity table's rows."""
-    return tuple(fewest_replicas(replay_judge(scaled(trace, x), settings, graphs, cost, slo, tick), cap, scan_below, x)
-                 for x in rate_scales)
+    return tuple(fewest_replicas(replay_judge(scaled(trace, x), settings, graphs, cost, slo, tick), cap, scan_below, x,
+                                 len(trace)) for x in rate_scales)

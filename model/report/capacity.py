@@ -32,8 +32,10 @@ def slo_text(slo: Slo) -> str:
 
 
 def replicas_cell(search: Search) -> str:
-    """The count chosen, or "> cap" when none up to the cap met the SLOs."""
-    return str(search.replicas) if search.replicas is not None else f"> {search.cap}"
+    """The count chosen, "none found" (none up to one request a replica) or "> cap" (none up to the cap)."""
+    if search.replicas is not None:
+        return str(search.replicas)
+    return "none found" if search.no_more_to_try else f"> {search.cap}"
 
 
 def capacity_table(sides: Sequence[tuple[str, Sequence[Search]]], slo: Slo) -> Table:
@@ -58,7 +60,11 @@ def capacity_table(sides: Sequence[tuple[str, Sequence[Search]]], slo: Slo) -> T
 def search_note(label: str, search: Search) -> str:
     """What one search replayed and what its answer is worth."""
     tried = ", ".join(f"{p.replicas}{'' if p.ok else ' no'}" for p in search.probes)
-    if search.replicas is None:
+    if search.no_more_to_try:
+        verdict = (f"no count replayed meets the SLOs, up to every request on a replica of its own "
+                   f"({search.alone_from} replicas, the row's numbers), from which more replicas change nothing: "
+                   "raising --max-replicas cannot help; relax the SLOs or change the graphs")
+    elif search.replicas is None:
         verdict = (f"no count up to the cap {search.cap} meets the SLOs (the row shows {search.probes[-1].replicas}); "
                    "raise --max-replicas or relax the SLOs")
     elif search.proved:
@@ -89,5 +95,6 @@ def capacity_json(searches: Sequence[Search], slo: Slo) -> dict:
     """One graph set's capacity rows: the count chosen (null: none up to the cap), whether proved, every probe."""
     return {"slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "quantile": float(slo.quantile)},
             "rows": [{"rate_scale": s.rate_scale, "replicas": s.replicas, "cap": s.cap, "proved_fewest": s.proved,
+                      "more_replicas_change_nothing": s.no_more_to_try,
                       "at": probe_json(s.chosen) if s.chosen else None,
                       "probes": [probe_json(p) for p in s.probes]} for s in searches]}
