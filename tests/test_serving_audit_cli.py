@@ -170,3 +170,27 @@ def test_only_cost_model_serving_takes_the_serving_audit():
     assert serving_mode(["r.csv", "--cost-model", "serving"]) and serving_mode(["--cost-model=serving", "r"])
     assert not serving_mode(["r.csv", "--cost-model", "device"]) and not serving_mode(["r.csv", "--shapes-from", "x"])
     assert not serving_mode(["r.csv", "--graphs", "serving"])
+
+
+def test_ctrl_c_in_the_capacity_search_exits_130_and_writes_nothing(example, monkeypatch):
+    import os
+    import signal
+
+    from model.evaluation import capacity as capacity_module
+
+    real = capacity_module.replay
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # mid-search: two counts replayed already
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(capacity_module, "replay", interrupted)
+    (example / "out").mkdir()
+    (example / "out" / "audit.json").write_text("old\n")
+    done = audit(example, "--replicas", "auto", "--slo-ttft-ms", "1", "--out", "out")
+    assert done.returncode == 130 and "interrupted by SIGINT" in done.stderr, done.stderr
+    assert (example / "out" / "audit.json").read_text() == "old\n"
+    assert not (example / "out" / "today-graphs.json").exists()
