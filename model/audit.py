@@ -152,7 +152,7 @@ def serving_parser() -> argparse.ArgumentParser:
 
 def serving_main(argv: list[str] | None) -> int:
     """The serving audit (module docstring)."""
-    from model.base.runtime import Deadline, DeadlineExceeded
+    from model.base.runtime import Deadline, DeadlineExceeded, check_interrupt
     from model.cli_common import check_time_limit
     from model.deploy.serving_flags import SCAN_BELOW, graph_warnings, load_buckets, parse_capacity, server_from_args
     from model.deploy.serving_present import OUT_FILES, audit_blocks, output_files, report_names
@@ -188,10 +188,11 @@ def serving_main(argv: list[str] | None) -> int:
         check_fits(trace, settings, graphs.graphs, profile.kv_capacity_tokens)
         for line in graph_warnings(graphs, settings, 10):
             print(f"warning: {label}: {line}", file=sys.stderr)
+    tick = check_interrupt if args.time_limit is None else lambda: deadline.tick("serving audit")  # no "inf s left"
     try:
         audit = serving_audit(trace, settings, [(label, src, g.graphs) for label, src, g in imported],
                               ServingCost(profile), plan.replicas, plan.rate_scales, plan.slo, plan.cap,
-                              record=args.report is not None, tick=lambda: deadline.tick("serving audit"),
+                              record=args.report is not None, tick=tick,
                               scan_below=SCAN_BELOW)
     except DeadlineExceeded:
         raise NoPlanFound(f"the serving audit did not finish within --time-limit {args.time_limit:g} s "

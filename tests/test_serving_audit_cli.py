@@ -98,6 +98,16 @@ def test_replay_auto_prints_the_table_and_writes_its_rows(example):
     assert "TTFT p95 ms" in done.stderr
 
 
+def test_replay_auto_draws_no_pictures_and_runs_on_nxdi(example):
+    base = ("requests.jsonl", "--device-profile", "profile.toml", "--replicas", "auto", "--slo-ttft-ms", "100")
+    done = cli("model.replay", *base, "--graphs", "gaudi.json", "--report", "pics", cwd=example)
+    assert done.returncode == 2 and done.stderr.startswith("error: --report:") and not (example / "pics").exists()
+    done = cli("model.replay", *base, "--graphs", "nxdi.json", "--stack", "nxdi", "--json", "-", cwd=example)
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)["capacity"]["rows"]
+    assert row["at"]["meets_slo"] and row["proved_fewest"] and row["at"]["ttft_ms_at_quantile"] <= 100
+
+
 def test_an_slo_no_count_meets_is_said_and_capped(example):
     done = cli("model.replay", "requests.jsonl", "--device-profile", "profile.toml", "--graphs", "gaudi.json",
                "--replicas", "auto", "--slo-ttft-ms", "0", "--max-replicas", "5", cwd=example)
