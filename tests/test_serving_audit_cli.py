@@ -6,7 +6,9 @@ one decode miss compiled at run time); the planned side is a set with no miss.
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +16,15 @@ from helpers import cli
 from replay_helpers import GAUDI, GAUDI_SERVER, PROFILE, example_trace, write_example
 
 from model.cost.serving import ServingCost
-from model.evaluation.capacity import capacity
+from model.deploy.serving_audit import serving_audit
+from model.evaluation.capacity import capacity, scaled
 from model.evaluation.replay_metrics import Slo, summarize
-from model.evaluation.replay_run import replay
+from model.evaluation.replay_run import replay, trace_of
+from model.load.profile import load_profile_file
+from model.load.requests import Columns, load_requests
+from model.serving.replay_graphs import read_graph_set
+
+REPO = Path(__file__).resolve().parents[1]
 
 PLANNED = {"prompt": [[1, 1024], [2, 512], [4, 256]], "decode": [[2, 8], [4, 96]]}
 
@@ -92,7 +100,6 @@ def test_replay_auto_prints_the_table_and_writes_its_rows(example):
         r = row["replicas"]
         trace = example_trace()
         cost, slo = ServingCost(PROFILE), Slo(ttft_ms=200.0, tpot_ms=50.0)
-        from model.evaluation.capacity import scaled
         met = summarize(replay(scaled(trace, row["rate_scale"]), GAUDI_SERVER, GAUDI, cost, r), cost, slo).slo
         assert met.ttft_met and met.tpot_met and row["proved_fewest"]
     assert "TTFT p95 ms" in done.stderr
@@ -127,6 +134,8 @@ def test_an_slo_no_count_meets_is_said_and_capped(example):
     (("--rate-scale", "x"), "error: --rate-scale:"),
     (("--rate-scale", "1", "2"), "error: --rate-scale:"),  # several need auto
     (("--replicas", "auto", "--rate-scale", "2", "2", "--slo-ttft-ms", "1"), "error: --rate-scale:"),
+    (("--rate-scale", "1", "--rate-scale", "2"), "error: --rate-scale:"),  # twice adds: two values, no auto
+    (("--replicas", "auto", "--slo-ttft-ms", "1", "--rate-scale", *["1"] * 65), "error: --rate-scale:"),
     (("--replicas", "0"), "error: --replicas:"),
     (("--replicas", "-1"), "error: --replicas:"),
     (("--replicas", "99999999999999999999"), "error: --replicas:"),
@@ -204,3 +213,30 @@ def test_ctrl_c_in_the_capacity_search_exits_130_and_writes_nothing(example, mon
     assert done.returncode == 130 and "interrupted by SIGINT" in done.stderr, done.stderr
     assert (example / "out" / "audit.json").read_text() == "old\n"
     assert not (example / "out" / "today-graphs.json").exists()
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """scripts/bench_serving_capacity.py imported fresh from scripts/ (not a package), undone after the test."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    monkeypatch.delitem(sys.modules, "bench_serving_capacity", raising=False)
+    return importlib.import_module("bench_serving_capacity")
+
+
+def test_the_benchmarks_exp_buckets_are_the_181_graphs_of_issue_20(tmp_path, bench):
+    """The benchmark's today: vllm-gaudi exp at the targets' settings, counted by the stack's rules."""
+    graphs = read_graph_set(bench.exp_config(tmp_path, 66144, 128), "gaudi-env", bench.SERVER).graphs
+    assert (graphs.count, len(graphs.prompt), len(graphs.decode), graphs.unused) == (181, 61, 60, 60)
+    assert read_graph_set(bench.exp_config(tmp_path, 66144, 1), "gaudi-env", bench.SERVER).graphs.count == 87
+
+
+@pytest.mark.slow  # the conversation trace's capacity search: seconds
+def test_the_conversation_trace_needs_six_exp_replicas_at_1x(tmp_path, bench):
+    profile, _ = load_profile_file(REPO / "data" / "profiles" / "opt13b-a100-tp1.toml")
+    graphs = read_graph_set(bench.exp_config(tmp_path, profile.kv_capacity_tokens, 128), "gaudi-env",
+                            bench.SERVER).graphs
+    trace = trace_of([load_requests(bench.TRACES["conv"], "conv", Columns.parse("azure"))])
+    audit = serving_audit(trace, bench.SERVER, [("exp", "exp", graphs)], ServingCost(profile), None, (1.0,),
+                          Slo(2000.0, 200.0), 1024, scan_below=16)
+    (row,) = audit.sides[0].capacity
+    assert row.replicas == 6 and row.proved and audit.replicas == 6

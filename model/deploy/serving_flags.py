@@ -58,8 +58,9 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
     """Replicas (a count or ``auto``), rate scales and SLOs."""
     p.add_argument("--replicas", default="1", help="replicas serving the trace, dealt round-robin; 'auto': the "
                                                    "fewest meeting the SLOs at each --rate-scale (a table)")
-    p.add_argument("--rate-scale", nargs="+", type=float_flag("--rate-scale"), default=[1.0],
-                   help="divide arrival times by this (2: twice the rate); with --replicas auto, several")
+    p.add_argument("--rate-scale", nargs="+", action="extend", type=float_flag("--rate-scale"), default=None,
+                   help="divide arrival times by this (2: twice the rate, default 1); with --replicas auto, several "
+                        "(the flag given twice adds to the list)")
     p.add_argument("--max-replicas", type=int_flag("--max-replicas"), default=None,
                    help=f"with --replicas auto: try at most this many (default {DEFAULT_MAX_REPLICAS})")
     p.add_argument("--slo-ttft-ms", type=float_flag("--slo-ttft-ms"), help="TTFT objective (ms)")
@@ -119,9 +120,10 @@ def parse_capacity(args: argparse.Namespace) -> Capacity:
     if text != AUTO and (count is None or not 1 <= count <= MAX_REPLICAS):
         raise InputError("--replicas", None, None, f"must be an integer from 1 to {MAX_REPLICAS} or '{AUTO}', "
                          f"got {args.replicas!r}")
-    if len(args.rate_scale) > MAX_RATE_SCALES:
-        raise InputError("--rate-scale", None, None, f"{len(args.rate_scale)} values; at most {MAX_RATE_SCALES}")
-    scales = tuple(positive_number("--rate-scale", x, MAX_RATE_SCALE) for x in args.rate_scale)
+    given = [1.0] if args.rate_scale is None else args.rate_scale
+    if len(given) > MAX_RATE_SCALES:
+        raise InputError("--rate-scale", None, None, f"{len(given)} values; at most {MAX_RATE_SCALES}")
+    scales = tuple(positive_number("--rate-scale", x, MAX_RATE_SCALE) for x in given)
     if len(set(scales)) != len(scales):
         raise InputError("--rate-scale", None, None, f"a value is given twice: {' '.join(f'{x:g}' for x in scales)}")
     slo = parse_slo(args)
