@@ -172,7 +172,6 @@ def serving_main(argv: list[str] | None) -> int:
     from model.deploy.serving_audit import serving_audit
     from model.evaluation.replay_run import check_fits, trace_of
     from model.report.document import to_text
-    from model.serving.replay_graphs import read_graph_set
     from model.serving.settings import parse_flag
 
     profile, settings = server_from_args(args, args.device_profile)
@@ -180,8 +179,8 @@ def serving_main(argv: list[str] | None) -> int:
     sides = [("today's config", args.config, args.config_format)]
     if args.planned:
         sides.append(("planned graphs", args.planned, args.planned_format))
-    imported = [(label, f"{path}, {fmt}", read_graph_set(path, fmt, settings, where, extra))
-                for label, path, fmt in sides]
+    imported = [(label, f"{path}, {fmt}", read_side(path, fmt, flag, settings, where, extra))
+                for (label, path, fmt), flag in zip(sides, ("--shapes-format", "--graphs-format"), strict=False)]
     trace = trace_of(load_buckets(args))
     check_targets(targets)  # against every file the loaders read
     for label, _, graphs in imported:
@@ -204,6 +203,18 @@ def serving_main(argv: list[str] | None) -> int:
         write_together(files)
         print("wrote " + ", ".join(map(str, files)))
     return 0
+
+
+def read_side(path: Path, fmt: str, flag: str, settings, where: str, extra):
+    """One side's graphs (``model.serving.replay_graphs``), a bad format named by this side's own flag."""
+    from model.serving.replay_graphs import read_graph_set
+
+    try:
+        return read_graph_set(path, fmt, settings, where, extra)
+    except InputError as exc:
+        if exc.file != "--shapes-format" or flag == exc.file:
+            raise
+        raise InputError(flag, exc.line, exc.field, exc.message.replace("--shapes-format", flag)) from None
 
 
 def entry() -> None:

@@ -163,7 +163,9 @@ def test_bad_graph_inputs_and_outputs_exit_2_and_write_nothing(example):
     (example / "keep").mkdir()
     old = (example / "gaudi.json").read_text()
     for extra, start in ((("--out", "gaudi.json"), "error: --out"),
-                         (("--graphs-format", "list"), "error: --shapes-format"),
+                         (("--graphs-format", "list"), "error: --graphs-format"),
+                         (("--graphs-format", "nxdi"), "error: --graphs-format"),
+                         (("--shapes-format", "vllm-tpu"), "error: --shapes-format"),
                          (("--report", "rep", "--out", "requests.jsonl"), "error: --out")):
         done = audit(example, *extra)
         assert done.returncode == 2 and done.stderr.startswith(start) and done.stderr.count("\n") == 1, done.stderr
