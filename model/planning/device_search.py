@@ -26,10 +26,10 @@ from model.formulation.boxes import BucketModel, variant_of_size
 from model.formulation.device_flow import FlowBlocks, Levels, bucket_levels, build_flow_model, entry_levels
 from model.histogram.cells import Histogram
 from model.packers.grouping import balanced_batching
+from model.planning.limit_bound import p95_bound
 from model.planning.options import PlannerOptions
 from model.planning.shapes import ShapeChoice, choose_shapes
 from model.planning.stages import SearchOutcome, bucket_models
-from model.planning.window_bound import whole_trace_bound
 from solvers.backends import Backend
 from solvers.backends.result import BackendResult, Feature, SolveOptions
 
@@ -315,14 +315,16 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
     plan_levels = flow_levels(problem, fine, options, "ceil", warm)
     exact = exact_levels(plan_levels, fine, problem)
     # the LP-price bound before the flow MIP, which spends the rest of the deadline
-    lp_price = -np.inf
+    lp_price, lp_lams = -np.inf, ()
     cells = sum(len(b) for b in problem.buckets) * len(all_shapes(problem, fine))
     # the LP-price bound prices batches of n members by the free batch's T(n): not a bound where a batch of n runs
     # in its graph's T(B(n)), which can be cheaper (decode_large), so it is left out with compiled batch sizes
     if want_bound and problem.cost.shared_batch_time and problem.windowing is None \
             and problem.cost.batch_buckets is None \
             and cells <= options.lp_price_max_cells and cells * LP_PRICE_S_PER_CELL <= 0.25 * deadline.left():
-        lp_price = whole_trace_bound(problem, deadline.share(options.lp_price_share))
+        # with P95 limits, the same bound with each limit priced by a Lagrangian (``limit_bound``)
+        priced = p95_bound(problem, deadline.share(options.lp_price_share))
+        lp_price, lp_lams = priced.bound, priced.lams
     until = deadline
     model, blocks, result = solve_levels(problem, fine, bms, plan_levels, solver, until, warm,
                                          spikes=True, options=options)
@@ -343,6 +345,10 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
                      "gen in a full graph under the best K shapes, a compile per shape) and the flow model's own "
                      "bound where that one is certified (every shape and gen a level); the LP-price bound prices "
                      "the free batch and is left out")
+        if any(lp_lams):
+            notes.append("the LP-price bound prices each P95 limit by a Lagrangian: every member of a batch over "
+                         "the limit pays " + ", ".join(f"{lam:.4g} ms" for lam in lp_lams)
+                         + " (per bucket), less that times the members the limit lets over")
         if exact and result.bound is not None and not any(reserves or ()) and problem.cost.shared_batch_time:
             bound = max(bound, result.bound)
     whole = exact and not any(reserves or ()) and problem.cost.shared_batch_time
