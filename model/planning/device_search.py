@@ -291,8 +291,12 @@ def solve_levels(problem: Problem, hists: list[Histogram], bms: list[BucketModel
     warm_ok = start is not None and Feature.WARM_START in solver.features
     progress = (lambda inc, bnd: log.info("  MIP incumbent %.6e", inc)) if Feature.PROGRESS in solver.features \
         else None
+    # a flow MIP that finds nothing better for a while gives its time back (where the backend can stop so)
+    stall = max(options.flow_stall_s, options.flow_stall_share * until.left()) \
+        if Feature.STALL in solver.features else None
     result = solver.solve(model, SolveOptions(time_limit=max(options.min_call_s, until.left()),
-                                              warm_start=start if warm_ok else None, on_progress=progress))
+                                              warm_start=start if warm_ok else None, on_progress=progress,
+                                              stall_s=stall))
     if result.status is Status.INTERRUPTED:
         raise interrupted()
     log.info("flow model: %d columns, %d rows: %s, objective %s, bound %s (%s %.1f s)", model.n_cols, model.n_rows,
@@ -334,9 +338,12 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
              + (f"; graphs: one size class per batch bucket ({', '.join(map(str, graphs))}) at its graph's time, "
                 "a compile per graph" + (f", at most {problem.graph_cap} graphs" if problem.graph_cap else "")
                 if graphs is not None else "")]
-    bound = -np.inf
+    bound, by = -np.inf, ""
     if want_bound:
-        bound = max((relaxation or shape_relaxation(problem, fine)).bound, lp_price)
+        relaxed = (relaxation or shape_relaxation(problem, fine)).bound
+        bound = max(relaxed, lp_price)
+        by = ("LP-price bound" + (" with the P95 limits priced by a Lagrangian" if any(lp_lams) else "")
+              if lp_price > relaxed else "shape relaxation" if np.isfinite(relaxed) else "")
         notes.append("the bound is the largest of the shape relaxation (every request at its own gen in a full "
                      "batch under the best K shapes), the LP-price bound (set-partitioning duals per shape, the "
                      "best K shapes by DP) and the flow model's own bound where that one is certified"
@@ -349,16 +356,17 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
             notes.append("the LP-price bound prices each P95 limit by a Lagrangian: every member of a batch over "
                          "the limit pays " + ", ".join(f"{lam:.4g} ms" for lam in lp_lams)
                          + " (per bucket), less that times the members the limit lets over")
-        if exact and result.bound is not None and not any(reserves or ()) and problem.cost.shared_batch_time:
-            bound = max(bound, result.bound)
+        if exact and result.bound is not None and not any(reserves or ()) and problem.cost.shared_batch_time \
+                and result.bound > bound:
+            bound, by = result.bound, "the flow MIP's dual bound"
     whole = exact and not any(reserves or ()) and problem.cost.shared_batch_time
     if not result.has_solution:
         return SearchOutcome(None, None, bound, None, result.status, result.backend, result.version, tuple(notes),
-                             whole, result.native)
+                             whole, result.native, bound_by=by, stalled=result.stalled)
     used = served(result.x, blocks)
     ts = plan_levels[0].ts
     batchings = tuple(flow_batching(problem, b, h, ts, lv.gs, u)
                       for b, (h, lv, u) in enumerate(zip(fine, plan_levels, used, strict=True)))
     return SearchOutcome(batchings, result.objective, bound, None, result.status, result.backend, result.version,
-                         tuple(notes), whole)
+                         tuple(notes), whole, bound_by=by, stalled=result.stalled)
 

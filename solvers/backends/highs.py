@@ -35,6 +35,7 @@ PRESOLVE_MAX_COLS = 20_000
 STOP_GRACE_S = 0.5  # a run still going this long after its time limit is left behind (see run_native)
 CHILD_MIN_COLS = PRESOLVE_MAX_COLS  # MIPs above this run in a child process (see solve_in_child) ...
 KILL_GRACE_S = 0.25  # ... their HiGHS limit this much (and their start) short of the call's, killed at the call's
+STALL_REL = 1e-9  # an incumbent counts as better (restarting the stall clock) by at least this share
 # Starting a child costs about half a second (interpreter, numpy, highspy) plus sending the model through a
 # pipe (about 50 MB/s measured: 0.75 s for a 415k-column flow model).  With less time than that the call
 # could only overrun its deadline, so it returns the warm start (or nothing) instead.
@@ -126,7 +127,7 @@ class Highs:
 
     name = "highs"
     features = frozenset({Feature.LP, Feature.MIP, Feature.LP_DUALS, Feature.LOWER_BOUND, Feature.WARM_START,
-                          Feature.TIME_LIMIT, Feature.INTERRUPT, Feature.PROGRESS})
+                          Feature.TIME_LIMIT, Feature.INTERRUPT, Feature.PROGRESS, Feature.STALL})
 
     def version(self) -> str:
         return version()
@@ -222,6 +223,13 @@ def _incumbent_result(model: MipArrays, x, t0: float, native: str) -> BackendRes
     return BackendResult(status, x, None, objective, None, time.perf_counter() - t0, "highs", version(), native)
 
 
+def stalled_result(model: MipArrays, x, t0: float, stall_s: float) -> BackendResult:
+    """A MIP we ended because it found no better incumbent for ``stall_s`` seconds: its best (or the start) as a
+    FEASIBLE result -- it stopped by its own rule, not the clock -- and no solution where it has none."""
+    got = _incumbent_result(model, x, t0, f"stalled: no better incumbent in {stall_s:.1f} s; time given back")
+    return replace(got, status=Status.FEASIBLE if got.x is not None else got.status, stalled=True)
+
+
 def child_start_s(model: MipArrays) -> float:
     """Seconds a child process needs before HiGHS even starts on ``model`` (see CHILD_START_S)."""
     size = sum(a.nbytes for a in (model.c, model.lb, model.ub, model.rows, model.cols, model.vals, model.row_lo,
@@ -256,6 +264,7 @@ def solve_in_child(model: MipArrays, options: SolveOptions) -> BackendResult:
     reader.start()
     incumbent = options.warm_start
     until = t0 + max(float(options.time_limit), own + KILL_GRACE_S)
+    best, improved = np.inf, t0  # the stall clock runs from the call's start (a start it never beats counts)
     try:
         with shielded():
             try:
@@ -272,6 +281,8 @@ def solve_in_child(model: MipArrays, options: SolveOptions) -> BackendResult:
                     return replace(data[0], time_s=time.perf_counter() - t0)
                 if kind == "incumbent":
                     incumbent = data[2]
+                    if data[0] < best * (1 - STALL_REL):
+                        best, improved = data[0], time.perf_counter()
                     if options.on_progress is not None:
                         options.on_progress(data[0], data[1])
                     continue
@@ -283,6 +294,8 @@ def solve_in_child(model: MipArrays, options: SolveOptions) -> BackendResult:
                                          "highs", version(), "interrupted")
                 if time.perf_counter() > until:
                     return _incumbent_result(model, incumbent, t0, "did not stop at its time limit; stopped")
+                if options.stall_s is not None and time.perf_counter() - improved > options.stall_s:
+                    return stalled_result(model, incumbent, t0, options.stall_s)
     finally:
         with shielded():
             if child.poll() is None:
