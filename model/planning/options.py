@@ -121,4 +121,4 @@ class PlannerOptions:
     solver_stop_share: float = 0.1
     match_s_per_cell: float = 7e-6
     flow_stall_s: float = 2.0
-    flow_stall_share: float = 0.08
+    flow_stall_share: float = 0.05

@@ -149,10 +149,11 @@ class Highs:
             return BackendResult(Status.TIME_LIMIT_NO_SOLUTION, None, None, None, None, time.perf_counter() - t0,
                                  self.name, version(), "time limit reached while passing the model")
         incumbent = [options.warm_start] if options.warm_start is not None and not options.relax else [None]
+        stall = None if options.relax or options.stall_s is None else Stall(float(options.stall_s), t0)
         if not options.relax:
-            _subscribe_progress(h, model, options.on_progress, incumbent)
+            _subscribe_progress(h, model, options.on_progress, incumbent, stall)
         stop = threading.Event()
-        _subscribe_interrupt(h, t0 + float(options.time_limit), stop)
+        _subscribe_interrupt(h, t0 + float(options.time_limit), stop, stall)
         # HiGHS counts its limit from run(): give it what passing the model left
         h.setOptionValue("time_limit", max(0.01, float(options.time_limit) - (time.perf_counter() - t0)))
         run = run_native(h.run, stop.set, until=t0 + float(options.time_limit), grace_s=STOP_GRACE_S,
@@ -162,6 +163,8 @@ class Highs:
                                  version(), "interrupted")
         if run.abandoned:  # it polled no interrupt in time: what it had found (or the start) is the answer
             return _incumbent_result(model, incumbent[0], t0, "did not stop at its time limit; left behind")
+        if stall is not None and stall.hit:
+            return stalled_result(model, incumbent[0], t0, stall.seconds)
         return read_result(h, model, options.relax, t0)
 
 
@@ -350,7 +353,25 @@ def satisfies(model: MipArrays, x: np.ndarray, tol: float = 1e-6) -> bool:
     return bool(((act >= model.row_lo - tol * scale) & (act <= model.row_hi + tol * scale)).all())
 
 
-def _subscribe_interrupt(h, until: float, stop: threading.Event) -> None:
+class Stall:
+    """The stall clock of one MIP run in this process: when it last found a better incumbent (from the call's
+    start), and whether it was stopped for finding none for ``seconds``."""
+
+    def __init__(self, seconds: float, t0: float):
+        self.seconds, self.improved, self.best, self.hit = seconds, t0, np.inf, False
+
+    def found(self, objective: float) -> None:
+        """An incumbent of this objective came: a better one restarts the clock."""
+        if objective < self.best * (1 - STALL_REL):
+            self.best, self.improved = objective, time.perf_counter()
+
+    def due(self) -> bool:
+        """Whether the run has gone ``seconds`` without a better incumbent (then it is marked as stalled)."""
+        self.hit = self.hit or time.perf_counter() - self.improved > self.seconds
+        return self.hit
+
+
+def _subscribe_interrupt(h, until: float, stop: threading.Event, stall: Stall | None = None) -> None:
     """Interrupt HiGHS from its own callbacks once the wall-clock budget is spent or ``stop`` is set.
 
     HiGHS's time_limit option is not honoured everywhere: proving a large MIP
@@ -359,7 +380,7 @@ def _subscribe_interrupt(h, until: float, stop: threading.Event) -> None:
     main thread on a signal (see ``model.base.runtime.run_native``).
     """
     def check(event) -> None:
-        if stop.is_set() or time.perf_counter() > until:
+        if stop.is_set() or time.perf_counter() > until or (stall is not None and stall.due()):
             event.interrupt()
 
     for name in ("cbMipInterrupt", "cbSimplexInterrupt", "cbIpmInterrupt"):
@@ -368,11 +389,14 @@ def _subscribe_interrupt(h, until: float, stop: threading.Event) -> None:
             hook.subscribe(check)
 
 
-def _subscribe_progress(h, model: MipArrays, report, incumbent: list) -> None:
-    """Keep each improved incumbent in ``incumbent[0]`` and forward it (with the bound) to ``report``."""
+def _subscribe_progress(h, model: MipArrays, report, incumbent: list, stall: Stall | None = None) -> None:
+    """Keep each improved incumbent in ``incumbent[0]`` and forward it (with the bound) to ``report`` (and to the
+    stall clock)."""
     def on_improve(event):
         data = event.data_out
         incumbent[0] = np.array(data.mip_solution, dtype=np.float64)
+        if stall is not None:
+            stall.found(float(data.objective_function_value) * model.scale)
         if report is not None:
             report(float(data.objective_function_value) * model.scale, float(data.mip_dual_bound) * model.scale)
 
