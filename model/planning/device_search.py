@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 
 import numpy as np
 
@@ -323,15 +324,23 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
     cells = sum(len(b) for b in problem.buckets) * len(all_shapes(problem, fine))
     # the LP-price bound prices batches of n members by the free batch's T(n): not a bound where a batch of n runs
     # in its graph's T(B(n)), which can be cheaper (decode_large), so it is left out with compiled batch sizes
-    if want_bound and problem.cost.shared_batch_time and problem.windowing is None \
-            and problem.cost.batch_buckets is None \
-            and cells <= options.lp_price_max_cells and cells * LP_PRICE_S_PER_CELL <= 0.25 * deadline.left():
+    priceable = want_bound and problem.cost.shared_batch_time and problem.windowing is None \
+        and problem.cost.batch_buckets is None and cells <= options.lp_price_max_cells
+    lp_cut, lp_s, lp_again = False, 0.0, False
+    if priceable and cells * LP_PRICE_S_PER_CELL <= 0.25 * deadline.left():
         # with P95 limits, the same bound with each limit priced by a Lagrangian (``limit_bound``)
-        priced = p95_bound(problem, deadline.share(options.lp_price_share))
+        lp_until, t_lp = deadline.share(options.lp_price_share), time.perf_counter()
+        priced = p95_bound(problem, lp_until)
         lp_price, lp_lams = priced.bound, priced.lams
+        lp_cut, lp_s = lp_until.expired(), time.perf_counter() - t_lp  # cut: some shapes priced by floors only
     until = deadline
     model, blocks, result = solve_levels(problem, fine, bms, plan_levels, solver, until, warm,
                                          spikes=True, options=options)
+    if lp_cut and result.stalled and deadline.left() >= 2.0 * lp_s:
+        # the MIP gave time back that the bound's share lacked (a loaded host): the bound again, with all of it
+        again, lp_again = p95_bound(problem, deadline), True
+        if again.bound > lp_price:
+            lp_price, lp_lams = again.bound, again.lams
     graphs = problem.cost.batch_buckets
     notes = [f"{problem.cost.name} mode: flow model over {len(plan_levels[0].ts)} shape levels and "
              f"{', '.join(str(len(lv.gs)) for lv in plan_levels)} gen levels"
@@ -352,6 +361,9 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
                      "gen in a full graph under the best K shapes, a compile per shape) and the flow model's own "
                      "bound where that one is certified (every shape and gen a level); the LP-price bound prices "
                      "the free batch and is left out")
+        if lp_again:
+            notes.append("the time limit cut the LP-price bound's share before the flow MIP; it was priced again "
+                         "with the time the MIP gave back")
         if any(lp_lams):
             notes.append("the LP-price bound prices each P95 limit by a Lagrangian: every member of a batch over "
                          "the limit pays " + ", ".join(f"{lam:.4g} ms" for lam in lp_lams)

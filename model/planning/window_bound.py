@@ -84,15 +84,9 @@ def gen_levels(g: np.ndarray, most: int = LEVELS) -> np.ndarray:
     return picks[np.searchsorted(picks, g, side="right") - 1]
 
 
-def lp_duals(g: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None,
-             penalty: tuple[float, float] | None = None) -> np.ndarray:
+def lp_duals(g: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None) -> np.ndarray:
     """Prices of requests with gens ``g`` (sorted ascending) for every batch at shape s drawn from them:
-    nondecreasing, and sum(prices of B) <= T(|B|, s, max gen of B) for every such batch B (see module).
-
-    ``penalty`` = (limit, lam) prices a batch whose time exceeds ``limit`` at T + lam * |B| instead: every
-    member over a latency limit pays lam (``model.planning.limit_bound``, a Lagrangian of the P95 count).
-    The penalised time still grows with the batch's gen and shape, so rounding gens down and pricing an
-    anchor's shape below the batch's stay relaxations."""
+    nondecreasing, and sum(prices of B) <= T(|B|, s, max gen of B) for every such batch B (see module)."""
     h, c = np.unique(gen_levels(g), return_counts=True)
     N = np.r_[0, np.cumsum(c)].astype(np.float64)
     caps = np.minimum(batch_capacity(s, h, max_batch, prof.kv_capacity_tokens), N[1:].astype(np.int64))
@@ -101,12 +95,10 @@ def lp_duals(g: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None,
         return np.zeros(len(g))
     n = np.arange(1, top + 1)
     valid = n[None, :] <= caps[:, None]
-    T = penalised(batch_time(np.minimum(n[None, :], np.maximum(caps[:, None], 1)), s, h[:, None], prof),
-                  n[None, :], penalty)
+    T = batch_time(np.minimum(n[None, :], np.maximum(caps[:, None], 1)), s, h[:, None], prof)
     T = np.where(valid, T, np.inf)
     src = np.maximum(N[1:, None] - n[None, :], 0.0)
-    # everyone alone: above every feasible P
-    V = np.r_[0.0, np.cumsum(c * penalised(batch_time(1, s, h, prof), 1, penalty))]
+    V = np.r_[0.0, np.cumsum(c * batch_time(1, s, h, prof))]  # everyone alone: above every feasible P
     for _ in range(MAX_ITERS):
         V = lower_hull(N, V)
         new = np.min(np.interp(src, N, V) + T, axis=1)
@@ -118,14 +110,6 @@ def lp_duals(g: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None,
     theta = max(1.0, float(np.max(np.where(valid, sums / T, 0.0))))
     slope = np.diff(V) / c / theta
     return np.repeat(np.maximum(slope, 0.0), c)
-
-
-def penalised(T: np.ndarray, n, penalty: tuple[float, float] | None) -> np.ndarray:
-    """Batch times T of n members with ``penalty`` = (limit, lam): lam per member where T exceeds the limit."""
-    if penalty is None:
-        return T
-    limit, lam = penalty
-    return np.where(T > limit, T + lam * np.asarray(n, dtype=np.float64), T)
 
 
 def floor_prices(problem: Problem, S: np.ndarray, g: np.ndarray, s, pool) -> np.ndarray:
@@ -187,7 +171,7 @@ def anchors(S: np.ndarray) -> np.ndarray:
 
 
 def window_prices(problem: Problem, S: np.ndarray, g: np.ndarray, cands: np.ndarray, use_lp: bool,
-                  deadline: Deadline = Deadline.never(), penalty: tuple[float, float] | None = None) -> np.ndarray:
+                  deadline: Deadline = Deadline.never()) -> np.ndarray:
     """psi for one window of one bucket: (requests, candidates), inf where a candidate is below the request.
 
     ``S`` and ``g`` are the window's entry shapes and gens, sorted by gen.  With the LP, one is solved per
@@ -195,7 +179,6 @@ def window_prices(problem: Problem, S: np.ndarray, g: np.ndarray, cands: np.ndar
     s in [a, next anchor) draws from that pool and costs at least T at a plus each member's growth to s.
     Once ``deadline`` passes, the remaining anchors' shapes are priced by per-request floors (valid, weaker):
     the whole trace as one window is one call, and its LPs took seconds past a short time limit.
-    ``penalty`` goes to ``lp_duals`` (the floors stay unpenalised: lower, so still valid).
     """
     psi = np.full((len(g), len(cands)), np.inf)
     p = problem.cost.params
@@ -210,7 +193,7 @@ def window_prices(problem: Problem, S: np.ndarray, g: np.ndarray, cands: np.ndar
             pool = np.flatnonzero(S < nxt) if nxt is not None else np.arange(len(S))
             fits = batch_capacity(base, g[pool], problem.max_batch_size, p.kv_capacity_tokens) >= 1
             pool = pool[fits]
-            base_price = lp_duals(g[pool], base, p, problem.max_batch_size, penalty)
+            base_price = lp_duals(g[pool], base, p, problem.max_batch_size)
             shapes = cands[cols]
             ok = (S[pool][:, None] <= shapes[None, :]) & (batch_capacity(shapes[None, :], g[pool][:, None],
                                                                          problem.max_batch_size,
