@@ -46,6 +46,14 @@ from model.load.outputs import Target, check_targets, files_in
 log = logging.getLogger("shapeplan")
 
 
+def run_account(rep) -> list[str]:
+    """What found the plan, what gave the bound, why the run ended and whether more time could help (the
+    report's own fields; nothing where the planner says nothing)."""
+    pairs = (("plan found by", rep.plan_by), ("bound from", rep.bound_by), ("run ended by", rep.termination),
+             ("more time", rep.more_time))
+    return [f"{label}: {text}" for label, text in pairs if text]
+
+
 def main(argv: list[str] | None = None) -> int:
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
     from model import pipeline
@@ -139,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"total: cost {fmt(total)}, lower bound {fmt(rep.bound)}, gap {rep.gap:.3%}, time {run.wall_s:.1f} s")
     else:
         print(f"total: cost {fmt(total)}, time {run.wall_s:.1f} s")
+    for line in run_account(rep):
+        print(line)
     for note in rep.notes:
         print(f"note: {note}")
     if args.compare:

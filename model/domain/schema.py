@@ -236,6 +236,12 @@ class SolveReport:
     version: str
     bucket_bounds: tuple[float, ...] | None = None
     notes: tuple[str, ...] = ()
+    # how the run went, kept apart from ``status`` (what is proven about the plan): which method found the plan,
+    # which gave the bound, why the run ended and whether more time could help ("" where a planner says nothing)
+    plan_by: str = ""
+    bound_by: str = ""
+    termination: str = ""
+    more_time: str = ""
 
 
 @dataclass(frozen=True)
