@@ -1,0 +1,95 @@
+"""--batch-buckets auto: the planner chooses the batch buckets; its plan holds under the buckets it chose and its
+bound under every list of buckets (brute force over every list and every plan of 3-5 requests)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from helpers import brute_force, bucket, check_valid, problem
+
+from model import pipeline
+from model.base.errors import NoPlanFound
+from model.cost.device import DeviceProfile
+from model.domain.schema import Limits, Problem
+from model.planning.bucket_choice import auto_problem, bucket_top, candidate_buckets, used_buckets, with_buckets
+
+TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
+                    decode_large=(3.0, 1e-4, 0.05), decode_large_from=3, compile_ms=40.0, kv_capacity_tokens=8000)
+FIVE = bucket([51, 100, 130, 700, 64], [19, 53, 20, 300, 16])
+FOUR = bucket([60, 100, 190, 64], [10, 30, 200, 40])
+THREE = bucket([100, 130, 640], [20, 10, 5])
+
+
+def auto(*buckets, k: int = 2, limits: Limits = Limits(), prof: DeviceProfile = TOY, **kw) -> Problem:
+    return auto_problem(problem(*buckets, k=k, limits=limits, params=prof, mode="device", **kw))
+
+
+def every_list_optimum(prob: Problem) -> float:
+    """The cheapest plan over every list of batch buckets within 1..top (each list's brute-force optimum)."""
+    sizes = range(1, bucket_top(prob) + 1)
+    lists = (c for r in range(1, len(sizes) + 1) for c in itertools.combinations(sizes, r))
+    return min(brute_force(with_buckets(prob, lst)).cost for lst in lists)
+
+
+@pytest.mark.parametrize("prob", [
+    pytest.param(auto(FIVE), marks=pytest.mark.slow), auto(FOUR, k=3), auto(FOUR, k=3, max_graphs=2), auto(THREE, k=2, max_graphs=1),
+    auto(FIVE, k=2, max_graphs=2), auto(FOUR, k=2, limits=Limits(max_p95_latency_ms=900.0)),
+    auto(FOUR, k=2, prof=replace(TOY, kv_capacity_tokens=None), max_batch_size=3),
+], ids=["five", "four K=3", "four cap 2", "three cap 1", "five cap 2", "four P95", "four B<=3 no kv"])
+def test_auto_plans_hold_under_their_buckets_and_the_bound_under_every_list(prob):
+    best = every_list_optimum(prob)
+    planned = pipeline.plan(prob, "mip", time_limit=10)
+    chosen = pipeline.planned_problem(prob, planned)
+    assert chosen.cost.batch_buckets == planned.chosen_buckets and not chosen.choose_buckets
+    results = check_valid(chosen, planned.batchings)
+    cost = sum(r.metrics.cost for r in results)
+    assert all(r.ok for r in results)
+    assert cost == pytest.approx(planned.report.objective, rel=1e-12)
+    assert best <= cost * (1 + 1e-12)  # the brute force sees every list
+    assert planned.report.bound <= best * (1 + 1e-9)
+    graphs = set().union(*(set(r.metrics.graphs) for r in results))
+    assert prob.graph_cap is None or len(graphs) <= prob.graph_cap
+
+
+def test_candidates_are_powers_of_two_and_the_kv_top():
+    assert candidate_buckets(1) == (1,)
+    assert candidate_buckets(5) == (1, 2, 4, 5)
+    assert candidate_buckets(8) == (1, 2, 4, 8)
+    prob = auto(bucket([64] * 40, [1] * 40))  # 8000 // (64 + 1) = 123 members fit, 40 requests exist
+    assert bucket_top(prob) == 40 and prob.cost.batch_buckets[-1] == 40 and prob.choose_buckets
+
+
+def test_a_plan_judged_under_its_used_buckets_costs_the_same():
+    prob = auto(FIVE, k=3)
+    bt = pipeline.plan(replace(prob, choose_buckets=False), "dpfill").batchings
+    used = used_buckets(prob, bt)
+    assert set(used) <= set(prob.cost.batch_buckets)
+    over = [r.metrics for r in check_valid(replace(prob, choose_buckets=False), bt)]
+    under = [r.metrics for r in check_valid(with_buckets(prob, used), bt)]
+    assert [m.cost for m in over] == [m.cost for m in under]
+    assert [m.graphs for m in over] == [m.graphs for m in under]
+
+
+def test_packers_choose_buckets_too_and_report_no_bound():
+    prob = auto(FIVE, k=2)
+    planned = pipeline.plan(prob, "dpfill")
+    assert planned.report.bound is None and planned.chosen_buckets is not None
+    assert all(r.ok for r in check_valid(pipeline.planned_problem(prob, planned), planned.batchings))
+
+
+def test_a_cap_no_candidate_list_meets_is_no_plan_not_a_proof():
+    # P95 below what one graph of every request allows, with one graph: infeasible over the candidates, and
+    # over every list too, but only the candidates were searched
+    prob = auto(FOUR, k=1, max_graphs=1, limits=Limits(max_p95_latency_ms=50.0))
+    with pytest.raises(NoPlanFound, match="not proven for every choice of buckets"):
+        pipeline.plan(prob, "mip", time_limit=5)
+
+
+def test_used_buckets_of_no_batch_is_one():
+    prob = auto(THREE)
+    empty = (replace(pipeline.plan(replace(prob, choose_buckets=False), "solo").batchings[0],
+                     batch_of=np.zeros(0, np.int64)),)
+    assert used_buckets(prob, empty) == (1,)
