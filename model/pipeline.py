@@ -41,8 +41,8 @@ from model.load.plans import write_plans
 from model.load.requests import Columns, load_requests
 from model.load.scenario import load_scenario
 from model.packers import PACKERS
-from model.planning.contract import Candidates, Judged, select
 from model.planning.bucket_choice import auto_bound, auto_problem, used_buckets, with_buckets
+from model.planning.contract import Candidates, Judged, select
 from model.planning.mip import plan_mip
 from model.planning.windowed import plan_windowed
 

@@ -36,9 +36,9 @@ def every_list_optimum(prob: Problem) -> float:
 
 @pytest.mark.parametrize("prob", [
     pytest.param(auto(FIVE), marks=pytest.mark.slow), auto(FOUR, k=3), auto(FOUR, k=3, max_graphs=2), auto(THREE, k=2, max_graphs=1),
-    auto(FIVE, k=2, max_graphs=2), auto(FOUR, k=2, limits=Limits(max_p95_latency_ms=900.0)),
+    pytest.param(auto(FIVE, k=2, max_graphs=2), marks=pytest.mark.slow), auto(FOUR, k=2, max_graphs=3), auto(FOUR, k=2, limits=Limits(max_p95_latency_ms=900.0)),
     auto(FOUR, k=2, prof=replace(TOY, kv_capacity_tokens=None), max_batch_size=3),
-], ids=["five", "four K=3", "four cap 2", "three cap 1", "five cap 2", "four P95", "four B<=3 no kv"])
+], ids=["five", "four K=3", "four cap 2", "three cap 1", "five cap 2", "four K=2 cap 3", "four P95", "four B<=3 no kv"])
 def test_auto_plans_hold_under_their_buckets_and_the_bound_under_every_list(prob):
     best = every_list_optimum(prob)
     planned = pipeline.plan(prob, "mip", time_limit=10)
