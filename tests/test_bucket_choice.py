@@ -93,3 +93,52 @@ def test_used_buckets_of_no_batch_is_one():
     empty = (replace(pipeline.plan(replace(prob, choose_buckets=False), "solo").batchings[0],
                      batch_of=np.zeros(0, np.int64)),)
     assert used_buckets(prob, empty) == (1,)
+
+
+# ---------------------------------------------------------------- auto from the profile, the scenario and the flags
+
+def test_auto_in_a_profile_or_a_scenario_makes_the_planner_choose(tmp_path):
+    from test_graph_input import profile_text, scenario
+
+    from model.load.scenario import load_scenario
+
+    (tmp_path / "p.toml").write_text(profile_text('batch_buckets = "auto"'))
+    from_profile, _ = pipeline.load_problem(pipeline.InputSpec(scenario=scenario(tmp_path, 'device = "p.toml"')))
+    assert from_profile.choose_buckets and from_profile.cost.batch_buckets[0] == 1
+    (tmp_path / "q.toml").write_text(profile_text("batch_buckets = [1, 2]"))
+    sc = load_scenario(scenario(tmp_path, 'device = "q.toml"\nbatch_buckets = "auto"'))
+    assert sc.cost.params.auto_buckets and sc.cost.batch_buckets is None
+    chosen, _ = pipeline.load_problem(pipeline.InputSpec(scenario=sc.path, max_graphs=2))
+    assert chosen.choose_buckets and chosen.max_graphs == 2
+    fixed, _ = pipeline.load_problem(pipeline.InputSpec(scenario=sc.path, batch_buckets=(2, 16)))
+    assert not fixed.choose_buckets and fixed.cost.batch_buckets == (2, 16)  # the flag replaces auto
+
+
+def test_evaluate_refuses_auto_with_the_list_to_give(tmp_path):
+    from test_graph_input import PROFILE, write_example
+
+    from model import evaluate
+    from model.base.errors import InputError
+
+    reqs, plan = write_example(tmp_path)
+    with pytest.raises(InputError, match="auto chooses the buckets while planning") as err:
+        evaluate.main([str(reqs), str(plan), "--device-profile", str(PROFILE), "--batch-buckets", "auto"])
+    assert err.value.file == "--batch-buckets"
+
+
+def test_cli_solve_auto_prints_the_chosen_buckets_and_evaluate_accepts_them(tmp_path, capsys):
+    from test_graph_input import PROFILE, write_example
+
+    from model import evaluate, solve
+
+    reqs, _ = write_example(tmp_path)
+    out = tmp_path / "out"
+    assert solve.main([str(reqs), "--device-profile", str(PROFILE), "--batch-buckets", "auto", "--limit-graphs",
+                       "2", "--time-limit", "10", "--out", str(out), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if x.startswith("note: batch buckets chosen by the planner: "))
+    chosen = line.split(": ")[2].split(" (")[0].replace(" ", "")
+    assert "lower bound" in text
+    assert evaluate.main([str(reqs), str(out / "plan_reqs.jsonl"), "--device-profile", str(PROFILE),
+                          "--batch-buckets", chosen, "--limit-graphs", "2"]) == 0
+    assert "OK" in capsys.readouterr().out
