@@ -44,6 +44,7 @@ from model.packers import PACKERS
 from model.planning.bucket_choice import auto_bound, auto_problem, used_buckets, with_buckets
 from model.planning.contract import Candidates, Judged, select
 from model.planning.mip import plan_mip
+from model.planning.window_graphs import plan_windowed_graphs
 from model.planning.windowed import plan_windowed
 
 # The embedded default scenario: pyproject.toml installs the repository's data/ as the package model._data (no
@@ -242,10 +243,8 @@ def plan_fixed(problem: Problem, solver: str, backend: str, time_limit: float) -
     """``plan`` with the batch buckets (if any) given."""
     if solver == MIP:
         if problem.windowing is not None:
-            if problem.cost.batch_buckets is not None:
-                raise InputError("--window", None, None, "the windowed MIP planner does not plan compiled batch "
-                                 "sizes (batch buckets) yet; give --solver dpfill or another packer")
-
+            if problem.cost.batch_buckets is not None:  # candidates judged exactly, a bound priced at graphs
+                return plan_windowed_graphs(problem, backend=backend, time_limit=time_limit, judge=judge)
             return plan_windowed(problem, backend=backend, time_limit=time_limit, judge=judge)
         return plan_mip(problem, backend=backend, time_limit=time_limit, judge=judge)
     if solver not in PACKERS:
@@ -276,7 +275,7 @@ def plan_choosing(problem: Problem, solver: str, backend: str, time_limit: float
                           "; not proven for every choice of buckets)") from None
     chosen = with_buckets(problem, used_buckets(fixed, inner.batchings))
     judged = [judge(chosen, solver, inner.batchings)]
-    if solver == MIP and problem.windowing is None:
+    if solver == MIP:
         shapes = tuple(sorted({int(s) for bt in inner.batchings for s in np.unique(bt.shape_of)}))
         same = replace(chosen, allowed_shapes=shapes)
         try:

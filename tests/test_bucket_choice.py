@@ -142,3 +142,34 @@ def test_cli_solve_auto_prints_the_chosen_buckets_and_evaluate_accepts_them(tmp_
     assert evaluate.main([str(reqs), str(out / "plan_reqs.jsonl"), "--device-profile", str(PROFILE),
                           "--batch-buckets", chosen, "--limit-graphs", "2"]) == 0
     assert "OK" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- arrival windows with batch buckets
+
+def windowed_bucket(prompts, gens, arrivals):
+    b = bucket(prompts, gens, name="w")
+    return replace(b, arrival_s=np.asarray(arrivals, dtype=np.float64))
+
+
+WINDOWED = windowed_bucket([60, 100, 190, 64], [10, 30, 200, 40], [0.0, 1.0, 2.0, 11.0])
+
+
+@pytest.mark.parametrize("buckets, cap", [((1, 2, 4), None), ((2, 4), 2), ("auto", 2), ("auto", None)],
+                         ids=["1,2,4", "2,4 cap 2", "auto cap 2", "auto"])
+def test_windows_with_batch_buckets_plan_within_windows_and_bound_the_optimum(buckets, cap):
+    from model.domain.windowing import windowed, windows_of
+
+    base = problem(WINDOWED, k=2, params=TOY, mode="device", max_graphs=cap)
+    plain = auto_problem(base) if buckets == "auto" else with_buckets(base, buckets)
+    prob = windowed(plain, 10.0)
+    planned = pipeline.plan(prob, "mip", time_limit=10)
+    judged = pipeline.planned_problem(prob, planned)
+    results = check_valid(judged, planned.batchings)
+    assert all(r.ok for r in results)
+    wins = windows_of(judged, judged.buckets[0])
+    for b in np.unique(planned.batchings[0].batch_of):
+        assert len(set(wins[planned.batchings[0].batch_of == b].tolist())) == 1  # no batch spans two windows
+    # windows only forbid plans: the optimum without them (over every list, with auto) is below the windowed one
+    best = every_list_optimum(plain) if buckets == "auto" else brute_force(plain).cost
+    assert planned.report.bound <= best * (1 + 1e-9)
+    assert planned.report.bound <= sum(r.metrics.cost for r in results) * (1 + 1e-12)
