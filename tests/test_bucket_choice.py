@@ -35,7 +35,7 @@ def every_list_optimum(prob: Problem) -> float:
 
 
 @pytest.mark.parametrize("prob", [
-    pytest.param(auto(FIVE), marks=pytest.mark.slow), auto(FOUR, k=3), auto(FOUR, k=3, max_graphs=2), auto(THREE, k=2, max_graphs=1),
+    pytest.param(auto(FIVE), marks=pytest.mark.slow), pytest.param(auto(FOUR, k=3), marks=pytest.mark.slow), auto(FOUR, k=3, max_graphs=2), auto(THREE, k=2, max_graphs=1),
     pytest.param(auto(FIVE, k=2, max_graphs=2), marks=pytest.mark.slow), auto(FOUR, k=2, max_graphs=3), auto(FOUR, k=2, limits=Limits(max_p95_latency_ms=900.0)),
     auto(FOUR, k=2, prof=replace(TOY, kv_capacity_tokens=None), max_batch_size=3),
 ], ids=["five", "four K=3", "four cap 2", "three cap 1", "five cap 2", "four K=2 cap 3", "four P95", "four B<=3 no kv"])
@@ -173,3 +173,20 @@ def test_windows_with_batch_buckets_plan_within_windows_and_bound_the_optimum(bu
     best = every_list_optimum(plain) if buckets == "auto" else brute_force(plain).cost
     assert planned.report.bound <= best * (1 + 1e-9)
     assert planned.report.bound <= sum(r.metrics.cost for r in results) * (1 + 1e-12)
+
+
+def test_dask_refuses_a_profile_whose_buckets_are_auto(tmp_path):
+    import argparse
+
+    from test_graph_input import profile_text
+
+    from model.base.errors import InputError
+    from model.cli_common import dask_settings
+
+    path = tmp_path / "p.toml"
+    path.write_text(profile_text('batch_buckets = "auto"'))
+    args = argparse.Namespace(limit_shapes=None, max_seq_len=None, max_batch_size=None, batch_buckets=None,
+                              limit_graphs=None, max_warmup_s=None, cost_params=None, device_profile=path,
+                              cost_model=None, columns=None, format=None)
+    with pytest.raises(InputError, match="dask does not support compiled batch sizes"):
+        dask_settings(args)
