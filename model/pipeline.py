@@ -41,7 +41,14 @@ from model.load.plans import write_plans
 from model.load.requests import Columns, load_requests
 from model.load.scenario import load_scenario
 from model.packers import PACKERS
-from model.planning.bucket_choice import auto_bound, auto_problem, used_buckets, with_buckets
+from model.planning.bucket_choice import (
+    auto_bound,
+    auto_problem,
+    bucket_moves,
+    full_batch_sizes,
+    used_buckets,
+    with_buckets,
+)
 from model.planning.contract import Candidates, Judged, select
 from model.planning.mip import plan_mip
 from model.planning.window_graphs import plan_windowed_graphs
@@ -255,15 +262,16 @@ def plan_fixed(problem: Problem, solver: str, backend: str, time_limit: float) -
     return Planned(chosen.batchings, report, chosen.plans, chosen.evaluation)
 
 
-AUTO_BOUND_SHARE = 0.15  # of --time-limit kept for the bound over every bucket list and the final judging
+AUTO_BOUND_SHARE = 0.15  # of --time-limit kept for the bucket moves, the bound over every list and the judging
 
 
 def plan_choosing(problem: Problem, solver: str, backend: str, time_limit: float) -> Planned:
     """``--batch-buckets auto``: plan over the candidate buckets, keep those the plan runs in, and report the
     bound that holds for every choice of buckets (``model.planning.bucket_choice``).
 
-    Beside the planner's plan, dpfill under the same buckets and shapes is judged (with the MIP), so the plan
-    returned never costs more than dpfill with the same graphs.  A proof of infeasibility over the candidates
+    Beside the planner's plan, dpfill under the same buckets and shapes and dpfill over every candidate are
+    judged (with the MIP), then a local search moves the buckets (``refine_buckets``), so the plan returned
+    never costs more than dpfill with the same graphs.  A proof of infeasibility over the candidates
     is no proof for every list of buckets: it is reported as no plan found."""
     t0 = time.perf_counter()
     clock = Deadline.after(time_limit)
@@ -273,24 +281,26 @@ def plan_choosing(problem: Problem, solver: str, backend: str, time_limit: float
     except InfeasibleError as exc:
         raise NoPlanFound(f"{exc} (with the candidate batch buckets {', '.join(map(str, fixed.cost.batch_buckets))}"
                           "; not proven for every choice of buckets)") from None
-    chosen = with_buckets(problem, used_buckets(fixed, inner.batchings))
-    judged = [judge(chosen, solver, inner.batchings)]
+    starts = [under_used(problem, fixed, solver, inner.batchings)]
     if solver == MIP:
         shapes = tuple(sorted({int(s) for bt in inner.batchings for s in np.unique(bt.shape_of)}))
-        same = replace(chosen, allowed_shapes=shapes)
-        try:
-            judged.append(judge(chosen, "dpfill", PACKERS["dpfill"](same)))
-        except (InfeasibleError, NoPlanFound):
-            pass
-    ok = [j for j in judged if j.acceptable] or judged[:1]
-    best = min(ok, key=lambda j: j.cost)
-    buckets = used_buckets(chosen, best.batchings)
+        same = replace(with_buckets(problem, starts[0][1]), allowed_shapes=shapes)
+        for start in (same, fixed):  # dpfill under the plan's buckets and shapes, and over every candidate
+            try:
+                starts.append(under_used(problem, start, "dpfill", PACKERS["dpfill"](start)))
+            except (InfeasibleError, NoPlanFound):
+                continue
+    ok = [s for s in starts if s[0].acceptable] or starts[:1]
+    best, buckets = min(ok, key=lambda s: s[0].cost)
+    if solver == MIP and best.acceptable:
+        best, buckets = refine_buckets(problem, best, buckets, clock, time_limit)
     final = judge(with_buckets(problem, buckets), best.name, best.batchings)
     rep = inner.report
     lead = (f"batch buckets chosen by the planner: {', '.join(map(str, buckets))} (among the candidates "
             f"{', '.join(map(str, fixed.cost.batch_buckets))})",)
     if best.name != solver:
-        lead += (f"dpfill under the same buckets and shapes is cheaper than the {solver} plan and is returned",)
+        lead += (f"a dpfill plan (under the {solver} plan's buckets and shapes, over every candidate, or after "
+                 f"moves of the buckets) is cheaper than the {solver} plan and is returned",)
     bound = None
     if rep.bound is not None:
         bound = auto_bound(problem, clock)
@@ -303,6 +313,44 @@ def plan_choosing(problem: Problem, solver: str, backend: str, time_limit: float
     picked, report = select(Candidates((final,), bound, rep.backend, rep.version, t0, clock, rep.status, None,
                                        lead + notes))
     return Planned(picked.batchings, report, picked.plans, picked.evaluation, chosen_buckets=buckets)
+
+
+REFINE_UNTIL = 0.92  # of --time-limit: the bucket moves stop here (the bound and the final judging follow)
+
+
+def under_used(problem: Problem, planned_under: Problem, name: str, batchings: tuple[Batching, ...]
+               ) -> tuple[Judged, tuple[int, ...]]:
+    """A plan made under ``planned_under``'s buckets, judged under the ones its batches run in (which price it
+    the same, ``bucket_choice.used_buckets``), and those buckets."""
+    used = used_buckets(planned_under, batchings)
+    return judge(with_buckets(problem, used), name, batchings), used
+
+
+def refine_buckets(problem: Problem, best: Judged, buckets: tuple[int, ...], clock: Deadline, time_limit: float
+                   ) -> tuple[Judged, tuple[int, ...]]:
+    """Local search on the chosen bucket list with the plan's shapes fixed: each list one move away (a bucket
+    dropped, a full-batch size added or swapped in, ``bucket_choice.bucket_moves``) planned by dpfill and
+    judged exactly; the first that is cheaper and meets every limit (the graph cap included) is taken, until
+    no move helps or the clock says stop.  Every list tried is within the space the bound covers."""
+    shapes = tuple(sorted({int(s) for bt in best.batchings for s in np.unique(bt.shape_of)}))
+    top = problem.cost.batch_buckets[-1]
+    values = full_batch_sizes(problem, shapes, top)
+    stop = Deadline(clock.at - (1 - REFINE_UNTIL) * time_limit)
+    improved = True
+    while improved and not stop.expired():
+        improved = False
+        for move in bucket_moves(buckets, values):
+            if stop.expired():
+                break
+            trial = replace(with_buckets(problem, move), allowed_shapes=shapes)
+            try:
+                cand, used = under_used(problem, trial, "dpfill", PACKERS["dpfill"](trial))
+            except (InfeasibleError, NoPlanFound):
+                continue
+            if cand.acceptable and cand.cost < best.cost * (1 - 1e-12):
+                best, buckets, improved = cand, used, True
+                break
+    return best, buckets
 
 
 def fmt_float(value: float) -> str:

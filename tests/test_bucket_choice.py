@@ -190,3 +190,22 @@ def test_dask_refuses_a_profile_whose_buckets_are_auto(tmp_path):
                               cost_model=None, columns=None, format=None)
     with pytest.raises(InputError, match="dask does not support compiled batch sizes"):
         dask_settings(args)
+
+
+def test_bucket_moves_drop_add_and_swap_but_keep_the_largest():
+    from model.planning.bucket_choice import bucket_moves
+
+    moves = bucket_moves((2, 8, 16), (5, 8, 20))
+    assert (8, 16) in moves and (2, 16) in moves and (2, 8) not in moves  # the largest stays
+    assert (2, 5, 8, 16) in moves and (2, 8, 16, 20) in moves
+    assert (5, 8, 16) in moves and (2, 5, 16) in moves  # swaps between neighbours only
+    assert len(moves) == len(set(moves)) and (2, 8, 16) not in moves
+
+
+def test_full_batch_sizes_are_what_the_kv_capacity_holds_at_each_shape():
+    from model.planning.bucket_choice import full_batch_sizes
+
+    prob = auto(bucket([100, 120, 600, 640], [100, 100, 400, 400]))
+    assert full_batch_sizes(prob, (128, 640), 4) == ()  # 8000 // 228 = 35 and 8000 // 1040 = 7: above the top
+    assert full_batch_sizes(prob, (128, 640), 64) == (7, 35)
+    assert full_batch_sizes(auto(bucket([100], [10]), prof=replace(TOY, kv_capacity_tokens=None)), (128,), 4) == ()

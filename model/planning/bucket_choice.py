@@ -98,3 +98,39 @@ def auto_bound(problem: Problem, deadline: Deadline = Deadline.never()) -> float
     deadline cuts it short."""
     relaxed = bound_problem(problem)
     return float(shape_relaxation(relaxed, [build_histogram(b) for b in relaxed.buckets], deadline).bound)
+
+
+def full_batch_sizes(problem: Problem, shapes: tuple[int, ...], top: int) -> tuple[int, ...]:
+    """Batch sizes worth trying as buckets: at each shape, the most members the KV capacity lets a batch hold
+    at the median and the 90th-percentile generation of the requests that shape covers first (a bucket there
+    runs full batches unpadded); empty without a KV capacity."""
+    kv = problem.cost.params.kv_capacity_tokens
+    if kv is None or not shapes:
+        return ()
+    out: set[int] = set()
+    edges = np.asarray(shapes, dtype=np.int64)
+    for b in problem.buckets:
+        at = np.searchsorted(edges, align(b.prompt_len), side="left")
+        for i, s in enumerate(shapes):
+            gens = b.gen_len[at == i]
+            if len(gens):
+                out.update(int(kv // (s + int(g))) for g in np.percentile(gens, [50, 90]).astype(np.int64))
+    return tuple(sorted(v for v in out if 1 <= v <= top))
+
+
+def bucket_moves(buckets: tuple[int, ...], values: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The lists one move from ``buckets``: a bucket dropped, a value added, or a bucket replaced by a value
+    between its neighbours (the largest bucket stays: it holds the largest batches)."""
+    out: list[tuple[int, ...]] = []
+    have = set(buckets)
+    for b in buckets[:-1]:
+        out.append(tuple(x for x in buckets if x != b))
+    for v in values:
+        if v not in have:
+            out.append(tuple(sorted(have | {v})))
+    for k, b in enumerate(buckets[:-1]):
+        lo = buckets[k - 1] if k else 0
+        hi = buckets[k + 1]
+        out += [tuple(sorted((have - {b}) | {v})) for v in values if lo < v < hi and v != b]
+    seen: set[tuple[int, ...]] = set()
+    return [m for m in out if m and not (m in seen or seen.add(m))]
