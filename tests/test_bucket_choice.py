@@ -209,3 +209,15 @@ def test_full_batch_sizes_are_what_the_kv_capacity_holds_at_each_shape():
     assert full_batch_sizes(prob, (128, 640), 4) == ()  # 8000 // 228 = 35 and 8000 // 1040 = 7: above the top
     assert full_batch_sizes(prob, (128, 640), 64) == (7, 35)
     assert full_batch_sizes(auto(bucket([100], [10]), prof=replace(TOY, kv_capacity_tokens=None)), (128,), 4) == ()
+
+
+def test_a_hold_out_checks_the_chosen_shapes_with_the_chosen_buckets():
+    from model.deploy.holdout import holdout
+
+    b = bucket([60, 100, 130, 64, 90, 120, 70, 110], [10, 30, 20, 40, 15, 25, 35, 12], name="h")
+    prob = auto(b, k=2, max_graphs=2)
+    check, train = holdout(prob, 0.25, "mip", time_limit=10)
+    assert train.planned.chosen_buckets is not None and check.fixed is not None
+    held = {B for r in check.fixed.evaluation.results for B, _ in r.metrics.graphs}
+    assert held <= set(train.planned.chosen_buckets)  # the deployed buckets, not a new choice
+    assert check.fixed.planned.chosen_buckets is None
