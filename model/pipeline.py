@@ -308,7 +308,9 @@ def plan_choosing(problem: Problem, solver: str, backend: str, time_limit: float
                  "shape relaxation with the batch free (each member pays at least its full graph's share) under "
                  "min(K, graph cap) shapes; the MIP's own bound holds only for lists of the candidates"
                  + (f" ({fmt_float(rep.bound)})" if np.isfinite(rep.bound) else ""),)
-        bound = bound if np.isfinite(bound) else None
+        if not np.isfinite(bound):
+            lead += ("the time limit cut the bound over every list of buckets short: no bound is reported",)
+            bound = None
     notes = tuple(n for n in rep.notes if not n.startswith("the bound is"))
     picked, report = select(Candidates((final,), bound, rep.backend, rep.version, t0, clock, rep.status, None,
                                        lead + notes))
