@@ -7,8 +7,8 @@ Each Azure trace alone, priced by the shared profile, K = 8, ``--batch-buckets a
 - ``dpfill``: the dpfill packer choosing among the same candidate buckets (no cap of its own).
 - ``dpfill same``: dpfill under the MIP's buckets and shapes (the MIP must cost no more).
 - the stacks' own defaults at the MIP export's server settings (``--max-num-batched-tokens``,
-  ``--max-num-seqs``, ``--max-model-len``, block size): Gaudi ``exp``, NxD Inference's powers
-  of two, TPU powers of two; their graphs are what each stack's importer
+  ``--max-num-seqs``, ``--max-model-len``, block size, Gaudi's ``VLLM_PROMPT_BS_BUCKET_MAX``):
+  Gaudi ``exp``, NxD Inference's powers of two, TPU powers of two; their graphs are what each stack's importer
   (``model.serving``) says it compiles, and their device-hours the traffic planned by the
   MIP within their shapes and batch ladder (every (batch, shape) pair of their ladders
   taken as present: a low estimate of what they cost).
@@ -171,7 +171,8 @@ def graph_table(problem: Problem, profile: Path, time_limit: float) -> None:
     with tempfile.TemporaryDirectory(prefix="shapeplan-graphs-") as tmp:
         exports, settings = export_checks(Path(tmp), chosen, mip, profile)
     flags = ",".join(f"{k}={v}" for k, v in settings.items() if k in ("max_num_batched_tokens", "max_num_seqs",
-                                                                     "max_model_len", "block_size"))
+                                                                     "max_model_len", "block_size",
+                                                                     "prompt_bs_bucket_max"))
     defaults = []
     for name, (fmt, text, ladder) in default_configs(settings, shapes[-1]).items():
         got = default_row(name, fmt, text, ladder, problem, flags, compile_ms, time_limit / 2)
