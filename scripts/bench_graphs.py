@@ -41,7 +41,7 @@ from model.planning.bucket_choice import auto_problem, with_buckets
 from model.serving.formats import compile_config
 from model.serving.settings import parse_flag
 
-EXPORT_FORMATS = ("gaudi-file", "vllm-tpu", "nxdi", "json")
+EXPORT_FORMATS = ("gaudi-file", "gaudi-env", "vllm-tpu", "nxdi", "vllm-neuron", "json")
 GRAPH_CAP = 16
 
 
