@@ -72,7 +72,7 @@ def parse_batch_buckets(text: str | None) -> tuple[int, ...] | str | None:
     parts = text.split(",")
     if not all(p.isascii() and p.isdigit() for p in parts):  # ASCII digits only: no spaces, signs or exponents
         raise InputError("--batch-buckets", None, None,
-                         f"expected strictly increasing positive integers like 1,2,4,8, got {text!r}")
+                         f"expected strictly increasing positive integers like 1,2,4,8 (or auto), got {text!r}")
     if any(len(p.lstrip("0")) > len(str(MAX_BATCH_BUCKET)) or int(p) > MAX_BATCH_BUCKET for p in parts):
         raise InputError("--batch-buckets", None, None, f"a batch size is at most {MAX_BATCH_BUCKET} (as "
                          f"--max-batch-size), got {text if len(text) <= 40 else text[:40] + '...'!r}")
