@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError("<command line>", None, None, "expected REQUESTS PLAN pairs (an even number of paths)")
         problem, _ = build_problem(args, args.pairs[0::2], limits=cli_limits(args))
         plan_files = args.pairs[1::2]
+    if problem.choose_buckets:
+        raise InputError("--batch-buckets", None, None, "auto chooses the buckets while planning; plans are judged "
+                         "under a list: give the one model.solve printed (\"batch buckets chosen by the planner\")")
     plans = tuple(read_plan(f) for f in plan_files)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, by bucket and plan file
         results, global_problems = evaluate_plans(problem, plans)

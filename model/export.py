@@ -8,7 +8,9 @@
 Reads every ``plan_*.jsonl`` in DIR.  F is one of gaudi-file, gaudi-env, nxdi, vllm-neuron,
 vllm-tpu, json (or list); ``model.serving.formats`` says what each writes.  The file holds
 exactly the graphs the plans run -- a batch of n requests at shape s runs the graph
-(n, s), and its decode graph covers s + the longest generation -- and the server
+(n, s), or (B, s) with B the smallest batch bucket >= n when the plans were made with
+batch buckets (``--batch-buckets LIST``, else the device profile's), and its decode graph
+covers s + the longest generation -- and the server
 settings the stack needs for them; a format that cannot express them is refused with
 the reason and the format that can.  The header and the printed line give the number
 of graphs the stack will compile and the warm-up (graphs x compile_ms of
@@ -130,21 +132,34 @@ def regular_file(flag: str, path: Path) -> Path:
     return path
 
 
-def compile_time(device_profile: Path | None, scenario: Path | None) -> float | None:
-    """compile_ms of --device-profile, else of the scenario's device profile (None: no profile, no time)."""
+def device_settings(device_profile: Path | None, scenario: Path | None, buckets_flag: str | None
+                    ) -> tuple[float | None, tuple[int, ...] | None]:
+    """(compile_ms, batch buckets) of the plans' stack: --device-profile's, else the scenario's device profile;
+    ``--batch-buckets`` replaces the profile's buckets.  ``auto`` names no list: the export needs the one the
+    planner chose (model.solve prints it)."""
+    from model.cost.device import AUTO_BUCKETS
+    from model.deploy.flags import parse_batch_buckets
     from model.load.profile import load_profile
     from model.load.scenario import load_scenario
 
+    profile = None
     if device_profile is not None:
-        return load_profile(regular_file("--device-profile", device_profile)).compile_ms
-    if scenario is not None:
+        profile = load_profile(regular_file("--device-profile", device_profile))
+    elif scenario is not None:
         cost = load_scenario(scenario, load=False).cost
-        return cost.params.compile_ms if cost.device_time else None
-    return None
+        profile = cost.params if cost.device_time else None
+    given = parse_batch_buckets(buckets_flag)
+    auto = given == AUTO_BUCKETS or (given is None and profile is not None and profile.auto_buckets)
+    if auto:
+        raise InputError("--batch-buckets", None, None, "auto chooses the buckets while planning; the export needs "
+                         "the list the plans were made with: give the one model.solve printed (\"batch buckets "
+                         "chosen by the planner\")")
+    buckets = given if given is not None else profile.batch_buckets if profile is not None else None
+    return (profile.compile_ms if profile is not None else None), buckets
 
 
 def run_check(args: argparse.Namespace, block_size: int | None, max_model_len: int | None,
-              compile_ms: float | None) -> int:
+              compile_ms: float | None, batch_buckets: tuple[int, ...] | None = None) -> int:
     """--check FILE: the graphs FILE makes its stack compile, and (with --plans) how they differ from the plans'."""
     from model.deploy.graph_check import GraphCheck, check_lines
     from model.load.plans import read_plan
@@ -167,7 +182,7 @@ def run_check(args: argparse.Namespace, block_size: int | None, max_model_len: i
         files = plan_files(args.plans)
         buckets = plan_buckets(files, args.scenario, args.requests)
         known = dict(compiled.settings)
-        spec = ExportSpec(shape_uses([read_plan(f) for f in files], buckets),
+        spec = ExportSpec(shape_uses([read_plan(f) for f in files], buckets, batch_buckets),
                           known.get("block_size", DEFAULT_BLOCK_SIZE), known.get("max_model_len"), compile_ms)
         graphs, decode_known = planned(args.format, spec), spec.has_contexts
     elif args.scenario is not None or args.requests:
@@ -201,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=Path, nargs="+", default=[],
                         help="request files of the plans, <name>.jsonl for plan_<name>.jsonl")
     parser.add_argument("--device-profile", type=Path, help="device profile TOML: warm-up = graphs x its compile_ms")
+    parser.add_argument("--batch-buckets", help="the batch buckets the plans were made with (a batch of n runs in "
+                        "graph (B, shape), B the smallest bucket >= n); default: the device profile's, else each "
+                        "batch's own size")
     parser.add_argument("--server-settings", help="with --check: settings the config does not state, e.g. "
                         "max_num_batched_tokens=8192,max_num_seqs=64")
     args = parser.parse_args(argv)
@@ -208,9 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         raise InputError("--format", None, None, f"unknown format {args.format!r} ({', '.join(WRITERS)})")
     block_size = positive_option("--block-size", args.block_size)
     max_model_len = positive_option("--max-model-len", args.max_model_len)
-    compile_ms = compile_time(args.device_profile, args.scenario)
+    compile_ms, batch_buckets = device_settings(args.device_profile, args.scenario, args.batch_buckets)
     if args.check is not None:
-        return run_check(args, block_size, max_model_len, compile_ms)
+        return run_check(args, block_size, max_model_len, compile_ms, batch_buckets)
     for flag, value in (("--plans", args.plans), ("--out", args.out)):
         if value is None:
             raise InputError(flag, None, None, "required (or --check FILE to check a config)")
@@ -223,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     plans = [read_plan(f) for f in files]
     buckets = plan_buckets(files, args.scenario, args.requests)
     check_targets(target)  # not one of the plans or requests just read
-    spec = ExportSpec(shape_uses(plans, buckets), block_size or DEFAULT_BLOCK_SIZE, max_model_len, compile_ms)
+    spec = ExportSpec(shape_uses(plans, buckets, batch_buckets), block_size or DEFAULT_BLOCK_SIZE, max_model_len,
+                      compile_ms)
     text = render(args.format, spec)
     write_atomic(args.out, text)
     stack = args.format not in ("list", "json")  # shapeplan's own formats name no stack

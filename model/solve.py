@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         print("hold-out check only: no plans written")
         return 0 if train.evaluation.ok and check.ok else 1
     run = pipeline.run(problem, args.solver, args.backend, args.time_limit)
+    planning = problem  # what --compare plans again: with --batch-buckets auto each planner chooses its own
+    problem = pipeline.planned_problem(problem, run.planned)  # the buckets the plans run in (auto: chosen)
     pipeline.check_finite_metrics(run.evaluation, source)
     results = run.evaluation.results
     rep = run.planned.report
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in rep.notes:
         print(f"note: {note}")
     if args.compare:
-        others = {name: pipeline.compare_run(problem, name) for name in pipeline.solver_names()[1:]
+        others = {name: pipeline.compare_run(planning, name) for name in pipeline.solver_names()[1:]
                   if name != args.solver}
         print(compare_table(results, args.solver, others))
     report: dict[Path, bytes] = {}

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+from bench_graphs import GRAPH_CAP, graph_problem, graph_table
 
 from model import pipeline
 from model.cost.device import device_hours
@@ -310,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-time-limit", type=float, default=10.0, help="MIP seconds per scaling run")
     parser.add_argument("--skip-quality", action="store_true", help="no quality tables")
     parser.add_argument("--skip-device", action="store_true", help="no device-mode tables")
+    parser.add_argument("--skip-graphs", action="store_true", help="no graph table (--batch-buckets auto)")
+    parser.add_argument("--graph-time-limit", type=float, default=40.0,
+                        help="MIP seconds per graph-table trace (the defaults get half each)")
     parser.add_argument("--skip-scaling", action="store_true", help="no scaling run")
     parser.add_argument("--device-profile", type=Path, default=DATA / "profiles" / "opt13b-a100-tp1.toml",
                         help="profile for the device-mode tables")
@@ -338,6 +342,12 @@ def main(argv: list[str] | None = None) -> int:
         for trace in TRACES:
             print(f"\n== device mode: Azure {trace} trace, {args.device_profile.name}, K = 8, no limits ==")
             device_table(device_problem(args.data, trace, args.device_profile), args.device_time_limit)
+    if not args.skip_graphs:
+        for trace in TRACES:
+            print(f"\n== graphs in device mode: Azure {trace} trace, {args.device_profile.name}, K = 8, "
+                  f"--batch-buckets auto --limit-graphs {GRAPH_CAP} ==")
+            graph_table(graph_problem(args.data, trace, args.device_profile), args.device_profile,
+                        args.graph_time_limit)
     if args.skip_scaling:
         return 0
     print(f"\n== scaling: one synthetic bucket, MIP time limit {args.scale_time_limit:g} s ==")
