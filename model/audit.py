@@ -25,7 +25,8 @@ from pathlib import Path
 from model.base.errors import InputError
 from model.base.numbers import float_flag, int_flag
 from model.cli_common import add_input_args, add_limit_args, build_problem, given_inputs, run_main
-from model.load.outputs import Target, check_targets, files_in
+from model.cli_json import JsonOut, add_json_arg, input_words, json_output, json_targets
+from model.load.outputs import Target, check_targets, files_in, write_together
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,18 +53,28 @@ def build_parser() -> argparse.ArgumentParser:
                         default=None, help="at most this many requests per batch")
     parser.add_argument("--report", type=Path, help="folder for report.md, report.html and heatmap.png")
     parser.add_argument("--quiet", action="store_true", help="no progress log")
+    add_json_arg(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    with json_output(args.json) as sink:
+        return run_audit(args, sink)
+
+
+def run_audit(args: argparse.Namespace, sink: JsonOut) -> int:
+    """Plan under today's shapes and under free ones, print both and the summary, write the report and JSON."""
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
     from model import pipeline
     from model.deploy.auditing import audit
     from model.deploy.flags import import_config, parse_fraction, warning_text
-    from model.deploy.present import AUDIT_REPORT_FILES, audit_blocks, write_audit_report
+    from model.deploy.present import AUDIT_REPORT_FILES, audit_blocks, audit_report_files, audit_tables
+    from model.deploy.summaries import audit_summary
     from model.report.document import to_text
+    from model.report.json_doc import document, document_bytes
+    from model.report.summary import summary_lines
 
-    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="[%(relativeCreated)6.0f ms] %(message)s")
     if not args.time_limit > 0:
@@ -76,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     fraction = parse_fraction(args.holdout)
     targets = [Target("--report", args.report, "folder", "give a folder for report.md, report.html and heatmap.png"),
                *files_in("--report", args.report, AUDIT_REPORT_FILES)] if args.report else []
+    targets += json_targets(args.json)
     check_targets(targets, given_inputs(args))  # before anything is read or planned
     imported = import_config(args.config, args.config_format, args.config_settings)
     config, warning = imported.shapes, warning_text(imported)
@@ -87,13 +99,19 @@ def main(argv: list[str] | None = None) -> int:
     result = audit(problem, config, args.limit_shapes, args.solver, args.backend, args.time_limit, fraction,
                    args.config_format, None if imported.graphs is None else len(imported.graphs))
     print(to_text(audit_blocks(result, source, str(args.config))))
-    if args.report:
-        md, page = write_audit_report(args.report, result, source, str(args.config))
-        print(f"wrote {md}, {page}, {args.report / 'heatmap.png'}")
     if not result.ok:
         print("FAIL: a plan breaks a rule or a limit")
-        return 1
-    return 0
+    summary = audit_summary(result, input_words(args), str(args.config))
+    print("\n".join(summary_lines(summary)))
+    data = document_bytes(document("audit", summary, audit_tables(result)))
+    # the report and the JSON document land together, or neither does
+    files = audit_report_files(args.report, result, source, str(args.config)) if args.report else {}
+    files |= sink.files(data)
+    if files:
+        write_together(files)
+        print(f"wrote {', '.join(map(str, files))}")
+    sink.emit(data)
+    return 0 if result.ok else 1
 
 
 def entry() -> None:

@@ -16,6 +16,7 @@ from model.deploy.holdout import Holdout
 from model.histogram.cells import build_histogram
 from model.load.outputs import write_together
 from model.report.document import Block, Heading, Image, Paragraph, Table, to_html, to_markdown
+from model.report.json_doc import DataTable, cost_unit
 from model.report.plots import heatmap_figure, png_bytes
 from model.report.tables import fmt
 
@@ -122,7 +123,7 @@ def graphs_paragraph(result: AuditResult) -> Paragraph:
 def audit_blocks(result: AuditResult, source: str, config_source: str) -> list[Block]:
     """Today's shapes beside the optimised ones, the saving first."""
     today, opt = result.sides
-    head = ["shapes", "cost"]
+    head = ["shapes", f"cost ({cost_unit(result.problem.cost)})"]
     if result.device:
         head.append("device-hours")
     head += ["pad ratio", "P95 ms (worst bucket)", "sequential ms", "compiled shapes", "graphs", "warm-up",
@@ -169,6 +170,28 @@ AUDIT_REPORT_FILES = ("report.md", "report.html", "heatmap.png")
 
 def write_audit_report(folder: Path, result: AuditResult, source: str, config_source: str) -> tuple[Path, Path]:
     """report.md, report.html and heatmap.png (both shape sets over the traffic), written together."""
+    write_together(audit_report_files(folder, result, source, config_source))
+    return folder / "report.md", folder / "report.html"
+
+
+def audit_tables(result: AuditResult) -> dict[str, DataTable]:
+    """Both sides of the audit as data, with units (--json)."""
+    unit = cost_unit(result.problem.cost)
+    rows = []
+    for side in result.sides:
+        rows.append((side.label, side.cost, None if side.cost is None or not result.device else
+                     float(device_hours(side.cost)), side.pad_ratio, side.p95_latency_ms, side.sequential_ms,
+                     side.n_shapes, side.graphs, None if side.graphs is None or result.compile_ms is None else
+                     side.graphs * result.compile_ms / 1000.0, list(side.shapes), side.ok))
+    return {"sides": DataTable(("side", "cost", "device_hours", "pad_ratio", "p95_latency_ms", "sequential_ms",
+                                "compiled_shapes", "graphs", "warmup_s", "shapes", "meets_limits"),
+                               ("", unit, "device-hours", "pad tokens / real tokens", "ms", "ms", "shapes",
+                                "graphs", "s", "tokens", ""), tuple(rows))}
+
+
+def audit_report_files(folder: Path, result: AuditResult, source: str, config_source: str
+                       ) -> dict[Path, list[bytes]]:
+    """report.md, report.html and heatmap.png (both shape sets over the traffic) as bytes, to write together."""
     today, opt = result.sides
     hists = [build_histogram(b) for b in result.problem.buckets]
     fig = heatmap_figure(result.problem, hists, None, ((today.label, result.config), (opt.label, opt.shapes)))
@@ -177,7 +200,6 @@ def write_audit_report(folder: Path, result: AuditResult, source: str, config_so
                        f"{config_source}) and the {opt.label}.", png_bytes(fig))
     blocks = [*audit_blocks(result, source, config_source), Heading("Traffic and both shape sets"), image]
     md, page = folder / "report.md", folder / "report.html"
-    write_together({md: [to_markdown(blocks, folder).encode("utf-8")],
-                    page: [to_html(blocks, f"Shape audit: {source}").encode("utf-8")],
-                    png: [image.data]})
-    return md, page
+    return {md: [to_markdown(blocks, folder).encode("utf-8")],
+            page: [to_html(blocks, f"Shape audit: {source}").encode("utf-8")],
+            png: [image.data]}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -176,11 +177,12 @@ def audit_summary(result, inputs: Sequence[str], config: str) -> Summary:
                    fewer_shapes_reason(result.problem, opt.shapes, proven) if opt.cost is not None else None, nxt)
 
 
-def sweep_summary(rec, stack_rule, cost: CostModel, inputs: Sequence[str]) -> Summary:
+def sweep_summary(rec, stack_rule, problem: Problem, inputs: Sequence[str]) -> Summary:
     """model.sweep: the recommended K, its cost, pow2 at the same K, the gap there, the solve to run."""
     if rec.point is None:
         return Summary("sweep", "no K of the sweep: no planner met every limit", False,
                        next_command="loosen a limit or widen --k, and sweep again")
+    cost = problem.cost
     ref = None
     if stack_rule is not None:
         ref = reference_of(f"{STACK_RULE_TEXT} at the same K = {rec.point.k}", stack_rule.cost, rec.cost, cost,
@@ -193,6 +195,9 @@ def sweep_summary(rec, stack_rule, cost: CostModel, inputs: Sequence[str]) -> Su
         certainty = Certainty("heuristic", None, None, None, f"the {rec.planner} packer")
     fewer = (f"K = {rec.point.k} is the smallest cap within {rec.tolerance:.1%} of the cheapest swept (K = "
              f"{rec.cheapest_k}); more shapes buy less than that" if rec.cheapest_k != rec.point.k else None)
+    if len(rec.shapes) < rec.point.k:
+        why = fewer_shapes_reason(replace(problem, max_shapes=rec.point.k), rec.shapes, certainty.status == "optimal")
+        fewer = "; ".join(w for w in (fewer, why) if w)
     return Summary("sweep", f"K = {rec.point.k} shapes ({', '.join(map(str, rec.shapes))}) with the {rec.planner} "
                    "plan", True, cost_of(rec.cost, cost), ref, certainty, tuple(rec.shapes), rec.point.k, fewer,
                    command_line("solve", *inputs, "--limit-shapes", rec.point.k, "--out", "out"))
