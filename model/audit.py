@@ -25,7 +25,7 @@ from pathlib import Path
 from model.base.errors import InputError
 from model.base.numbers import float_flag, int_flag
 from model.cli_common import add_input_args, add_limit_args, build_problem, given_inputs, run_main
-from model.cli_json import JsonOut, add_json_arg, input_words, json_output, json_targets
+from model.cli_json import JsonOut, add_json_arg, cost_flag_given, input_words, json_output, json_targets
 from model.load.outputs import Target, check_targets, files_in, write_together
 
 
@@ -73,7 +73,7 @@ def run_audit(args: argparse.Namespace, sink: JsonOut) -> int:
     from model.deploy.summaries import audit_summary
     from model.report.document import to_text
     from model.report.json_doc import document, document_bytes
-    from model.report.summary import summary_lines
+    from model.report.summary import mode_note, summary_lines
 
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="[%(relativeCreated)6.0f ms] %(message)s")
@@ -96,6 +96,7 @@ def run_audit(args: argparse.Namespace, sink: JsonOut) -> int:
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO)
     check_targets(targets)  # against every file the loaders read
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
+    print(mode_note(problem.cost, scenario is not None, cost_flag_given(args)))
     result = audit(problem, config, args.limit_shapes, args.solver, args.backend, args.time_limit, fraction,
                    args.config_format, None if imported.graphs is None else len(imported.graphs))
     print(to_text(audit_blocks(result, source, str(args.config))))

@@ -85,3 +85,8 @@ def input_words(args: argparse.Namespace, positional: str = "requests") -> list[
         if value is not None and value is not False:
             words += ["--" + name.replace("_", "-"), str(value)]
     return words
+
+
+def cost_flag_given(args: argparse.Namespace) -> bool:
+    """Whether the command line chose the cost model (else request files are planned in the reference mode)."""
+    return any(getattr(args, name, None) is not None for name in ("cost_model", "device_profile", "cost_params"))

@@ -26,7 +26,7 @@ from model.cli_common import (
     given_inputs,
     run_main,
 )
-from model.cli_json import JsonOut, add_json_arg, input_words, json_output, json_targets
+from model.cli_json import JsonOut, add_json_arg, cost_flag_given, input_words, json_output, json_targets
 from model.load.outputs import check_targets, write_together
 
 
@@ -60,7 +60,7 @@ def evaluate_in_memory(args: argparse.Namespace, sink: JsonOut) -> int:
     from model.evaluation.validate import evaluate_plans, time_text
     from model.load.plans import read_plan
     from model.report.json_doc import bucket_rows, document, document_bytes
-    from model.report.summary import summary_lines
+    from model.report.summary import mode_note, summary_lines
     from model.report.tables import bucket_table, graph_totals, verdict
 
     if args.scenario is not None:
@@ -82,6 +82,7 @@ def evaluate_in_memory(args: argparse.Namespace, sink: JsonOut) -> int:
     for result, f in zip(results, plan_files, strict=True):
         pipeline.check_finite_metrics(Evaluation((result,), ()), str(f))
     print(f"cost model: {problem.cost.name}; shape cap K = {problem.max_shapes} per bucket and across all buckets")
+    print(mode_note(problem.cost, args.scenario is not None, cost_flag_given(args)))
     if problem.windowing is not None:
         w = problem.windowing
         print(f"arrival windows of {w.seconds:g} s from the first arrival, {time_text(w.origin_s)}: a batch must not "

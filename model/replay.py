@@ -135,14 +135,29 @@ def load_trace(args: argparse.Namespace) -> Trace:
     return trace_of(buckets, args.rate_scale)
 
 
+def replay_words(args: argparse.Namespace) -> list[str]:
+    """The replay's input flags as words, for the next command it prints (replicas left out: it sets them)."""
+    words = [str(p) for p in args.requests]
+    for flag in ("device_profile", "graphs", "shapes_format", "server_settings", "columns", "format", "time_column",
+                 *SERVER_KEYS, "rate_scale", "slo_ttft_ms", "slo_tpot_ms", "slo_quantile"):
+        value = getattr(args, flag, None)
+        if value is not None and not (flag == "rate_scale" and value == 1.0):
+            words += ["--" + flag.replace("_", "-"), str(value)]
+    return words
+
+
 def main(argv: list[str] | None = None) -> int:
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
     from model.cost.serving import ServingCost
+    from model.deploy.summaries import replay_summary
     from model.evaluation.replay_metrics import summarize
     from model.evaluation.replay_run import check_fits, replay
     from model.load.profile import load_profile_file
     from model.load.server import server_settings
-    from model.report.serving import settings_text, summary_json, summary_lines
+    from model.report.json_doc import document, document_bytes
+    from model.report.serving import latency_table, settings_text, summary_doc
+    from model.report.serving import summary_lines as replay_lines
+    from model.report.summary import summary_lines
     from model.serving.replay_graphs import oversized_prompt_graphs, read_graph_set
     from model.serving.settings import parse_flag
 
@@ -186,9 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"replay: {len(trace)} requests from {', '.join(map(str, args.requests))}; {args.replicas} "
           f"replica{'s' if args.replicas > 1 else ''}; {settings_text(settings, graphs)}; graphs from {args.graphs} "
           f"({args.shapes_format})", file=out)
-    print("\n".join(summary_lines(summary, graphs)), file=out)
+    print("\n".join(replay_lines(summary, graphs)), file=out)
     files: dict[Path, list[bytes]] = {}
-    text = summary_json(summary, settings, graphs)
+    closing = replay_summary(summary, replay_words(args))
+    print("\n".join(summary_lines(closing)), file=out)
+    text = document_bytes(document("replay", closing, {"latency": latency_table(summary)},
+                                   summary_doc(summary, settings, graphs))).decode("utf-8")
     if args.json not in (None, "-"):
         files[Path(args.json)] = [text.encode()]
     if args.report is not None:

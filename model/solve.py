@@ -40,7 +40,7 @@ from model.cli_common import (
     given_inputs,
     run_main,
 )
-from model.cli_json import JsonOut, add_json_arg, input_words, json_output, json_targets
+from model.cli_json import JsonOut, add_json_arg, cost_flag_given, input_words, json_output, json_targets
 from model.load.files import note_input
 from model.load.outputs import Target, check_targets, files_in, write_together
 
@@ -97,7 +97,7 @@ def solve_in_memory(args: argparse.Namespace, sink: JsonOut) -> int:
     from model.report.compare import compare_table
     from model.report.document import to_text
     from model.report.json_doc import bucket_rows, cost_unit, document, document_bytes
-    from model.report.summary import summary_lines
+    from model.report.summary import mode_note, summary_lines
     from model.report.tables import bucket_table, device_units, fmt, graph_totals, verdict
 
     fraction = parse_fraction(args.holdout)
@@ -120,7 +120,7 @@ def solve_in_memory(args: argparse.Namespace, sink: JsonOut) -> int:
           + (f"; allowed shapes {' '.join(map(str, problem.allowed_shapes))}" if problem.allowed_shapes else "")
           + (f"; arrival windows of {problem.windowing.seconds:g} s from the first arrival, "
              f"{time_text(problem.windowing.origin_s)}" if problem.windowing else ""))
-    print(mode_note(problem.cost, scenario is not None, args))
+    print(mode_note(problem.cost, scenario is not None, cost_flag_given(args)))
     words = input_words(args)
     if fraction is not None:
         check, train = holdout(problem, fraction, args.solver, args.backend, args.time_limit)
@@ -223,19 +223,6 @@ def holdout_tables(check) -> dict:
              check.pow2_in_sample, Holdout.cost(check.pow2), check.pow2_excess)]
     return {"holdout": DataTable(("plan", "shapes", "cost_first_part", "cost_held_out", "vs_held_out_optimum"),
                                  ("", "tokens", unit, unit, "share"), tuple(rows))}
-
-
-def mode_note(cost, from_scenario: bool, args: argparse.Namespace) -> str:
-    """Which cost model the run uses and why: request files without a cost-model flag are planned in the
-    reference mode, whose costs have no unit (the embedded default scenario is in device mode)."""
-    chosen = args.cost_model is not None or args.device_profile is not None or args.cost_params is not None
-    if cost.device_time:
-        return f"cost model: device (measured step times of {cost.params.name}): costs in device-ms"
-    if from_scenario or chosen:
-        return f"cost model: {cost.name} (analytic): costs in cost units, not device time"
-    return ("cost model: reference (the default for request files; analytic, costs in cost units, not device "
-            "time): give --device-profile data/profiles/opt13b-a100-tp1.toml (or your own) for device-ms, "
-            "device-hours and shapes priced by measured step times")
 
 
 def output_targets(args: argparse.Namespace, plans: bool) -> list[Target]:

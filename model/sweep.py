@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from model.base.errors import InputError
 from model.base.numbers import float_flag, int_flag
 from model.cli_common import add_input_args, add_limit_args, build_problem, check_time_limit, given_inputs, run_main
-from model.cli_json import JsonOut, add_json_arg, input_words, json_output, json_targets
+from model.cli_json import JsonOut, add_json_arg, cost_flag_given, input_words, json_output, json_targets
 from model.load.outputs import Target, check_targets, files_in, write_together
 
 if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
@@ -177,6 +177,7 @@ def run(args: argparse.Namespace, sink: JsonOut) -> int:
                              args.time_limit, args.tolerance)
     print(f"input: {source}; {len(problem.buckets)} buckets, {sum(len(b) for b in problem.buckets)} requests, "
           f"{sum(len(h) for h in hists)} cells; cost model {problem.cost.name}")
+    print(mode_note(problem.cost, scenario is not None, cost_flag_given(args)))
     points = sweep_points(ks, settings.sweep_limit, factors)
     windows = parse_windows(args.windows)
     for w in windows or ():  # every length's window count, before the first is swept

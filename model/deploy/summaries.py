@@ -105,7 +105,7 @@ def plan_next(ok: bool, out: str | None, inputs: Sequence[str], scenario: str | 
         return ("loosen the limit the FAIL line names (or raise --time-limit), then run again: "
                 + command_line("solve", *inputs, "--out", out or "out"))
     given = ["--scenario", scenario] if scenario is not None else ["--requests", *requests]
-    return command_line("export", "--plans", out or "out", "--format", "nxdi", "--out", "neuron.json", *given)
+    return command_line("export", "--plans", out or "out", "--format", "gaudi-file", "--out", "buckets.txt", *given)
 
 
 def solve_summary(problem: Problem, results: Sequence[BucketResult], ok: bool, report: SolveReport, solver: str,

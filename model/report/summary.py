@@ -207,3 +207,18 @@ def summary_dict(s: Summary) -> dict:
     if s.certainty is not None:
         doc["certainty"]["sentence"] = s.certainty.sentence(s.cost.unit if s.cost is not None else "")
     return doc
+
+
+SHIPPED_PROFILE = "data/profiles/opt13b-a100-tp1.toml"
+
+
+def mode_note(cost: CostModel, from_scenario: bool, flag_given: bool) -> str:
+    """Which cost model the run uses and why: request files without a cost-model flag are planned in the
+    reference mode, whose costs have no unit (the embedded default scenario is in device mode), so say so."""
+    if cost.device_time:
+        return f"cost model: device (measured step times of {cost.params.name}): costs in device-ms"
+    if from_scenario or flag_given:
+        return f"cost model: {cost.name} (analytic): costs in cost units, not device time"
+    return ("cost model: reference, the default for request files (analytic: costs in cost units, not device time; "
+            f"the embedded default scenario uses device mode). Give --device-profile {SHIPPED_PROFILE} (or your "
+            "own profile) to price shapes by measured step times in device-ms and device-hours")
