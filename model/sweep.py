@@ -140,7 +140,7 @@ def run(args: argparse.Namespace, sink: JsonOut) -> int:
     from model.histogram.cells import build_histogram
     from model.report.document import to_text
     from model.report.json_doc import cost_unit, document, document_bytes
-    from model.report.summary import summary_lines
+    from model.report.summary import mode_note, summary_lines
     from model.sweeping.grid import (
         SweepSettings,
         base_factor,
