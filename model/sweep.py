@@ -198,7 +198,7 @@ def run(args: argparse.Namespace, sink: JsonOut) -> int:
                     *recommendation_paragraphs(rec)])
     print(text)
     extra = sweep_holdout_blocks(holdout_checks(part, result, args)) if part is not None else []
-    summary = sweep_summary(rec, rec.stack_rule, problem, input_words(args))
+    summary = sweep_summary(rec, rec.stack_rule, problem, input_words(args), point_status(totals, rec))
     data = document_bytes(document("sweep", summary, {"points": sweep_rows_table(result.rows, problem.cost)}))
     # the CSV, the report and its pictures: every file made in memory first, then all put down together
     files = {out: csv_bytes(result.rows)}
@@ -215,6 +215,11 @@ def run(args: argparse.Namespace, sink: JsonOut) -> int:
     print("\n".join(summary_lines(summary)))
     sink.emit(data)
     return 0
+
+
+def point_status(totals, rec) -> str | None:
+    """The status of the recommended planner's run at the recommended point (None: no recommendation)."""
+    return next((t.status for t in totals if t.planner == rec.planner and t.point == rec.point), None)
 
 
 def sweep_rows_table(rows, cost):
@@ -270,7 +275,8 @@ def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str
     found = [w for w, r in recs.items() if r.cost is not None]
     best = min(found, key=lambda w: recs[w].cost) if found else windows[0]
     summary = sweep_summary(recs[best], recs[best].stack_rule, problem,
-                            [*input_words(args), "--window", f"{best:g}"])
+                            [*input_words(args), "--window", f"{best:g}"],
+                            point_status(planner_totals(by_window[best]), recs[best]))
     summary = replace(summary, chosen=f"windows of {best:g} s, {summary.chosen}")
     data = document_bytes(document("sweep", summary, {"points": sweep_rows_table(
         [r for rows in by_window.values() for r in rows], problem.cost)}, {"windows_s": list(windows)}))

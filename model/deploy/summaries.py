@@ -19,8 +19,10 @@ import numpy as np
 from model.cost.common import align
 from model.cost.model import CostModel
 from model.deploy.holdout import Holdout
-from model.domain.schema import BucketResult, Evaluation, Problem, SolveReport
+from model.domain.schema import OPTIMAL_GAP, BucketResult, Evaluation, Problem, SolveReport
 from model.report.summary import (
+    REF_STACK_RULE,
+    REF_TODAY,
     Certainty,
     Reference,
     Summary,
@@ -95,8 +97,8 @@ def stack_reference(problem: Problem, chosen: float | None, pow2: Evaluation | s
         return None
     name = f"{STACK_RULE_TEXT} at the same K = {problem.max_shapes}"
     if isinstance(pow2, str):
-        return reference_of(name, None, chosen, problem.cost, None, f"cannot plan: {pow2}")
-    return reference_of(name, total_cost(pow2.results), chosen, problem.cost, pow2.ok)
+        return reference_of(REF_STACK_RULE, name, None, chosen, problem.cost, None, f"cannot plan: {pow2}")
+    return reference_of(REF_STACK_RULE, name, total_cost(pow2.results), chosen, problem.cost, pow2.ok)
 
 
 def plan_next(ok: bool, out: str | None, inputs: Sequence[str], scenario: str | None, requests: Sequence[str]) -> str:
@@ -142,7 +144,8 @@ def holdout_summary(check, inputs: Sequence[str], out: str | None) -> Summary:
     problem = check.compared if check.compared is not None else check.split.test
     fixed = Holdout.cost(check.fixed)
     pow2 = Holdout.cost(check.pow2)
-    ref = reference_of(f"{STACK_RULE_TEXT} on the held-out part, same K = {check.k}", pow2, fixed, problem.cost,
+    ref = reference_of(REF_STACK_RULE, f"{STACK_RULE_TEXT} on the held-out part, same K = {check.k}", pow2, fixed,
+                       problem.cost,
                        None if check.pow2 is None else check.pow2.evaluation.ok,
                        "" if pow2 is not None else "no pow2 plan")
     if check.loss is None:
@@ -166,7 +169,8 @@ def audit_summary(result, inputs: Sequence[str], config: str) -> Summary:
     """model.audit: the optimised shapes against today's config (the reference), the gap of the optimised run."""
     today, opt = result.sides
     cost = result.problem.cost
-    ref = reference_of(f"today's config ({config}: {len(result.config)} shapes)", today.cost, opt.cost, cost,
+    ref = reference_of(REF_TODAY, f"today's config ({config}: {len(result.config)} shapes)", today.cost, opt.cost,
+                       cost,
                        today.ok)
     certainty = certainty_of(result.optimised.planned.report, result.solver)
     proven = certainty.status == "optimal"
@@ -177,7 +181,7 @@ def audit_summary(result, inputs: Sequence[str], config: str) -> Summary:
                    fewer_shapes_reason(result.problem, opt.shapes, proven) if opt.cost is not None else None, nxt)
 
 
-def sweep_summary(rec, stack_rule, problem: Problem, inputs: Sequence[str]) -> Summary:
+def sweep_summary(rec, stack_rule, problem: Problem, inputs: Sequence[str], status: str | None = None) -> Summary:
     """model.sweep: the recommended K, its cost, pow2 at the same K, the gap there, the solve to run."""
     if rec.point is None:
         return Summary("sweep", "no K of the sweep: no planner met every limit", False,
@@ -185,10 +189,12 @@ def sweep_summary(rec, stack_rule, problem: Problem, inputs: Sequence[str]) -> S
     cost = problem.cost
     ref = None
     if stack_rule is not None:
-        ref = reference_of(f"{STACK_RULE_TEXT} at the same K = {rec.point.k}", stack_rule.cost, rec.cost, cost,
+        ref = reference_of(REF_STACK_RULE, f"{STACK_RULE_TEXT} at the same K = {rec.point.k}", stack_rule.cost,
+                           rec.cost, cost,
                            stack_rule.limits_met, "" if stack_rule.cost is not None else stack_rule.status)
     if rec.bound is not None and rec.gap is not None:
-        certainty = Certainty("bound", "optimal" if rec.gap <= 1e-9 else "time_limit", rec.gap, rec.bound,
+        certainty = Certainty("bound", status or ("optimal" if rec.gap <= OPTIMAL_GAP else "feasible"), rec.gap,
+                              rec.bound,
                               f"the {rec.planner} planner at K = {rec.point.k}", f"the {rec.planner} planner's "
                               "certified relaxations")
     else:

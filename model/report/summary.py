@@ -65,6 +65,7 @@ class Reference:
     ``note`` says what else a reader must know (the reference breaks a limit, cannot plan).
     """
 
+    kind: str  # REF_STACK_RULE or REF_TODAY
     name: str
     cost: Cost | None
     saving: float | None = None
@@ -84,16 +85,20 @@ class Reference:
         return out + (f"; {self.note}" if self.note else "")
 
 
-def reference_of(name: str, ref_value: float | None, chosen_value: float | None, cost: CostModel | None,
-                 meets_limits: bool | None = None, note: str = "") -> Reference:
+REF_STACK_RULE = "stack_rule"  # a rule a serving stack compiles by default (pow2), at the same shape cap
+REF_TODAY = "today"  # today's config, read from the stack's own file
+
+
+def reference_of(kind: str, name: str, ref_value: float | None, chosen_value: float | None,
+                 cost: CostModel | None, meets_limits: bool | None = None, note: str = "") -> Reference:
     """A Reference from two totals in the same unit (None: the reference has no plan, ``note`` says why)."""
     if ref_value is None:
-        return Reference(name, None, None, None, meets_limits, note)
+        return Reference(kind, name, None, None, None, meets_limits, note)
     saving = share = None
     if chosen_value is not None:
         saving = ref_value - chosen_value
         share = saving / ref_value if ref_value else (0.0 if saving == 0 else None)
-    return Reference(name, cost_of(ref_value, cost), saving, share, meets_limits, note)
+    return Reference(kind, name, cost_of(ref_value, cost), saving, share, meets_limits, note)
 
 
 @dataclass(frozen=True)
