@@ -195,7 +195,7 @@ def run(args: argparse.Namespace, sink: JsonOut) -> int:
     totals = planner_totals(result.rows)
     rec = recommend(result.rows, args.tolerance)
     text = to_text([k_table(totals, base_factor(t.point for t in totals), cost_unit(problem.cost)),
-                    *recommendation_paragraphs(rec)])
+                    *recommendation_paragraphs(rec, cost_unit(problem.cost))])
     print(text)
     extra = sweep_holdout_blocks(holdout_checks(part, result, args)) if part is not None else []
     summary = sweep_summary(rec, rec.stack_rule, problem, input_words(args), point_status(totals, rec))

@@ -18,7 +18,7 @@ from model.load.outputs import write_together
 from model.report.document import Block, Heading, Image, Paragraph, Table, to_html, to_markdown
 from model.report.json_doc import DataTable, cost_unit
 from model.report.plots import heatmap_figure, png_bytes
-from model.report.tables import fmt
+from model.report.tables import device_units, fmt
 
 
 def pct(value: float | None) -> str:
@@ -53,7 +53,8 @@ def holdout_blocks(h: Holdout, heading: bool = True) -> list[Block]:
              "+0.00%" if h.own is not None else "-"),
             ("pow2 rule", shapes_text(run_shapes(h.pow2)), fmt(h.pow2_in_sample), cost(h.pow2),
              pct(h.pow2_excess))]
-    blocks.append(Table(("plan", "shapes", "cost, first part (in sample)", "cost, held-out part",
+    unit = cost_unit(h.split.test.cost)
+    blocks.append(Table(("plan", "shapes", f"cost, first part (in sample; {unit})", f"cost, held-out part ({unit})",
                          "vs held-out optimum"), tuple(rows)))
     blocks.append(Paragraph(holdout_sentence(h), lead="Out of sample: "))
     if any(r is not None and not r.evaluation.ok for r in (h.fixed, h.own, h.pow2)):
@@ -77,6 +78,7 @@ def sweep_holdout_blocks(checks: Sequence[Holdout]) -> list[Block]:
     """The out-of-sample check for every K of a sweep, one row each."""
     if not checks:
         return []
+    unit = cost_unit(checks[0].split.test.cost)
     rows = tuple((str(h.k), shapes_text(h.shapes), fmt(h.in_sample), fmt(Holdout.cost(h.fixed)),
                   fmt(Holdout.cost(h.own)), pct(h.loss), pct(h.loss_vs_bound), fmt(Holdout.cost(h.pow2)),
                   pct(h.pow2_excess)) for h in checks)
@@ -84,8 +86,9 @@ def sweep_holdout_blocks(checks: Sequence[Holdout]) -> list[Block]:
         Heading("Out of sample, per shape cap"),
         Paragraph(checks[0].split.describe() + "; the sweep above ran on the first part. Each K's MIP shapes are "
                   "then used on the held-out part, beside that part's own optimum and the pow2 rule."),
-        Table(("K", "shapes chosen", "in sample", "held-out, chosen shapes", "held-out optimum", "loss",
-               "loss vs bound", "pow2 held-out", "pow2 vs optimum"), rows)]
+        Table(("K", "shapes chosen", f"in sample ({unit})", f"held-out, chosen shapes ({unit})",
+               f"held-out optimum ({unit})", "loss", "loss vs bound", f"pow2 held-out ({unit})", "pow2 vs optimum"),
+              rows)]
     blocks += [Paragraph(f"K = {h.k}: {m}", lead="note: ") for h in checks for m in h.messages]
     return blocks
 
@@ -153,7 +156,7 @@ def saving_sentence(result: AuditResult) -> str:
     today, opt = result.sides
     if result.saving is None:
         return "no comparison (a side has no evaluated plan)."
-    unit = (f" ({float(device_hours(result.saving)):.4g} device-hours)" if result.device else "")
+    unit = f" device-ms ({device_units(abs(result.saving), result.problem.cost)})" if result.device else " cost units"
     verb = "save" if result.saving >= 0 else "cost"
     return (f"{opt.label} would {verb} {fmt(abs(result.saving))}{unit}, {abs(result.saving_share or 0):.2%} of "
             f"today's cost {fmt(today.cost)}, with {opt.n_shapes} compiled shapes{graphs_note(opt)} against today's "

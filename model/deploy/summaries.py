@@ -75,11 +75,15 @@ def fewer_shapes_reason(problem: Problem, shapes: Sequence[int], proven: bool) -
     head = f"{used} of the {k} allowed: "
     if problem.allowed_shapes is not None and len(problem.allowed_shapes) <= used:
         return head + f"only {len(problem.allowed_shapes)} shapes are allowed (--shapes / --shapes-from)"
+    if not problem.cost.pads_to_shape:
+        return head + (f"in the {problem.cost.name} mode a request costs the same at whatever shape it is declared "
+                       "at (a batch runs at its longest member); only the compile charge grows with the shapes, so "
+                       "more shapes never pay")
     distinct = distinct_prompt_lengths(problem)
     if distinct <= used:
         return head + f"the requests have only {distinct} distinct aligned prompt lengths, each with its own shape"
     charge = float(np.asarray(problem.cost.shape_charge(np.asarray([max(shapes or (64,))]))).ravel()[0])
-    why = (f"each compiled shape adds its compile time ({fmt(charge)} {unit_word(problem.cost)} for each bucket "
+    why = (f"each compiled shape adds its compile charge ({fmt(charge)} {unit_word(problem.cost)} for each bucket "
            "that runs it) to the cost, so a shape is added only where it saves more than that"
            if charge > 0 else "more shapes did not lower the cost")
     tail = ("; the plan is proven optimal, so no plan with more shapes is cheaper under these limits" if proven else

@@ -127,10 +127,10 @@ class Certainty:
                         f"{fmt(self.bound)}{unit} from {self.bound_by or 'the solver'}")
             else:
                 stop = "the search stopped at the time limit" if self.status == "time_limit" else \
-                    f"the search ended {self.status}"
+                    "the search stopped before proving the plan optimal"
                 text = (f"within {self.gap:.2%} of the best possible plan: the plan is from {self.plan_by}, the "
                         f"certified lower bound {fmt(self.bound)}{unit} from {self.bound_by or 'the solver'}; "
-                        f"{stop}, so up to {self.gap:.1%} might still be saved (a longer --time-limit can narrow "
+                        f"{stop}, so up to {self.gap:.2%} might still be saved (a longer --time-limit can narrow "
                         "the gap)")
         elif self.kind == "heuristic":
             text = f"a heuristic plan from {self.plan_by}, with no lower bound: nothing is proven about how far " \

@@ -51,14 +51,22 @@ def settings_table(settings: SweepSettings) -> Table:
     return Table(("setting", "value"), tuple(rows))
 
 
-def recommendation_paragraphs(rec: Recommendation) -> list[Paragraph]:
+def with_unit(value: float | None, unit: str) -> str:
+    """A cost with its unit, and device-hours beside device-ms ("" unit: the number alone)."""
+    if value is None or not unit:
+        return fmt(value)
+    hours = f" = {value / 3.6e6:,.4g} device-hours" if unit == "device-ms" else ""
+    return f"{fmt(value)} {unit}{hours}"
+
+
+def recommendation_paragraphs(rec: Recommendation, unit: str = "") -> list[Paragraph]:
     """The first screen: what to compile, what it costs, what it saves, how sure the bound makes us."""
     if rec.point is None:
         return [Paragraph("no planner met every limit at any K of the sweep; loosen a limit or widen the K range.",
                           "No recommendation: ")]
     limits = f" at {rec.point.limit} x{rec.point.factor:g}" if rec.point.limit else ""
     text = (f"compile K = {rec.point.k} shapes ({', '.join(map(str, rec.shapes))}) with the {rec.planner} "
-            f"plan{limits}. Expected total cost {fmt(rec.cost)}")
+            f"plan{limits}. Expected total cost {with_unit(rec.cost, unit)}")
     if rec.bound is not None:
         text += f" (certified lower bound {fmt(rec.bound)}, gap {rec.gap:.2%})"
     text += ". Every limit is met."
@@ -165,6 +173,8 @@ def k_table(totals: Sequence[PlannerTotal], factor: float, unit: str = "") -> Ta
             met = ("yes" if mip.limits_met else "NO") if mip and mip.cost is not None else mip.status if mip else "-"
             cells += [fmt(mip.cost) if mip else "-", fmt(mip.bound) if mip else "-",
                       f"{mip.gap:.2%}" if mip and mip.gap is not None else "-", met]
+            if unit == "device-ms":
+                cells.insert(2, f"{mip.cost / 3.6e6:,.4g}" if mip and mip.cost is not None else "-")
         for p in packers:
             t = by.get((k, p))
             if t is None or t.cost is None:
@@ -175,11 +185,12 @@ def k_table(totals: Sequence[PlannerTotal], factor: float, unit: str = "") -> Ta
                 cells.append(fmt(t.cost) + ("" if t.limits_met else "*"))
         rows.append(tuple(cells))
     u = f" ({unit})" if unit else ""
-    head = ("K", f"MIP cost{u}", f"MIP bound{u}", "gap", "limits met") if MIP in planners else ("K",)
+    head = ("K", f"MIP cost{u}", *(("MIP device-hours",) if unit == "device-ms" else ()), f"MIP bound{u}", "gap",
+            "limits met") if MIP in planners else ("K",)
     return Table((*head, *packers), tuple(rows))
 
 
-def bucket_table_at(rows: Sequence[SweepRow], point: SweepPoint) -> Table:
+def bucket_table_at(rows: Sequence[SweepRow], point: SweepPoint, unit: str = "") -> Table:
     """Every planner and bucket at one point: cost, ratio to the MIP, pad, P95, sequential time, limits."""
     out = []
     for r in rows:
@@ -189,17 +200,19 @@ def bucket_table_at(rows: Sequence[SweepRow], point: SweepPoint) -> Table:
         out.append((r.bucket, r.planner, fmt(r.cost), f"{r.ratio_to_mip:.3f}" if r.ratio_to_mip else "-",
                     fmt(r.pad_ratio, "pad_ratio"), fmt(r.p95_latency_ms), fmt(r.sequential_ms),
                     str(r.n_batches) if r.n_batches is not None else "-", r.shapes or "-", met))
-    return Table(("bucket", "planner", "cost", "ratio to MIP", "pad ratio", "P95 ms", "sequential ms", "batches",
+    return Table(("bucket", "planner", f"cost ({unit})" if unit else "cost", "ratio to MIP", "pad ratio", "P95 ms",
+                  "sequential ms", "batches",
                   "shapes", "limits met"), tuple(out))
 
 
-def limit_table(rows: Sequence[SweepRow], k: int, planner: str) -> Table:
+def limit_table(rows: Sequence[SweepRow], k: int, planner: str, unit: str = "") -> Table:
     """Along the limit sweep at one K: each bucket's limit value, the plan's sequential time and cost."""
     out = [(f"{r.factor:g}", r.bucket, fmt(r.limit_value), fmt(r.sequential_ms), fmt(r.cost),
             "yes" if r.limits_met else r.status if r.cost is None else "NO")
            for r in rows if r.k == k and r.planner == planner and r.sweep_limit]
     name = next((r.sweep_limit for r in rows if r.sweep_limit), "limit")
-    return Table(("factor", "bucket", name, "sequential ms", "cost", "limits met"), tuple(out))
+    return Table(("factor", "bucket", name, "sequential ms", f"cost ({unit})" if unit else "cost", "limits met"),
+                 tuple(out))
 
 
 def mode_unit(mode: str) -> str:
@@ -249,7 +262,8 @@ def report_blocks(problem: Problem, hists: Sequence[Histogram], result: SweepRes
     rec = recommend(result.rows, settings.tolerance)
     totals = planner_totals(result.rows)
     factor = base_factor(t.point for t in totals)
-    blocks: list[Block] = [Heading(f"Shape plan sweep: {settings.source}", 1), *recommendation_paragraphs(rec)]
+    blocks: list[Block] = [Heading(f"Shape plan sweep: {settings.source}", 1),
+                           *recommendation_paragraphs(rec, mode_unit(settings.mode))]
     if rec.point is not None:
         blocks.append(Heading("Which limits bind, per bucket"))
         blocks += [binding_paragraph(r, settings.bind_threshold) for r in result.rows
@@ -260,10 +274,11 @@ def report_blocks(problem: Problem, hists: Sequence[Histogram], result: SweepRes
                Paragraph("packer columns are cost / MIP cost over all buckets; * = the plan breaks a limit."),
                k_table(totals, factor, mode_unit(settings.mode))]
     point = report_point(rec, totals)
-    blocks += [Heading(f"Every planner per bucket at {point.label()}"), bucket_table_at(result.rows, point)]
+    unit = mode_unit(settings.mode)
+    blocks += [Heading(f"Every planner per bucket at {point.label()}"), bucket_table_at(result.rows, point, unit)]
     if settings.sweep_limit:
         blocks += [Heading(f"Limit sweep at K = {point.k} ({rec.planner or MIP})"),
-                   limit_table(result.rows, point.k, rec.planner or MIP)]
+                   limit_table(result.rows, point.k, rec.planner or MIP, unit)]
     blocks += [Heading("Pictures"), *images[1:]]
     return blocks
 
