@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from model.base.errors import InputError
 from model.load.outputs import Target
 
 STDOUT = "-"
@@ -35,6 +36,8 @@ def json_targets(spec: str | None) -> list[Target]:
     """The --json file as an output target (none for stdout or no flag)."""
     if spec is None or spec == STDOUT:
         return []
+    if not spec.strip():
+        raise InputError("--json", None, None, "empty path; give the path of the JSON file to write, or - for stdout")
     return [Target("--json", Path(spec), "file", "give the path of the JSON file to write")]
 
 
