@@ -176,13 +176,22 @@ def audit_summary(result, inputs: Sequence[str], config: str) -> Summary:
     ref = reference_of(REF_TODAY, f"today's config ({config}: {len(result.config)} shapes)", today.cost, opt.cost,
                        cost,
                        today.ok)
-    certainty = certainty_of(result.optimised.planned.report, result.solver)
-    proven = certainty.status == "optimal"
     nxt = command_line("solve", *inputs, "--limit-shapes", result.k, "--out", "out") + \
         " (then model.export writes the shapes for the stack)"
+    if result.holdout is not None:  # the optimised shapes were chosen on the first part, judged on the rest
+        h = result.holdout
+        certainty = Certainty("holdout", plan_by=f"the {result.solver} planner on the first part",
+                              detail="both sides judged on the held-out part" + (
+                                  f"; the chosen shapes cost {h.loss:+.2%} against that part's own optimum"
+                                  if h.loss is not None else ""))
+        fewer = None
+    else:
+        certainty = certainty_of(result.optimised.planned.report, result.solver)
+        fewer = fewer_shapes_reason(result.problem, opt.shapes, certainty.status == "optimal") \
+            if opt.cost is not None else None
     return Summary("audit", f"{opt.label}: " + chosen_text(opt.shapes, result.k, result.problem), result.ok,
                    None if opt.cost is None else cost_of(opt.cost, cost), ref, certainty, opt.shapes, result.k,
-                   fewer_shapes_reason(result.problem, opt.shapes, proven) if opt.cost is not None else None, nxt)
+                   fewer, nxt)
 
 
 def sweep_summary(rec, stack_rule, problem: Problem, inputs: Sequence[str], status: str | None = None) -> Summary:
