@@ -143,11 +143,12 @@ def solve_in_memory(args: argparse.Namespace, sink: JsonOut) -> int:
             lb = rep.bucket_bounds[i]
             cost = result.metrics.cost if result.metrics else None
             gap = None if cost is None else (cost - lb) / cost if cost else 0.0  # all-zero coefficients: cost 0
-            extra["lower bound"] = f"{fmt(lb)} (gap {gap:.3%})" if gap is not None else fmt(lb)
+            unit = cost_unit(problem.cost)
+            extra["lower bound"] = f"{fmt(lb)} {unit} (gap {gap:.3%})" if gap is not None else f"{fmt(lb)} {unit}"
         print(bucket_table(result, extra, problem.cost, problem.windowing))
     total = sum(r.metrics.cost for r in results if r.metrics)
     chosen = sorted({s for r in results if r.metrics for s in r.metrics.shapes})
-    print(f"chosen shapes ({len(chosen)}): {', '.join(map(str, chosen))}")
+    print(f"chosen shapes ({len(chosen)}, prompt lengths in tokens): {', '.join(map(str, chosen))}")
     print(graph_totals(list(results), problem.cost))
     units = device_units(total, problem.cost)
     if units:
@@ -252,7 +253,7 @@ def main_dask(args: argparse.Namespace, sink: JsonOut) -> int:
     from model.distributed.engine import load, solve, write
     from model.distributed.read import partitions
     from model.distributed.write import dataset_path
-    from model.report.json_doc import bucket_rows, document, document_bytes
+    from model.report.json_doc import bucket_rows, cost_unit, document, document_bytes
     from model.report.summary import summary_lines
     from model.report.tables import bucket_table, fmt, verdict
 
@@ -290,12 +291,13 @@ def main_dask(args: argparse.Namespace, sink: JsonOut) -> int:
                 cost = result.metrics.cost if result.metrics else None
                 lb = rep.bucket_bounds[i]
                 gap = None if cost is None else (cost - lb) / cost if cost else 0.0
-                extra["lower bound"] = f"{fmt(lb)} (gap {gap:.3%})" if gap is not None else fmt(lb)
+                unit = cost_unit(problem.cost)
+            extra["lower bound"] = f"{fmt(lb)} {unit} (gap {gap:.3%})" if gap is not None else f"{fmt(lb)} {unit}"
             print(bucket_table(result, extra, problem.cost, None))
         results = run.evaluation.results
         total = sum(r.metrics.cost for r in results if r.metrics)
         chosen = sorted({s for r in results if r.metrics for s in r.metrics.shapes})
-        print(f"chosen shapes ({len(chosen)}): {', '.join(map(str, chosen))}")
+        print(f"chosen shapes ({len(chosen)}, prompt lengths in tokens): {', '.join(map(str, chosen))}")
         bound = f", lower bound {fmt(rep.bound)}, gap {rep.gap:.3%}" if rep.bound is not None and rep.gap is not None \
             else ""
         print(f"total: cost {fmt(total)}{bound}, time {run.wall_s:.1f} s")
