@@ -247,7 +247,7 @@ DASK_UNSUPPORTED = ("--scenario", "--holdout", "--window", "--time-column", "--s
 def main_dask(args: argparse.Namespace, sink: JsonOut) -> int:
     """``--engine dask``: each input a folder or glob of partitions; plans written as partitioned datasets."""
     from model import pipeline
-    from model.deploy.summaries import solve_summary
+    from model.deploy.summaries import command_line, solve_summary
     from model.distributed import require_dask
     from model.distributed.cluster import connect
     from model.distributed.engine import load, solve, write
@@ -306,6 +306,10 @@ def main_dask(args: argparse.Namespace, sink: JsonOut) -> int:
         print(verdict(list(results), list(run.evaluation.global_problems)))
         summary = solve_summary(problem, results, run.evaluation.ok, rep, args.solver, input_words(args),
                                 str(args.out), None, [str(r) for r in args.requests], None)
+        if run.evaluation.ok:  # the datasets are judged again partition-wise (model.export reads plan files)
+            summary = replace(summary, next_command=command_line(
+                "evaluate", "--engine", "dask",
+                *[w for s in sources for w in (s.given, str(dataset_path(args.out, s.name)))]))
         print("\n".join(summary_lines(summary)))
         data = document_bytes(document("solve", summary, {"buckets": bucket_rows(results, problem.cost)}))
         if not run.evaluation.ok:
