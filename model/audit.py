@@ -2,6 +2,9 @@
 
     python -m model.audit REQUESTS... --shapes-from CONFIG --shapes-format F [--limit-shapes K] [--report DIR]
     python -m model.audit trace.csv --columns azure --shapes-from neuron.json --shapes-format nxdi --holdout 0.3
+    python -m model.audit --cost-model serving --device-profile P.toml --shapes-from TODAY --shapes-format F
+        [--graphs PLANNED --graphs-format F2] [--replicas N|auto --rate-scale X... --slo-ttft-ms T --slo-tpot-ms U]
+        [--report DIR] [--out DIR] [--time-limit S] REQUESTS...
 
 Plans the requests twice with the same planner: under the shapes the serving config
 compiles (K = the config's size unless --limit-shapes) and under a free choice of as
@@ -13,6 +16,20 @@ windows (the P95 then includes each member's wait).  --report DIR writes report.
 heatmap.png together (all or none).  Exit status: 0 both plans valid and within
 their limits; 1 a plan breaks a rule or limit; 2 bad input (e.g. a config whose
 largest shape is shorter than a prompt: the request is named); 3 infeasible.
+
+``--cost-model serving`` audits what online serving does instead (``shared/serving_model.md``):
+today's config, read by its stack's rules as the graphs the server compiles, and with
+``--graphs`` a planned graph set, are replayed through continuous batching on the same
+trace (arrival times as ``model.replay`` reads them), server settings (the profile's
+``[server]`` table, flags over it), replicas and rate: warm-up, run-time compiles and the
+graphs they create, busy device-hours, TTFT/TPOT p50/p95/p99 and goodput side by side,
+after one headline sentence.  ``--replicas auto`` adds each side's capacity table (the
+fewest replicas meeting the SLOs at each ``--rate-scale``; ``model.evaluation.capacity``)
+and compares the sides at the larger count the search chose at the first rate.
+``--report DIR`` writes report.md, report.html and each side's pictures; ``--out DIR``
+audit.json (every number) and today-graphs.json (today's graphs in the replay's json);
+all together or none.  --time-limit bounds the whole run.  Exit status: 0 done; 2 bad
+input; 4 not done within --time-limit (nothing written); 130 / 143 interrupted.
 """
 
 from __future__ import annotations
@@ -22,7 +39,7 @@ import logging
 import sys
 from pathlib import Path
 
-from model.base.errors import InputError
+from model.base.errors import InputError, NoPlanFound
 from model.base.numbers import float_flag, int_flag
 from model.cli_common import add_input_args, add_limit_args, build_problem, given_inputs, run_main
 from model.cli_json import JsonOut, add_json_arg, cost_flag_given, input_words, json_output, json_targets
@@ -58,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if serving_mode(sys.argv[1:] if argv is None else argv):
+        return serving_main(argv)
     args = build_parser().parse_args(argv)
     with json_output(args.json) as sink:
         return run_audit(args, sink)
@@ -113,6 +132,108 @@ def run_audit(args: argparse.Namespace, sink: JsonOut) -> int:
         print(f"wrote {', '.join(map(str, files))}")
     sink.emit(data)
     return 0 if result.ok else 1
+
+
+SERVING = "serving"
+
+
+def serving_mode(argv: list[str]) -> bool:
+    """``--cost-model serving`` on the command line (its own flags then: see ``serving_parser``)."""
+    peek = argparse.ArgumentParser(add_help=False)
+    peek.add_argument("--cost-model")
+    return peek.parse_known_args(argv)[0].cost_model == SERVING
+
+
+def serving_parser() -> argparse.ArgumentParser:
+    from model.deploy.serving_flags import add_capacity_args, add_server_args, add_trace_args
+
+    p = argparse.ArgumentParser(prog="python -m model.audit --cost-model serving",
+                                description="Replay today's serving config (and planned graphs) on the same trace")
+    p.add_argument("requests", nargs="+", type=Path, help="request files with arrival times (JSONL, CSV, Parquet)")
+    p.add_argument("--cost-model", choices=(SERVING,), required=True, help="serving: continuous batching replayed")
+    p.add_argument("--device-profile", type=Path, required=True, help="profile TOML: [device] and [server] tables")
+    p.add_argument("--shapes-from", dest="config", type=Path, required=True,
+                   help="today's serving config (its graphs by the stack's rules)")
+    p.add_argument("--shapes-format", dest="config_format", default="json",
+                   help="format of --shapes-from: json, gaudi-file, gaudi-env, nxdi (default json)")
+    p.add_argument("--graphs", dest="planned", type=Path, help="a planned graph set to replay beside today's")
+    p.add_argument("--graphs-format", dest="planned_format", default="json",
+                   help="format of --graphs (default json, the replay's graph lists)")
+    add_trace_args(p)
+    add_server_args(p)
+    add_capacity_args(p)
+    p.add_argument("--report", type=Path, help="folder for report.md, report.html and each side's pictures")
+    p.add_argument("--out", type=Path, help="folder for audit.json and today-graphs.json")
+    p.add_argument("--time-limit", type=float_flag("--time-limit"), help="seconds for the whole run (default: none)")
+    p.add_argument("--quiet", action="store_true", help="no progress log")
+    return p
+
+
+def serving_main(argv: list[str] | None) -> int:
+    """The serving audit (module docstring)."""
+    from model.base.runtime import Deadline, DeadlineExceeded, check_interrupt
+    from model.cli_common import check_time_limit
+    from model.deploy.serving_flags import SCAN_BELOW, graph_warnings, load_buckets, parse_capacity, server_from_args
+    from model.deploy.serving_present import OUT_FILES, audit_blocks, output_files, report_names
+
+    args = serving_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="[%(relativeCreated)6.0f ms] %(message)s")
+    plan = parse_capacity(args)
+    deadline = Deadline.never() if args.time_limit is None else Deadline.after(check_time_limit(args.time_limit))
+    targets = [*([Target("--report", args.report, "folder", "give a folder for the report"),
+                  *files_in("--report", args.report, report_names(2 if args.planned else 1))] if args.report else []),
+               *([Target("--out", args.out, "folder", "give a folder for audit.json"),
+                  *files_in("--out", args.out, OUT_FILES)] if args.out else [])]
+    inputs = [*args.requests, args.device_profile, args.config, *([args.planned] if args.planned else [])]
+    check_targets(targets, inputs)  # before anything is read
+    from model.cost.serving import ServingCost
+    from model.deploy.serving_audit import serving_audit
+    from model.evaluation.replay_run import check_fits, trace_of
+    from model.report.document import to_text
+    from model.serving.settings import parse_flag
+
+    profile, settings = server_from_args(args, args.device_profile)
+    extra, where = parse_flag(args.server_settings), f"[server] of {args.device_profile} (or its flag)"
+    sides = [("today's config", args.config, args.config_format)]
+    if args.planned:
+        sides.append(("planned graphs", args.planned, args.planned_format))
+    imported = [(label, f"{path}, {fmt}", read_side(path, fmt, flag, settings, where, extra))
+                for (label, path, fmt), flag in zip(sides, ("--shapes-format", "--graphs-format"), strict=False)]
+    trace = trace_of(load_buckets(args))
+    check_targets(targets)  # against every file the loaders read
+    for label, _, graphs in imported:
+        check_fits(trace, settings, graphs.graphs, profile.kv_capacity_tokens)
+        for line in graph_warnings(graphs, settings, 10):
+            print(f"warning: {label}: {line}", file=sys.stderr)
+    tick = check_interrupt if args.time_limit is None else lambda: deadline.tick("serving audit")  # no "inf s left"
+    try:
+        audit = serving_audit(trace, settings, [(label, src, g.graphs) for label, src, g in imported],
+                              ServingCost(profile), plan.replicas, plan.rate_scales, plan.slo, plan.cap,
+                              record=args.report is not None, tick=tick,
+                              scan_below=SCAN_BELOW)
+    except DeadlineExceeded:
+        raise NoPlanFound(f"the serving audit did not finish within --time-limit {args.time_limit:g} s "
+                          f"({len(trace)} requests); nothing written") from None
+    source = ", ".join(map(str, args.requests))
+    print(to_text(audit_blocks(audit, source)))
+    files = output_files(audit, source, args.report, args.out)
+    if files:
+        write_together(files)
+        print("wrote " + ", ".join(map(str, files)))
+    return 0
+
+
+def read_side(path: Path, fmt: str, flag: str, settings, where: str, extra):
+    """One side's graphs (``model.serving.replay_graphs``), a bad format named by this side's own flag."""
+    from model.serving.replay_graphs import read_graph_set
+
+    try:
+        return read_graph_set(path, fmt, settings, where, extra)
+    except InputError as exc:
+        if exc.file != "--shapes-format" or flag == exc.file:
+            raise
+        raise InputError(flag, exc.line, exc.field, exc.message.replace("--shapes-format", flag)) from None
 
 
 def entry() -> None:
