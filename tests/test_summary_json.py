@@ -22,7 +22,7 @@ from model import pipeline
 from model.calibration.measurements import measurements_csv
 from model.calibration.synthetic import synthetic_measurements
 from model.deploy.summaries import fewer_shapes_reason, solve_summary
-from model.domain.schema import Limits, SolveReport, Status
+from model.domain.schema import SolveReport, Status
 from model.load.profile import load_profile
 from model.pipeline import InputSpec, load_problem
 from model.report.json_doc import SCHEMA_VERSION, TABLE_KEYS, TOP_KEYS
