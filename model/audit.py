@@ -166,17 +166,27 @@ def serving_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="folder for audit.json and today-graphs.json")
     p.add_argument("--time-limit", type=float_flag("--time-limit"), help="seconds for the whole run (default: none)")
     p.add_argument("--quiet", action="store_true", help="no progress log")
+    add_json_arg(p)
     return p
 
 
 def serving_main(argv: list[str] | None) -> int:
     """The serving audit (module docstring)."""
+    args = serving_parser().parse_args(argv)
+    with json_output(args.json) as sink:
+        return run_serving_audit(args, sink)
+
+
+def run_serving_audit(args: argparse.Namespace, sink: JsonOut) -> int:
+    """The serving audit the parsed flags describe, with its summary and --json document."""
     from model.base.runtime import Deadline, DeadlineExceeded, check_interrupt
     from model.cli_common import check_time_limit
     from model.deploy.serving_flags import SCAN_BELOW, graph_warnings, load_buckets, parse_capacity, server_from_args
     from model.deploy.serving_present import OUT_FILES, audit_blocks, output_files, report_names
+    from model.deploy.summaries import serving_audit_summary
+    from model.report.json_doc import DataTable, document, document_bytes
+    from model.report.summary import summary_lines
 
-    args = serving_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="[%(relativeCreated)6.0f ms] %(message)s")
     plan = parse_capacity(args)
@@ -184,7 +194,7 @@ def serving_main(argv: list[str] | None) -> int:
     targets = [*([Target("--report", args.report, "folder", "give a folder for the report"),
                   *files_in("--report", args.report, report_names(2 if args.planned else 1))] if args.report else []),
                *([Target("--out", args.out, "folder", "give a folder for audit.json"),
-                  *files_in("--out", args.out, OUT_FILES)] if args.out else [])]
+                  *files_in("--out", args.out, OUT_FILES)] if args.out else []), *json_targets(args.json)]
     inputs = [*args.requests, args.device_profile, args.config, *([args.planned] if args.planned else [])]
     check_targets(targets, inputs)  # before anything is read
     from model.cost.serving import ServingCost
@@ -217,10 +227,23 @@ def serving_main(argv: list[str] | None) -> int:
                           f"({len(trace)} requests); nothing written") from None
     source = ", ".join(map(str, args.requests))
     print(to_text(audit_blocks(audit, source)))
-    files = output_files(audit, source, args.report, args.out)
+    words = [*map(str, args.requests), "--device-profile", str(args.device_profile)]
+    if args.planned:
+        words += ["--graphs", str(args.planned), "--shapes-format", args.planned_format]
+    summary = serving_audit_summary(audit, words)
+    print("\n".join(summary_lines(summary)))
+    table = DataTable(("side", "source", "graphs", "busy_ms", "busy_device_hours", "ttft_p95_ms", "tpot_p95_ms",
+                       "runtime_compiles", "warmup_ms"),
+                      ("", "", "graphs", "device-ms", "device-hours", "ms", "ms", "graphs", "device-ms"),
+                      tuple((d.label, d.source, d.summary.graphs, d.summary.busy_ms, d.summary.busy_device_hours,
+                             d.summary.ttft.p95, d.summary.tpot.p95, len(d.summary.runtime_compiles),
+                             d.summary.warmup_ms) for d in audit.sides))
+    data = document_bytes(document("audit", summary, {"serving_sides": table}))
+    files = output_files(audit, source, args.report, args.out) | sink.files(data)
     if files:
         write_together(files)
         print("wrote " + ", ".join(map(str, files)))
+    sink.emit(data)
     return 0
 
 

@@ -173,11 +173,12 @@ def main(argv: list[str] | None = None) -> int:
 def capacity_main(args: argparse.Namespace, plan: Capacity, trace: Trace, settings, graphs, cost,
                   deadline: Deadline, head: str, out) -> int:
     """``--replicas auto``: the capacity table (and with --json its rows and every probe)."""
-    import json
-
+    from model.deploy.summaries import capacity_summary
     from model.evaluation.capacity import capacity
     from model.report.capacity import capacity_json, capacity_paragraphs, capacity_table
     from model.report.document import to_text
+    from model.report.json_doc import DataTable, document, document_bytes
+    from model.report.summary import summary_lines
 
     try:
         searches = capacity(trace, plan.rate_scales, settings, graphs, cost, plan.slo, plan.cap,
@@ -188,8 +189,16 @@ def capacity_main(args: argparse.Namespace, plan: Capacity, trace: Trace, settin
     sides = [(str(args.graphs), searches)]
     print(f"capacity: {head}", file=out)
     print(to_text([capacity_table(sides, plan.slo), *capacity_paragraphs(sides, plan.slo)]), file=out)
-    text = json.dumps({"requests": len(trace), "stack": settings.stack, "graphs": graphs.count,
-                       "capacity": capacity_json(searches, plan.slo)}, indent=2, allow_nan=False) + "\n"
+    summary = capacity_summary(searches, str(args.graphs), cost.profile.cost_per_device_hour, replay_words(args))
+    print("\n".join(summary_lines(summary)), file=out)
+    rows = tuple((s.rate_scale, s.replicas, s.proved, s.cap, *(
+        (p.ttft_ms, p.tpot_ms, p.goodput, p.busy_ms) if (p := s.chosen) is not None else (None,) * 4))
+        for s in searches)
+    table = DataTable(("rate_scale", "replicas", "proved", "cap", "ttft_ms", "tpot_ms", "goodput", "busy_ms"),
+                      ("x", "replicas", "", "replicas", "ms", "ms", "share", "device-ms"), rows)
+    text = document_bytes(document("replay", summary, {"capacity": table}, {
+        "requests": len(trace), "stack": settings.stack, "graphs": graphs.count,
+        "capacity": capacity_json(searches, plan.slo)})).decode("utf-8")
     if args.json not in (None, "-"):
         write_together({Path(args.json): [text.encode()]})
         print(f"wrote {args.json}", file=out)

@@ -242,3 +242,19 @@ def test_certainty_is_a_bound_only_when_the_report_has_one():
     optimal = certainty_of(SolveReport(Status.OPTIMAL, 5.0, 5.0, 0.0, 1.0, "highs", "1"), "mip")
     assert optimal.status == "optimal" and optimal.sentence() != c.sentence()
     assert Certainty("fit", detail="d").sentence() == "d"
+
+
+def test_serving_audit_and_capacity_documents(inputs):
+    (inputs / "planned.json").write_text(json.dumps({"prompt": [[1, 1024], [2, 512], [4, 256]],
+                                                     "decode": [[2, 8], [4, 96]]}))
+    doc, _ = run_json(inputs, "model.audit", "--cost-model", "serving", "--device-profile", "profile.toml",
+                      "--shapes-from", "gaudi.json", "--shapes-format", "json", "--graphs", "planned.json",
+                      "requests.jsonl")
+    s = doc["summary"]
+    assert s["reference"]["kind"] == REF_TODAY and s["certainty"]["kind"] == "simulation"
+    assert s["reference"]["saving"] == pytest.approx(s["reference"]["cost"]["value"] - s["cost"]["value"])
+    assert [row[0] for row in doc["tables"]["serving_sides"]["rows"]] == ["today's config", "planned graphs"]
+    doc, _ = run_json(inputs, "model.replay", "requests.jsonl", "--device-profile", "profile.toml", "--graphs",
+                      "gaudi.json", "--replicas", "auto", "--slo-ttft-ms", "100000", "--slo-tpot-ms", "100000")
+    (row,) = doc["tables"]["capacity"]["rows"]
+    assert row[1] == 1 and doc["summary"]["ok"] and doc["capacity"]  # one replica meets SLOs this loose

@@ -263,3 +263,60 @@ def calibrate_summary(cal, out: str) -> Summary:
                    Certainty("fit", detail=detail), None, None, None,
                    command_line("solve", "REQUESTS.jsonl", "--device-profile", out, "--out", "out")
                    + " (REQUESTS: your request log)")
+
+
+def capacity_text(searches) -> str:
+    """'rate 1x: 4 replicas (proved the fewest); rate 2x: none up to 64' for a capacity search's results."""
+    parts = []
+    for s in searches:
+        if s.replicas is None:
+            parts.append(f"rate {s.rate_scale:g}x: none up to {s.cap}")
+        else:
+            parts.append(f"rate {s.rate_scale:g}x: {s.replicas} replica{'s' if s.replicas != 1 else ''} "
+                         f"({'proved the fewest' if s.proved else 'the fewest found; one fewer fails'})")
+    return "; ".join(parts)
+
+
+def capacity_summary(searches, graphs_source: str, price: float | None, inputs: Sequence[str]) -> Summary:
+    """model.replay --replicas auto: the fewest replicas meeting the SLOs at each rate, what they are busy, how sure."""
+    found = [s for s in searches if s.replicas is not None]
+    first = found[0].chosen if found else None
+    busy = None if first is None or first.busy_ms is None else device_cost(first.busy_ms, price)
+    proved = all(s.proved for s in found) and len(found) == len(searches)
+    detail = ("each count judged by replaying the whole trace through the stack's scheduler model; "
+              + ("every answer is proved the fewest (every smaller count was replayed and failed)" if proved else
+                 "an answer not marked proved is the fewest found (one fewer fails; a skipped smaller count might "
+                 "pass, since meeting the SLOs need not be monotone)"))
+    nxt = (command_line("replay", *inputs, "--replicas", found[-1].replicas, "--report", "replay")
+           + " (the pictures at the largest answer)" if found else
+           "no count meets the SLOs: loosen --slo-ttft-ms / --slo-tpot-ms, raise --max-replicas, or plan other graphs")
+    return Summary("replay", f"replicas for the graphs of {graphs_source}: {capacity_text(searches)}", bool(found) and
+                   len(found) == len(searches), busy, None, Certainty("simulation", detail=detail), None, None, None,
+                   nxt)
+
+
+def serving_audit_summary(audit, inputs: Sequence[str]) -> Summary:
+    """model.audit --cost-model serving: the planned graphs (or today's alone) replayed, against today's config."""
+    today = audit.sides[0]
+    chosen = audit.sides[-1]
+    price = chosen.summary.cost_per_device_hour
+    ref = None
+    if len(audit.sides) > 1:
+        ref = reference_of(REF_TODAY, f"today's config ({today.source}: {today.summary.graphs} graphs)",
+                           today.summary.busy_ms, chosen.summary.busy_ms, None, None)
+        ref = replace(ref, cost=device_cost(today.summary.busy_ms, price))
+    missed = [d.label for d in audit.sides if d.summary.slo is not None and
+              (d.summary.slo.ttft_met is False or d.summary.slo.tpot_met is False)]
+    detail = ("a replay of the trace through the stack's scheduler model on each side, same replicas and rate: exact "
+              "for that model, no optimisation and no bound" + (f"; the SLO is MISSED by {', '.join(missed)}"
+                                                                 if missed else ""))
+    if audit.auto:
+        detail += "; replicas: " + "; ".join(f"{d.label}: {capacity_text(d.capacity)}" for d in audit.sides)
+    nxt = ("plan graphs for this traffic and export them, then audit them beside today's with --graphs: "
+           + command_line("solve", "REQUESTS", "--device-profile", "PROFILE.toml", "--out", "out")
+           if len(audit.sides) == 1 else
+           command_line("replay", *inputs, "--report", "replay") + " (the planned graphs' pictures)")
+    return Summary("audit", f"{chosen.label} ({chosen.source}): {chosen.summary.graphs} graphs, "
+                   f"{audit.replicas} replica{'s' if audit.replicas != 1 else ''} at rate {audit.rate_scale:g}x",
+                   not missed, device_cost(chosen.summary.busy_ms, price), ref, Certainty("simulation", detail=detail),
+                   None, None, None, nxt)
