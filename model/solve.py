@@ -148,7 +148,7 @@ def solve_in_memory(args: argparse.Namespace, sink: JsonOut) -> int:
         print(bucket_table(result, extra, problem.cost, problem.windowing))
     total = sum(r.metrics.cost for r in results if r.metrics)
     chosen = sorted({s for r in results if r.metrics for s in r.metrics.shapes})
-    print(f"chosen shapes ({len(chosen)}, prompt lengths in tokens): {', '.join(map(str, chosen))}")
+    print(f"chosen shapes ({len(chosen)}): {', '.join(map(str, chosen))} (prompt lengths in tokens)")
     print(graph_totals(list(results), problem.cost))
     units = device_units(total, problem.cost)
     if units:
@@ -292,12 +292,12 @@ def main_dask(args: argparse.Namespace, sink: JsonOut) -> int:
                 lb = rep.bucket_bounds[i]
                 gap = None if cost is None else (cost - lb) / cost if cost else 0.0
                 unit = cost_unit(problem.cost)
-            extra["lower bound"] = f"{fmt(lb)} {unit} (gap {gap:.3%})" if gap is not None else f"{fmt(lb)} {unit}"
+                extra["lower bound"] = f"{fmt(lb)} {unit} (gap {gap:.3%})" if gap is not None else f"{fmt(lb)} {unit}"
             print(bucket_table(result, extra, problem.cost, None))
         results = run.evaluation.results
         total = sum(r.metrics.cost for r in results if r.metrics)
         chosen = sorted({s for r in results if r.metrics for s in r.metrics.shapes})
-        print(f"chosen shapes ({len(chosen)}, prompt lengths in tokens): {', '.join(map(str, chosen))}")
+        print(f"chosen shapes ({len(chosen)}): {', '.join(map(str, chosen))} (prompt lengths in tokens)")
         bound = f", lower bound {fmt(rep.bound)}, gap {rep.gap:.3%}" if rep.bound is not None and rep.gap is not None \
             else ""
         print(f"total: cost {fmt(total)}{bound}, time {run.wall_s:.1f} s")
