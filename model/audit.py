@@ -42,6 +42,7 @@ from pathlib import Path
 from model.base.errors import InputError, NoPlanFound
 from model.base.numbers import float_flag, int_flag
 from model.cli_common import add_input_args, add_limit_args, build_problem, given_inputs, run_main
+from model.cli_json import JsonOut, add_json_arg, cost_flag_given, input_words, json_output, json_targets
 from model.load.outputs import Target, check_targets, files_in, write_together
 
 
@@ -69,20 +70,30 @@ def build_parser() -> argparse.ArgumentParser:
                         default=None, help="at most this many requests per batch")
     parser.add_argument("--report", type=Path, help="folder for report.md, report.html and heatmap.png")
     parser.add_argument("--quiet", action="store_true", help="no progress log")
+    add_json_arg(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     if serving_mode(sys.argv[1:] if argv is None else argv):
         return serving_main(argv)
+    args = build_parser().parse_args(argv)
+    with json_output(args.json) as sink:
+        return run_audit(args, sink)
+
+
+def run_audit(args: argparse.Namespace, sink: JsonOut) -> int:
+    """Plan under today's shapes and under free ones, print both and the summary, write the report and JSON."""
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
     from model import pipeline
     from model.deploy.auditing import audit
     from model.deploy.flags import import_config, parse_fraction, warning_text
-    from model.deploy.present import AUDIT_REPORT_FILES, audit_blocks, write_audit_report
+    from model.deploy.present import AUDIT_REPORT_FILES, audit_blocks, audit_report_files, audit_tables
+    from model.deploy.summaries import audit_summary
     from model.report.document import to_text
+    from model.report.json_doc import document, document_bytes
+    from model.report.summary import mode_note, summary_lines
 
-    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="[%(relativeCreated)6.0f ms] %(message)s")
     if not args.time_limit > 0:
@@ -95,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     fraction = parse_fraction(args.holdout)
     targets = [Target("--report", args.report, "folder", "give a folder for report.md, report.html and heatmap.png"),
                *files_in("--report", args.report, AUDIT_REPORT_FILES)] if args.report else []
+    targets += json_targets(args.json)
     check_targets(targets, given_inputs(args))  # before anything is read or planned
     imported = import_config(args.config, args.config_format, args.config_settings)
     config, warning = imported.shapes, warning_text(imported)
@@ -103,16 +115,23 @@ def main(argv: list[str] | None = None) -> int:
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO)
     check_targets(targets)  # against every file the loaders read
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
+    print(mode_note(problem.cost, scenario is not None, cost_flag_given(args)))
     result = audit(problem, config, args.limit_shapes, args.solver, args.backend, args.time_limit, fraction,
                    args.config_format, None if imported.graphs is None else len(imported.graphs))
     print(to_text(audit_blocks(result, source, str(args.config))))
-    if args.report:
-        md, page = write_audit_report(args.report, result, source, str(args.config))
-        print(f"wrote {md}, {page}, {args.report / 'heatmap.png'}")
     if not result.ok:
         print("FAIL: a plan breaks a rule or a limit")
-        return 1
-    return 0
+    summary = audit_summary(result, input_words(args), str(args.config))
+    print("\n".join(summary_lines(summary)))
+    data = document_bytes(document("audit", summary, audit_tables(result)))
+    # the report and the JSON document land together, or neither does
+    files = audit_report_files(args.report, result, source, str(args.config)) if args.report else {}
+    files |= sink.files(data)
+    if files:
+        write_together(files)
+        print(f"wrote {', '.join(map(str, files))}")
+    sink.emit(data)
+    return 0 if result.ok else 1
 
 
 SERVING = "serving"
@@ -147,17 +166,27 @@ def serving_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="folder for audit.json and today-graphs.json")
     p.add_argument("--time-limit", type=float_flag("--time-limit"), help="seconds for the whole run (default: none)")
     p.add_argument("--quiet", action="store_true", help="no progress log")
+    add_json_arg(p)
     return p
 
 
 def serving_main(argv: list[str] | None) -> int:
     """The serving audit (module docstring)."""
+    args = serving_parser().parse_args(argv)
+    with json_output(args.json) as sink:
+        return run_serving_audit(args, sink)
+
+
+def run_serving_audit(args: argparse.Namespace, sink: JsonOut) -> int:
+    """The serving audit the parsed flags describe, with its summary and --json document."""
     from model.base.runtime import Deadline, DeadlineExceeded, check_interrupt
     from model.cli_common import check_time_limit
     from model.deploy.serving_flags import SCAN_BELOW, graph_warnings, load_buckets, parse_capacity, server_from_args
     from model.deploy.serving_present import OUT_FILES, audit_blocks, output_files, report_names
+    from model.deploy.summaries import serving_audit_summary
+    from model.report.json_doc import DataTable, document, document_bytes
+    from model.report.summary import summary_lines
 
-    args = serving_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="[%(relativeCreated)6.0f ms] %(message)s")
     plan = parse_capacity(args)
@@ -165,7 +194,7 @@ def serving_main(argv: list[str] | None) -> int:
     targets = [*([Target("--report", args.report, "folder", "give a folder for the report"),
                   *files_in("--report", args.report, report_names(2 if args.planned else 1))] if args.report else []),
                *([Target("--out", args.out, "folder", "give a folder for audit.json"),
-                  *files_in("--out", args.out, OUT_FILES)] if args.out else [])]
+                  *files_in("--out", args.out, OUT_FILES)] if args.out else []), *json_targets(args.json)]
     inputs = [*args.requests, args.device_profile, args.config, *([args.planned] if args.planned else [])]
     check_targets(targets, inputs)  # before anything is read
     from model.cost.serving import ServingCost
@@ -198,10 +227,23 @@ def serving_main(argv: list[str] | None) -> int:
                           f"({len(trace)} requests); nothing written") from None
     source = ", ".join(map(str, args.requests))
     print(to_text(audit_blocks(audit, source)))
-    files = output_files(audit, source, args.report, args.out)
+    words = [*map(str, args.requests), "--device-profile", str(args.device_profile)]
+    if args.planned:
+        words += ["--graphs", str(args.planned), "--shapes-format", args.planned_format]
+    summary = serving_audit_summary(audit, words)
+    print("\n".join(summary_lines(summary)))
+    table = DataTable(("side", "source", "graphs", "busy_ms", "busy_device_hours", "ttft_p95_ms", "tpot_p95_ms",
+                       "runtime_compiles", "warmup_ms"),
+                      ("", "", "graphs", "device-ms", "device-hours", "ms", "ms", "graphs", "device-ms"),
+                      tuple((d.label, d.source, d.summary.graphs, d.summary.busy_ms, d.summary.busy_device_hours,
+                             d.summary.ttft.p95, d.summary.tpot.p95, len(d.summary.runtime_compiles),
+                             d.summary.warmup_ms) for d in audit.sides))
+    data = document_bytes(document("audit", summary, {"serving_sides": table}))
+    files = output_files(audit, source, args.report, args.out) | sink.files(data)
     if files:
         write_together(files)
         print("wrote " + ", ".join(map(str, files)))
+    sink.emit(data)
     return 0
 
 

@@ -94,12 +94,27 @@ def output_targets(args: argparse.Namespace) -> list[Target]:
     return targets
 
 
+def replay_words(args: argparse.Namespace) -> list[str]:
+    """The replay's input flags as words, for the next command it prints (replicas left out: it sets them)."""
+    words = [str(p) for p in args.requests]
+    for flag in ("device_profile", "graphs", "shapes_format", "server_settings", "columns", "format", "time_column",
+                 *SERVER_KEYS, "rate_scale", "slo_ttft_ms", "slo_tpot_ms", "slo_quantile"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            words += ["--" + flag.replace("_", "-"), *(map(str, value) if isinstance(value, list) else [str(value)])]
+    return words
+
+
 def main(argv: list[str] | None = None) -> int:
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
     from model.cost.serving import ServingCost
+    from model.deploy.summaries import replay_summary
     from model.evaluation.replay_metrics import summarize
     from model.evaluation.replay_run import check_fits, replay, trace_of
-    from model.report.serving import settings_text, summary_json, summary_lines
+    from model.report.json_doc import document, document_bytes
+    from model.report.serving import latency_table, settings_text, summary_doc
+    from model.report.serving import summary_lines as replay_lines
+    from model.report.summary import summary_lines
     from model.serving.replay_graphs import read_graph_set
     from model.serving.settings import parse_flag
 
@@ -135,9 +150,12 @@ def main(argv: list[str] | None = None) -> int:
                           f"({len(trace)} requests, {plan.replicas} replicas); nothing written") from None
     summary = summarize(result, cost, plan.slo)
     print(f"replay: {head}; {plan.replicas} replica{'s' if plan.replicas > 1 else ''}", file=out)
-    print("\n".join(summary_lines(summary, graphs)), file=out)
+    print("\n".join(replay_lines(summary, graphs)), file=out)
     files: dict[Path, list[bytes]] = {}
-    text = summary_json(summary, settings, graphs)
+    closing = replay_summary(summary, replay_words(args))
+    print("\n".join(summary_lines(closing)), file=out)
+    text = document_bytes(document("replay", closing, {"latency": latency_table(summary)},
+                                   summary_doc(summary, settings, graphs))).decode("utf-8")
     if args.json not in (None, "-"):
         files[Path(args.json)] = [text.encode()]
     if args.report is not None:
@@ -155,11 +173,12 @@ def main(argv: list[str] | None = None) -> int:
 def capacity_main(args: argparse.Namespace, plan: Capacity, trace: Trace, settings, graphs, cost,
                   deadline: Deadline, head: str, out) -> int:
     """``--replicas auto``: the capacity table (and with --json its rows and every probe)."""
-    import json
-
+    from model.deploy.summaries import capacity_summary
     from model.evaluation.capacity import capacity
     from model.report.capacity import capacity_json, capacity_paragraphs, capacity_table
     from model.report.document import to_text
+    from model.report.json_doc import DataTable, document, document_bytes
+    from model.report.summary import summary_lines
 
     try:
         searches = capacity(trace, plan.rate_scales, settings, graphs, cost, plan.slo, plan.cap,
@@ -170,8 +189,16 @@ def capacity_main(args: argparse.Namespace, plan: Capacity, trace: Trace, settin
     sides = [(str(args.graphs), searches)]
     print(f"capacity: {head}", file=out)
     print(to_text([capacity_table(sides, plan.slo), *capacity_paragraphs(sides, plan.slo)]), file=out)
-    text = json.dumps({"requests": len(trace), "stack": settings.stack, "graphs": graphs.count,
-                       "capacity": capacity_json(searches, plan.slo)}, indent=2, allow_nan=False) + "\n"
+    summary = capacity_summary(searches, str(args.graphs), cost.profile.cost_per_device_hour, replay_words(args))
+    print("\n".join(summary_lines(summary)), file=out)
+    rows = tuple((s.rate_scale, s.replicas, s.proved, s.cap, *(
+        (p.ttft_ms, p.tpot_ms, p.goodput, p.busy_ms) if (p := s.chosen) is not None else (None,) * 4))
+        for s in searches)
+    table = DataTable(("rate_scale", "replicas", "proved", "cap", "ttft_ms", "tpot_ms", "goodput", "busy_ms"),
+                      ("x", "replicas", "", "replicas", "ms", "ms", "share", "device-ms"), rows)
+    text = document_bytes(document("replay", summary, {"capacity": table}, {
+        "requests": len(trace), "stack": settings.stack, "graphs": graphs.count,
+        "capacity": capacity_json(searches, plan.slo)})).decode("utf-8")
     if args.json not in (None, "-"):
         write_together({Path(args.json): [text.encode()]})
         print(f"wrote {args.json}", file=out)
