@@ -56,3 +56,23 @@ def test_the_long_context_trace_is_seeded_and_its_kv_capacity_binds(bench):
     prof = long_context.tp4_profile()
     median = int(np.median(a.prompt_len + a.gen_len))
     assert 10 <= prof.kv_capacity_tokens // median <= 60
+
+
+def test_the_graph_table_s_stack_defaults_read_by_the_stacks_rules(monkeypatch):
+    """The defaults the graph section prices (Gaudi exp, NxD Inference and TPU powers of two) at one set of server
+    settings: each config reads back through its stack's importer, with the batch ladder the section uses."""
+    from pathlib import Path as P
+
+    from model.serving.formats import compile_config
+    from model.serving.settings import parse_flag
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    bench_graphs = importlib.import_module("bench_graphs")
+    settings = {"max_num_seqs": 12, "max_num_batched_tokens": 8192, "max_model_len": 4096, "block_size": 128}
+    configs = bench_graphs.default_configs(settings, 2048)
+    assert set(configs) == {"gaudi exp", "nxdi pow2", "tpu pow2"}
+    assert configs["nxdi pow2"][2] == (12,) and configs["tpu pow2"][2] == (1, 2, 4, 8, 12)
+    flags = parse_flag(",".join(f"{k}={v}" for k, v in settings.items()))
+    for name, (fmt, text, _) in configs.items():
+        graphs = compile_config(P(f"<{name}>"), fmt, flags, text=text).graphs
+        assert graphs, name

@@ -86,6 +86,9 @@ class PlannerOptions:
         cheapest candidates' shapes exactly under the limits (``model.planning.rebatch``; 0.6 s on 12k
         long-context requests); 0: no re-batching (the windowed planner's per-window MIPs, whose merged plan
         it re-batches once).
+      flow_stall_s, flow_stall_share: device mode's flow MIP gives its time back once it has found no
+        better incumbent for the larger of these (seconds; share of the time it was given), counted from its
+        start: on the embedded default it never beats the exact-runs start and ran 58 s for nothing.
     """
 
     max_gen_values: int = 2048
@@ -122,3 +125,5 @@ class PlannerOptions:
     solver_stop_share: float = 0.1
     match_s_per_cell: float = 7e-6
     rebatch_share: float = 0.05
+    flow_stall_s: float = 2.0
+    flow_stall_share: float = 0.05
