@@ -228,7 +228,7 @@ def windows_table(data: Path, profile: Path, time_limit: float, sample: int, win
             print(f"      window {w.window:>3} ({w.requests:>4} requests): plan {w.plan:>11,.0f}  LP under its shapes "
                   f"{w.lp:>11,.0f}{'' if w.converged else ' (not converged)'}  bound's prices {w.relax:>11,.0f}  "
                   f"plan {w.plan / w.lp - 1:>6.2%} above, prices {1 - w.relax / w.lp:>6.2%} below"
-                  + (f"; its own MIP: {w.found:,.0f} ({1 - w.found / w.plan:.2%} below the plan)"
+                  + (f"; its own MIP: {w.found:,.0f} ({w.found / w.plan - 1:+.2%} on the plan)"
                      if w.found is not None else ""))
 
 
