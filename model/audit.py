@@ -22,9 +22,9 @@ import logging
 import sys
 from pathlib import Path
 
-from model.base.errors import InputError
+from model.base.errors import InputError, unknown_name
 from model.base.numbers import float_flag, int_flag
-from model.cli_common import add_input_args, add_limit_args, build_problem, given_inputs, run_main
+from model.cli_common import CommandParser, add_input_args, add_limit_args, build_problem, given_inputs, run_main
 from model.load.outputs import Target, check_targets, files_in
 
 
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     from model.deploy.flags import add_holdout_args, add_server_settings_arg, add_window_args
     from model.serving.formats import READERS
 
-    parser = argparse.ArgumentParser(prog="python -m model.audit", description=__doc__.split("\n")[0])
+    parser = CommandParser("model.audit", __doc__)
     parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each (or --scenario)")
     add_input_args(parser)
     add_limit_args(parser)
@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_batch_size is not None and args.max_batch_size < 1:
         raise InputError("--max-batch-size", None, None, f"must be a positive integer, got {args.max_batch_size}")
     if args.solver not in pipeline.solver_names():
-        raise InputError("--solver", None, None,
-                         f"unknown solver {args.solver!r} ({', '.join(pipeline.solver_names())})")
+        raise InputError("--solver", None, None, unknown_name("solver", args.solver, pipeline.solver_names()))
     fraction = parse_fraction(args.holdout)
     targets = [Target("--report", args.report, "folder", "give a folder for report.md, report.html and heatmap.png"),
                *files_in("--report", args.report, AUDIT_REPORT_FILES)] if args.report else []

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from model.base.errors import InputError
 from model.base.numbers import float_flag, int_flag, integer_text
-from model.cli_common import run_main
+from model.cli_common import CommandParser, run_main
 from model.load.outputs import Target, check_targets, files_in, write_together
 
 if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
@@ -168,16 +168,11 @@ def check_loads_back(text: str, profile: DeviceProfile, target: Path, server: Se
         raise AssertionError(f"server table does not load back: {table} != {server}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
-    from model.calibration import fit_plots
-    from model.calibration.fit import DEFAULT_COMPILE_MS, fit_profile
-    from model.calibration.fit_plots import REPORT_FILES
-    from model.calibration.measurements import read_measurements
-    from model.load.profile import MAX_COUNT, MAX_VALUE
-    from model.load.server import server_settings
+def build_parser() -> argparse.ArgumentParser:
+    """The calibrate command's flags (heavy modules imported here run after run_main's signal handlers are set)."""
+    from model.calibration.fit import DEFAULT_COMPILE_MS
 
-    parser = argparse.ArgumentParser(prog="python -m model.calibrate", description=__doc__.split("\n")[0])
+    parser = CommandParser("model.calibrate", __doc__)
     parser.add_argument("measurements", type=Path, help="CSV: phase,batch_size,seq_len,ms[,weight]")
     parser.add_argument("--out", type=Path, required=True, help="profile TOML to write")
     parser.add_argument("--report", type=Path, help="folder for prefill.png and decode.png")
@@ -191,7 +186,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(flag_name(key), type=str if key == "stack" else int_flag(flag_name(key)), default=None,
                             help=f"[server] {key} (serving mode; with any of these the table is written, else a "
                                  "commented skeleton)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    from model.calibration import fit_plots
+    from model.calibration.fit import DEFAULT_COMPILE_MS, fit_profile
+    from model.calibration.fit_plots import REPORT_FILES
+    from model.calibration.measurements import read_measurements
+    from model.load.profile import MAX_COUNT, MAX_VALUE
+    from model.load.server import server_settings
+
+    args = build_parser().parse_args(argv)
     targets = [Target("--out", args.out, "file", "give the path of the profile TOML to write")]
     if args.report is not None:
         targets += [Target("--report", args.report, "folder", "give a folder for prefill.png and decode.png"),

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from model.base.errors import InputError
 from model.cli_common import (
+    CommandParser,
     add_engine_args,
     add_input_args,
     add_limit_args,
@@ -27,18 +28,11 @@ from model.cli_common import (
 )
 
 
-def main(argv: list[str] | None = None) -> int:
-    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
-    import numpy as np
-
-    from model import pipeline
+def build_parser() -> argparse.ArgumentParser:
+    """The evaluate command's flags (heavy modules imported here run after run_main's signal handlers are set)."""
     from model.deploy.flags import add_shape_args, add_window_args
-    from model.domain.schema import Evaluation
-    from model.evaluation.validate import evaluate_plans, time_text
-    from model.load.plans import read_plan
-    from model.report.tables import bucket_table, graph_totals, verdict
 
-    parser = argparse.ArgumentParser(prog="python -m model.evaluate", description=__doc__.split("\n")[0])
+    parser = CommandParser("model.evaluate", __doc__)
     parser.add_argument("pairs", nargs="*", type=Path, help="REQUESTS PLAN pairs")
     parser.add_argument("--plans", type=Path, help="with --scenario: folder of plan_<bucket>.jsonl")
     add_input_args(parser)
@@ -46,7 +40,20 @@ def main(argv: list[str] | None = None) -> int:
     add_shape_args(parser)
     add_window_args(parser, time_column=True)
     add_engine_args(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    import numpy as np
+
+    from model import pipeline
+    from model.domain.schema import Evaluation
+    from model.evaluation.validate import evaluate_plans, time_text
+    from model.load.plans import read_plan
+    from model.report.tables import bucket_table, graph_totals, verdict
+
+    args = build_parser().parse_args(argv)
     check_engine_flags(args, DASK_UNSUPPORTED)
     if args.engine == "dask":
         return main_dask(args)

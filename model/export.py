@@ -40,9 +40,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model.base.errors import InputError
+from model.base.errors import InputError, unknown_name
 from model.base.numbers import int_flag
-from model.cli_common import run_main
+from model.cli_common import CommandParser, run_main
 from model.load.outputs import Target, check_targets, write_together
 
 if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
@@ -179,15 +179,12 @@ def run_check(args: argparse.Namespace, block_size: int | None, max_model_len: i
     return 0 if result.ok else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
-    from model.load.plans import read_plan
-    from model.serving.formats import WRITERS, planned, render
-    from model.serving.graphs import FREE_BATCH_NOTE, count_text
-    from model.serving.plan_use import shape_uses
-    from model.serving.spec import DEFAULT_BLOCK_SIZE, ExportSpec
+def build_parser() -> argparse.ArgumentParser:
+    """The export command's flags (heavy modules imported here run after run_main's signal handlers are set)."""
+    from model.serving.formats import WRITERS
+    from model.serving.spec import DEFAULT_BLOCK_SIZE
 
-    parser = argparse.ArgumentParser(prog="python -m model.export", description=__doc__.split("\n")[0])
+    parser = CommandParser("model.export", __doc__)
     parser.add_argument("--plans", type=Path, help="folder of plan_*.jsonl")
     parser.add_argument("--format", required=True, help=f"output format: {', '.join(WRITERS)}")
     parser.add_argument("--out", type=Path, help="file to write (atomically)")
@@ -203,9 +200,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device-profile", type=Path, help="device profile TOML: warm-up = graphs x its compile_ms")
     parser.add_argument("--server-settings", help="with --check: settings the config does not state, e.g. "
                         "max_num_batched_tokens=8192,max_num_seqs=64")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    from model.load.plans import read_plan
+    from model.serving.formats import WRITERS, planned, render
+    from model.serving.graphs import FREE_BATCH_NOTE, count_text
+    from model.serving.plan_use import shape_uses
+    from model.serving.spec import DEFAULT_BLOCK_SIZE, ExportSpec
+
+    args = build_parser().parse_args(argv)
     if args.format not in WRITERS:
-        raise InputError("--format", None, None, f"unknown format {args.format!r} ({', '.join(WRITERS)})")
+        raise InputError("--format", None, None, unknown_name("format", args.format, WRITERS))
     block_size = positive_option("--block-size", args.block_size)
     max_model_len = positive_option("--max-model-len", args.max_model_len)
     compile_ms = compile_time(args.device_profile, args.scenario)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from model.base.errors import InputError, NoPlanFound
 from model.base.numbers import float_flag, int_flag
 from model.base.runtime import Deadline, DeadlineExceeded
-from model.cli_common import check_time_limit, run_main
+from model.cli_common import CommandParser, check_time_limit, run_main
 from model.load.outputs import Target, check_targets, files_in, write_together
 
 if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
@@ -51,7 +51,7 @@ SHOWN_NOTES = 10  # warnings about the graph config shown; the rest are counted
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m model.replay", description=__doc__.split("\n")[0])
+    p = CommandParser("model.replay", __doc__)
     p.add_argument("requests", nargs="+", type=Path, help="request files with arrival times (JSONL, CSV, Parquet)")
     p.add_argument("--device-profile", type=Path, required=True, help="profile TOML: [device] and [server] tables")
     p.add_argument("--graphs", type=Path, required=True, help="the compiled graph set (a serving config)")

@@ -29,6 +29,7 @@ from pathlib import Path
 from model.base.errors import InfeasibleError, InputError
 from model.base.numbers import float_flag, int_flag
 from model.cli_common import (
+    CommandParser,
     add_engine_args,
     add_input_args,
     add_limit_args,
@@ -46,19 +47,12 @@ from model.load.outputs import Target, check_targets, files_in
 log = logging.getLogger("shapeplan")
 
 
-def main(argv: list[str] | None = None) -> int:
-    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+def build_parser() -> argparse.ArgumentParser:
+    """The solve command's flags (heavy modules imported here run after run_main's signal handlers are set)."""
     from model import pipeline
-    from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args, parse_fraction
-    from model.deploy.holdout import holdout
-    from model.deploy.present import holdout_blocks
-    from model.deploy.window_devices import device_blocks, device_comparison, devices_report
-    from model.evaluation.validate import time_text
-    from model.report.compare import compare_table
-    from model.report.document import to_text
-    from model.report.tables import bucket_table, device_units, fmt, graph_totals, verdict
+    from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args
 
-    parser = argparse.ArgumentParser(prog="python -m model.solve", description=__doc__.split("\n")[0])
+    parser = CommandParser("model.solve", __doc__)
     parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each")
     add_input_args(parser)
     add_limit_args(parser)
@@ -82,7 +76,22 @@ def main(argv: list[str] | None = None) -> int:
                              "plan exactly), or from the group-by histogram alone (the MIP on cells; no request "
                              "reaches this process, for 10^8 requests); auto (default) takes the histogram above "
                              "2*10^7 requests in the reference and strict modes")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    from model import pipeline
+    from model.deploy.flags import parse_fraction
+    from model.deploy.holdout import holdout
+    from model.deploy.present import holdout_blocks
+    from model.deploy.window_devices import device_blocks, device_comparison, devices_report
+    from model.evaluation.validate import time_text
+    from model.report.compare import compare_table
+    from model.report.document import to_text
+    from model.report.tables import bucket_table, device_units, fmt, graph_totals, verdict
+
+    args = build_parser().parse_args(argv)
     check_engine_flags(args, DASK_UNSUPPORTED)
     if args.plan_from is not None and args.engine != "dask":
         raise InputError("--plan-from", None, None, "needs --engine dask")

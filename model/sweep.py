@@ -23,9 +23,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model.base.errors import InputError
+from model.base.errors import InputError, unknown_name
 from model.base.numbers import float_flag, int_flag
-from model.cli_common import add_input_args, add_limit_args, build_problem, check_time_limit, given_inputs, run_main
+from model.cli_common import (
+    CommandParser,
+    add_input_args,
+    add_limit_args,
+    build_problem,
+    check_time_limit,
+    given_inputs,
+    run_main,
+)
 from model.load.outputs import Target, check_targets, files_in, write_together
 
 if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
@@ -46,8 +54,8 @@ def parse_solvers(spec: str | None) -> tuple[str, ...]:
     wanted = [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in known]
     if unknown or not wanted:
-        raise InputError("--solvers", None, None, f"unknown planner(s) {', '.join(unknown) or '(none)'}; "
-                         f"choose from {', '.join(known)}")
+        raise InputError("--solvers", None, None, unknown_name("planner", unknown[0], known) if unknown
+                         else f"no planner named; choose from {', '.join(known)}")
     return tuple(s for s in known if s in wanted)
 
 
@@ -57,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args
     from model.load.scenario import LIMIT_KEYS
 
-    parser = argparse.ArgumentParser(prog="python -m model.sweep", description=__doc__.split("\n")[0])
+    parser = CommandParser("model.sweep", __doc__)
     parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each (or --scenario)")
     add_input_args(parser)
     add_limit_args(parser)

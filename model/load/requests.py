@@ -25,7 +25,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from model.base.errors import InputError
+from model.base.errors import InputError, unknown_name
 from model.base.numbers import DECIMAL_TEXT, NONFINITE_TEXT, as_float
 from model.base.numbers import shown as spelled
 from model.domain.schema import Bucket
@@ -93,7 +93,7 @@ def detect_format(path: Path, fmt: str | None = None) -> str:
     """The file format, from an explicit name or the file's suffix."""
     if fmt:
         if fmt not in set(FORMATS.values()):
-            raise InputError(str(path), None, None, f"unknown format {fmt!r} (jsonl, csv, parquet)")
+            raise InputError(str(path), None, None, unknown_name("format", fmt, ("jsonl", "csv", "parquet")))
         return fmt
     try:
         return FORMATS[path.suffix.lower()]
