@@ -10,7 +10,8 @@ time and the number of compiled shapes side by side, and the saving.  With --hol
 the optimised shapes are chosen on the first part of the traffic and both sides are
 judged on the held-out part.  With --window SECONDS both sides batch only within arrival
 windows (the P95 then includes each member's wait).  --report DIR writes report.md, report.html and
-heatmap.png together (all or none).  Exit status: 0 both plans valid and within
+heatmap.png together (all or none).  --time-limit bounds the whole audit (its planner runs share it).
+Exit status: 0 both plans valid and within
 their limits; 1 a plan breaks a rule or limit; 2 bad input (e.g. a config whose
 largest shape is shorter than a prompt: the request is named); 3 infeasible.
 """
@@ -24,7 +25,15 @@ from pathlib import Path
 
 from model.base.errors import InputError, unknown_name
 from model.base.numbers import float_flag, int_flag
-from model.cli_common import CommandParser, add_input_args, add_limit_args, build_problem, given_inputs, run_main
+from model.cli_common import (
+    CommandParser,
+    add_input_args,
+    add_limit_args,
+    build_problem,
+    check_time_limit,
+    given_inputs,
+    run_main,
+)
 from model.load.outputs import Target, check_targets, files_in
 
 
@@ -46,8 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_window_args(parser)
     parser.add_argument("--solver", default=pipeline.MIP, help=f"planner: {', '.join(pipeline.solver_names())}")
     parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
-    parser.add_argument("--time-limit", type=float_flag("--time-limit"),
-                        default=60.0, help="seconds per MIP solve (default 60)")
+    parser.add_argument("--time-limit", type=float_flag("--time-limit"), default=60.0,
+                        help="seconds for the whole audit, shared by its planner runs (today's shapes, the free "
+                             "choice; with --holdout the check's runs too), e.g. --time-limit 120 (default 60)")
     parser.add_argument("--max-batch-size", type=int_flag("--max-batch-size"),
                         default=None, help="at most this many requests per batch")
     parser.add_argument("--report", type=Path, help="folder for report.md, report.html and heatmap.png")
@@ -66,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="[%(relativeCreated)6.0f ms] %(message)s")
-    if not args.time_limit > 0:
-        raise InputError("--time-limit", None, None, f"must be positive, got {args.time_limit}")
+    check_time_limit(args.time_limit)
     if args.max_batch_size is not None and args.max_batch_size < 1:
         raise InputError("--max-batch-size", None, None, f"must be a positive integer, got {args.max_batch_size}")
     if args.solver not in pipeline.solver_names():

@@ -2,7 +2,7 @@
 
     python -m model.sweep --scenario S.toml --report DIR
     python -m model.sweep --scenario S.toml --k 1-8 --sweep-limit max_sequential_ms --factors 0.8,0.9,1.0,1.1
-    python -m model.sweep a.csv b.csv --columns azure --cost-model strict --k 1-16 --time-limit 20 --out sweep.csv
+    python -m model.sweep a.csv b.csv --columns azure --cost-model strict --k 1-16 --time-limit 300 --out sweep.csv
     python -m model.sweep trace.csv --columns azure --device-profile P.toml --k 8 --windows 10,30,60,300 --report DIR
 
 Loads and aggregates the input once, solves it for each K (and each factor on one
@@ -11,7 +11,8 @@ planner) and, with --report, report.md / report.html with pictures.  With --wind
 every point is planned in arrival windows; --windows sweeps the window length (one
 row set per length, a table of what a longer window buys).  Infeasible points are
 rows with status "infeasible" (proven) or "no_plan" (none found in time), never a
-crash.  Exit status: 0 done; 2 bad input; 130 / 143 interrupted.
+crash.  --time-limit bounds the whole sweep: its MIP solves share it.  Exit status: 0 done;
+2 bad input; 130 / 143 interrupted.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from model.base.errors import InputError, unknown_name
 from model.base.numbers import float_flag, int_flag
+from model.base.runtime import Deadline, RunBudget
 from model.cli_common import (
     CommandParser,
     add_input_args,
@@ -42,6 +44,7 @@ if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are i
 
 log = logging.getLogger("shapeplan")
 DEFAULT_FACTORS = "0.8,0.9,1.0,1.1"
+DEFAULT_TIME_LIMIT_S = 300.0  # the whole sweep: 16 K values share it (each MIP had 20 s of its own before)
 
 
 def parse_solvers(spec: str | None) -> tuple[str, ...]:
@@ -74,8 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--factors", help=f"scale factors for --sweep-limit (default {DEFAULT_FACTORS})")
     parser.add_argument("--solvers", help=f"comma list of planners (default all: {', '.join(pipeline.solver_names())})")
     parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
-    parser.add_argument("--time-limit", type=float_flag("--time-limit"),
-                        default=20.0, help="seconds per MIP solve (default 20)")
+    parser.add_argument("--time-limit", type=float_flag("--time-limit"), default=DEFAULT_TIME_LIMIT_S,
+                        help="seconds for the whole sweep, shared by its MIP solves (each gets an equal share of "
+                             "what is left; one that ends early leaves its time to the next), e.g. --time-limit 600 "
+                             f"(default {DEFAULT_TIME_LIMIT_S:g})")
     parser.add_argument("--max-batch-size", type=int_flag("--max-batch-size"),
                         default=None, help="at most this many requests per batch")
     parser.add_argument("--tolerance", type=float_flag("--tolerance"), default=0.005,
@@ -87,6 +92,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_holdout_args(parser)
     add_window_args(parser, sweep=True)
     return parser
+
+
+def sweep_budget(time_limit: float, points: int, solvers: tuple[str, ...], holdout_ks: int) -> RunBudget:
+    """One deadline for the whole sweep (from now: loading is done), shared by every MIP run to come: one per
+    point (each window length's points counted), and two per hold-out check (one per K)."""
+    from model import pipeline
+
+    mips = points + 2 * holdout_ks if pipeline.MIP in solvers else 0
+    return RunBudget(Deadline.after(time_limit), mips)
+
+
+def time_left(budget: RunBudget | None, limit: float) -> str:
+    """The progress bar's note of the one time limit: ``, 212 s of 300 s left``."""
+    return "" if budget is None else f", {budget.deadline.left():.0f} s of {limit:g} s left"
 
 
 def csv_path(args: argparse.Namespace) -> Path:
@@ -179,19 +198,21 @@ def main(argv: list[str] | None = None) -> int:
         windowed(problem, w, "--windows")
     out = csv_path(args)
     check_targets(output_targets(args))  # against every file the loaders read (a scenario's requests too)
+    budget = sweep_budget(args.time_limit, len(points) * len(windows or (None,)), solvers,
+                          len(ks) if part is not None else 0)
     if windows is not None:
-        return window_sweep(problem, windows, points, solvers, args, out, source)
+        return window_sweep(problem, windows, points, solvers, args, out, source, budget)
     with tqdm(total=len(points) * len(solvers), disable=args.quiet, unit="solve", dynamic_ncols=True) as bar:
         def step(point, name) -> None:
-            bar.set_postfix_str(f"{point.label()} {name}", refresh=False)
+            bar.set_postfix_str(f"{point.label()} {name}{time_left(budget, args.time_limit)}", refresh=False)
             bar.update()
 
-        result = run_sweep(problem, points, solvers, args.backend, args.time_limit, step)
+        result = run_sweep(problem, points, solvers, args.backend, args.time_limit, step, budget)
     totals = planner_totals(result.rows)
     text = to_text([k_table(totals, base_factor(t.point for t in totals)),
                     *recommendation_paragraphs(recommend(result.rows, args.tolerance))])
     print(text)
-    extra = sweep_holdout_blocks(holdout_checks(part, result, args)) if part is not None else []
+    extra = sweep_holdout_blocks(holdout_checks(part, result, args, budget)) if part is not None else []
     # the CSV, the report and its pictures: every file made in memory first, then all put down together
     files = {out: csv_bytes(result.rows)}
     if args.report:
@@ -206,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str, ...], args: argparse.Namespace,
-                 out: Path, source: str) -> int:
+                 out: Path, source: str, budget: RunBudget | None = None) -> int:
     """The sweep once per window length: all rows in one CSV, each length's K table, and what a longer
     window buys (cost, P95 with the wait, devices needed)."""
     from tqdm import tqdm
@@ -224,11 +245,12 @@ def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str
               dynamic_ncols=True) as bar:
         for w in windows:
             def step(point, name, w=w) -> None:
-                bar.set_postfix_str(f"window {w:g} s {point.label()} {name}", refresh=False)
+                bar.set_postfix_str(f"window {w:g} s {point.label()} {name}{time_left(budget, args.time_limit)}",
+                                    refresh=False)
                 bar.update()
 
             by_window[w] = run_sweep(windowed(problem, w, "--windows"), points, solvers, args.backend, args.time_limit,
-                                     step).rows
+                                     step, budget).rows
     if args.report:
         files = window_report(args.report, by_window, args.tolerance, f"Batching window sweep: {source}", out)
     else:
@@ -245,7 +267,8 @@ def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str
     return 0
 
 
-def holdout_checks(part: Split, result: SweepResult, args: argparse.Namespace) -> list[Holdout]:
+def holdout_checks(part: Split, result: SweepResult, args: argparse.Namespace,
+                   budget: RunBudget | None = None) -> list[Holdout]:
     """Each K's MIP shapes (chosen on the first part, at the base limits) checked on the held-out part."""
     from tqdm import tqdm
 
@@ -262,7 +285,7 @@ def holdout_checks(part: Split, result: SweepResult, args: argparse.Namespace) -
     chosen = [(t.point.k, tuple(sorted({int(s) for bt in result.mip_batchings[t.point] for s in bt.shape_of})), t.cost)
               for t in totals if t.point.factor == base and t.point in result.mip_batchings]
     with tqdm(total=len(chosen), disable=args.quiet, unit="K", dynamic_ncols=True, desc="hold-out") as bar:
-        return sweep_checks(part, chosen, args.backend, args.time_limit, lambda k: bar.update())
+        return sweep_checks(part, chosen, args.backend, args.time_limit, lambda k: bar.update(), budget)
 
 
 def entry() -> None:
