@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_limit_args(parser)
     parser.add_argument("--shapes-from", dest="config", type=Path, required=True,
                         help="the serving config whose shapes are today's")
-    parser.add_argument("--shapes-format", dest="config_format", default="list",
+    parser.add_argument("--shapes-format", dest="config_format", default=None,
                         help=f"format of the config: {', '.join(READERS)} (default list)")
     add_server_settings_arg(parser, "config_settings")
     add_holdout_args(parser)
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
     from model import pipeline
     from model.deploy.auditing import audit
-    from model.deploy.flags import import_config, parse_fraction, warning_text
+    from model.deploy.flags import DEFAULT_SHAPES_FORMAT, import_config, parse_fraction, warning_text
     from model.deploy.present import AUDIT_REPORT_FILES, audit_blocks, write_audit_report
     from model.report.document import to_text
 
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     check_targets(targets)  # against every file the loaders read
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
     result = audit(problem, config, args.limit_shapes, args.solver, args.backend, args.time_limit, fraction,
-                   args.config_format, None if imported.graphs is None else len(imported.graphs))
+                   args.config_format or DEFAULT_SHAPES_FORMAT,
+                   None if imported.graphs is None else len(imported.graphs))
     print(to_text(audit_blocks(result, source, str(args.config))))
     if args.report:
         md, page = write_audit_report(args.report, result, source, str(args.config))

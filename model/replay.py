@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are i
 DEFAULT_TIME_FIELD = "arrival_s"
 MAX_REPLICAS = 1 << 16
 MAX_RATE_SCALE = 1e9
+DEFAULT_GRAPH_FORMAT = "json"
 GRAPH_FORMATS = ("json", "gaudi-file", "gaudi-env", "nxdi")  # model.serving.replay_graphs.GRAPH_FORMATS
 # the [server] keys (model.domain.server.SERVER_KEYS) and the report's files (model.report.serving_plots)
 SERVER_KEYS = ("stack", "max_num_seqs", "max_num_batched_tokens", "block_size", "max_prefill_seqs",
@@ -55,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("requests", nargs="+", type=Path, help="request files with arrival times (JSONL, CSV, Parquet)")
     p.add_argument("--device-profile", type=Path, required=True, help="profile TOML: [device] and [server] tables")
     p.add_argument("--graphs", type=Path, required=True, help="the compiled graph set (a serving config)")
-    p.add_argument("--shapes-format", default="json", help=f"format of --graphs: {', '.join(GRAPH_FORMATS)} "
+    p.add_argument("--shapes-format", default=None, help=f"format of --graphs: {', '.join(GRAPH_FORMATS)} "
                                                            "(default json)")
     p.add_argument("--server-settings", help="more settings the stack's graph rules read, e.g. max_model_len=16384 "
                                               "(NAME=VALUE pairs, comma separated)")
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     from model.report.serving import settings_text, summary_json, summary_lines
     from model.serving.replay_graphs import oversized_prompt_graphs, read_graph_set
     from model.serving.settings import parse_flag
+    from model.serving.sniff import with_format_hint
 
     args = parser().parse_args(argv)
     if not 1 <= args.replicas <= MAX_REPLICAS:
@@ -158,8 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     profile, table = load_profile_file(args.device_profile)
     settings = server_settings(table, {key: getattr(args, key) for key in SERVER_KEYS}, str(args.device_profile))
     extra = parse_flag(args.server_settings)
-    imported = read_graph_set(args.graphs, args.shapes_format, settings,
-                              f"[server] of {args.device_profile} (or its flag)", extra)
+    graph_format = args.shapes_format or DEFAULT_GRAPH_FORMAT
+    try:
+        imported = read_graph_set(args.graphs, graph_format, settings,
+                                  f"[server] of {args.device_profile} (or its flag)", extra)
+    except InputError as exc:
+        if exc.file != str(args.graphs):
+            raise
+        raise with_format_hint(exc, args.graphs, graph_format, args.shapes_format is None) from None
     graphs = imported.graphs
     trace = load_trace(args)
     check_targets(targets)  # against every file the loaders read (a bucket file a gaudi-env names, say)
@@ -185,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(result, cost, slo)
     print(f"replay: {len(trace)} requests from {', '.join(map(str, args.requests))}; {args.replicas} "
           f"replica{'s' if args.replicas > 1 else ''}; {settings_text(settings, graphs)}; graphs from {args.graphs} "
-          f"({args.shapes_format})", file=out)
+          f"({graph_format})", file=out)
     print("\n".join(summary_lines(summary, graphs)), file=out)
     files: dict[Path, list[bytes]] = {}
     text = summary_json(summary, settings, graphs)

@@ -18,6 +18,7 @@ from model.serving.formats import READERS, read_shapes
 from model.serving.graphs import ShapeImport
 from model.serving.settings import FLAG as SETTINGS_FLAG
 from model.serving.settings import parse_flag
+from model.serving.sniff import with_format_hint
 
 DEFAULT_SHAPES_FORMAT = "list"
 
@@ -123,8 +124,16 @@ def parse_windows(text: str | None) -> tuple[float, ...] | None:
 
 
 def import_config(path: Path, fmt: str | None, settings: str | None = None) -> ShapeImport:
-    """A serving config read by its stack's rules: its shapes, its graphs and the warnings to show."""
-    return read_shapes(path, fmt or DEFAULT_SHAPES_FORMAT, settings=parse_flag(settings))
+    """A serving config read by its stack's rules: its shapes, its graphs and the warnings to show.  A file that
+    does not read in the format given (or the default, ``list``) is refused with the format its content suggests,
+    never read in a guessed one."""
+    chosen = fmt or DEFAULT_SHAPES_FORMAT
+    try:
+        return read_shapes(path, chosen, settings=parse_flag(settings))
+    except InputError as exc:
+        if exc.file != str(path):  # a bad flag or another file (a bucket file an env names): not this file's format
+            raise
+        raise with_format_hint(exc, path, chosen, fmt is None) from None
 
 
 def warning_text(imported: ShapeImport) -> str | None:
