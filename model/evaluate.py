@@ -12,6 +12,7 @@ Exit status: 0 every plan valid and within every limit; 1 a rule or limit fails;
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from model.base.errors import InputError
@@ -69,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError("<command line>", None, None, "expected REQUESTS PLAN pairs (an even number of paths)")
         problem, _ = build_problem(args, args.pairs[0::2], limits=cli_limits(args))
         plan_files = args.pairs[1::2]
+    if args.scenario is None and args.cost_model is None and args.device_profile is None:
+        print(f"warning: {REFERENCE_DEFAULT}", file=sys.stderr)
     plans = tuple(read_plan(f) for f in plan_files)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, by bucket and plan file
         results, global_problems = evaluate_plans(problem, plans)
@@ -86,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r.ok for r in results) and not global_problems else 1
 
 
+# plan files hold records only, not the cost model they were made under: say which one judges them
+REFERENCE_DEFAULT = ("judged by the reference cost model (no --cost-model or --device-profile given); a plan made for "
+                     "a device (model.solve --device-profile P.toml) is judged as it was planned only with the same "
+                     "--device-profile P.toml")
 DASK_UNSUPPORTED = ("--scenario", "--plans", "--window", "--time-column", "--shapes", "--shapes-from")
 
 
@@ -106,6 +113,8 @@ def main_dask(args: argparse.Namespace) -> int:
     if not args.pairs or len(args.pairs) % 2:
         raise InputError("<command line>", None, None, "expected REQUESTS PLAN pairs (an even number of paths)")
     settings = dask_settings(args)
+    if args.cost_model is None and args.device_profile is None:
+        print(f"warning: {REFERENCE_DEFAULT}", file=sys.stderr)
     pairs = [(partitions(r, args.format), partitions(p, "parquet", what="plan"))
              for r, p in zip(args.pairs[0::2], args.pairs[1::2], strict=True)]
     require_dask()

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from model.base.errors import InputError, NoPlanFound
-from model.base.numbers import float_flag, int_flag
+from model.base.numbers import counted, float_flag, int_flag
 from model.base.runtime import Deadline, DeadlineExceeded
 from model.cli_common import CommandParser, check_time_limit, run_main
 from model.load.outputs import Target, check_targets, files_in, write_together
@@ -189,9 +189,10 @@ def main(argv: list[str] | None = None) -> int:
                         tick=lambda: deadline.tick("replay"))
     except DeadlineExceeded:
         raise NoPlanFound(f"the replay did not finish within --time-limit {args.time_limit:g} s "
-                          f"({len(trace)} requests, {args.replicas} replicas); nothing written") from None
+                          f"({counted(len(trace), 'request')}, {counted(args.replicas, 'replica')}); nothing "
+                          "written") from None
     summary = summarize(result, cost, slo)
-    print(f"replay: {len(trace)} requests from {', '.join(map(str, args.requests))}; {args.replicas} "
+    print(f"replay: {counted(len(trace), 'request')} from {', '.join(map(str, args.requests))}; {args.replicas} "
           f"replica{'s' if args.replicas > 1 else ''}; {settings_text(settings, graphs)}; graphs from {args.graphs} "
           f"({graph_format})", file=out)
     print("\n".join(summary_lines(summary, graphs)), file=out)

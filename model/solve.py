@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from model.base.errors import InfeasibleError, InputError
-from model.base.numbers import float_flag, int_flag
+from model.base.numbers import counted, float_flag, int_flag
 from model.cli_common import (
     CommandParser,
     add_engine_args,
@@ -112,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.report is not None and not devices:
         raise InputError("--report", None, None, "draws devices needed per window: it needs --window and device mode "
                                                  "(--device-profile)")
-    print(f"input: {source}; {len(problem.buckets)} buckets, "
-          f"{sum(len(b) for b in problem.buckets)} requests; K = {problem.max_shapes}; cost model {problem.cost.name}"
+    print(f"input: {source}; {counted(len(problem.buckets), 'bucket')}, "
+          f"{counted(sum(len(b) for b in problem.buckets), 'request')}; K = {problem.max_shapes}; "
+          f"cost model {problem.cost.name}"
           + (f"; allowed shapes {' '.join(map(str, problem.allowed_shapes))}" if problem.allowed_shapes else "")
           + (f"; arrival windows of {problem.windowing.seconds:g} s from the first arrival, "
              f"{time_text(problem.windowing.origin_s)}" if problem.windowing else ""))
@@ -219,10 +220,11 @@ def main_dask(args: argparse.Namespace) -> int:
         loaded = load(client, sources, settings)
         problem = loaded.problem
         hist_cells = sum(h.n_cells for h in loaded.hists)
-        print(f"input: {', '.join(s.given for s in sources)}; {len(problem.buckets)} buckets, "
-              f"{sum(len(s.files) for s in sources)} partitions, {sum(loaded.n_requests)} requests, "
-              f"{hist_cells} cells; K = {problem.max_shapes}; cost model {problem.cost.name}; engine dask "
-              f"({len(client.scheduler_info().get('workers', {}))} workers), planned from "
+        print(f"input: {', '.join(s.given for s in sources)}; {counted(len(problem.buckets), 'bucket')}, "
+              f"{counted(sum(len(s.files) for s in sources), 'partition')}, "
+              f"{counted(sum(loaded.n_requests), 'request')}, {counted(hist_cells, 'cell')}; K = {problem.max_shapes}; "
+              f"cost model {problem.cost.name}; engine dask "
+              f"({counted(len(client.scheduler_info().get('workers', {})), 'worker')}), planned from "
               f"{'the histogram' if loaded.cells is not None else 'requests'}")
         run = solve(loaded, args.solver, args.backend, args.time_limit)
         source = ", ".join(s.given for s in sources)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from model.base.errors import InputError, unknown_name
-from model.base.numbers import float_flag, int_flag
+from model.base.numbers import counted, float_flag, int_flag
 from model.base.runtime import Deadline, RunBudget
 from model.cli_common import (
     CommandParser,
@@ -190,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
     settings = SweepSettings(source, problem.cost.name, ks, args.sweep_limit or "", factors, solvers, args.backend,
                              args.time_limit, args.tolerance)
-    print(f"input: {source}; {len(problem.buckets)} buckets, {sum(len(b) for b in problem.buckets)} requests, "
-          f"{sum(len(h) for h in hists)} cells; cost model {problem.cost.name}")
+    print(f"input: {source}; {counted(len(problem.buckets), 'bucket')}, "
+          f"{counted(sum(len(b) for b in problem.buckets), 'request')}, {counted(sum(len(h) for h in hists), 'cell')}; "
+          f"cost model {problem.cost.name}")
     points = sweep_points(ks, settings.sweep_limit, factors)
     windows = parse_windows(args.windows)
     for w in windows or ():  # every length's window count, before the first is swept

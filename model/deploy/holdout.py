@@ -29,6 +29,7 @@ import numpy as np
 
 from model import pipeline
 from model.base.errors import InfeasibleError, InputError
+from model.base.numbers import counted
 from model.base.runtime import Deadline, RunBudget
 from model.cost.common import align
 from model.domain.schema import Bucket, Limits, Problem
@@ -51,7 +52,7 @@ class Split:
         n_train = sum(len(b) for b in self.train.buckets)
         n_test = sum(len(b) for b in self.test.buckets)
         return (f"the last {self.fraction:.0%} of each bucket by {self.by} held out: shapes chosen on "
-                f"{n_train} requests, checked on {n_test}")
+                f"{counted(n_train, 'request')}, checked on {n_test}")
 
 
 def subset(bucket: Bucket, rows: np.ndarray) -> Bucket:
