@@ -43,24 +43,28 @@ def build_parser() -> argparse.ArgumentParser:
     from model.serving.formats import READERS
 
     parser = CommandParser("model.audit", __doc__)
-    parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each (or --scenario)")
+    parser.add_argument("requests", nargs="*", type=Path, help="request files (JSONL, CSV, Parquet), one bucket "
+                                                               "each, e.g. chat.jsonl trace.csv (or --scenario)")
     add_input_args(parser)
     add_limit_args(parser)
     parser.add_argument("--shapes-from", dest="config", type=Path, required=True,
-                        help="the serving config whose shapes are today's")
+                        help="the serving config whose shapes are today's, e.g. --shapes-from neuron.json")
     parser.add_argument("--shapes-format", dest="config_format", default=None,
-                        help=f"format of the config: {', '.join(READERS)} (default list)")
+                        help=f"format of the config: {', '.join(READERS)}, e.g. --shapes-format nxdi "
+                             "(default list)")
     add_server_settings_arg(parser, "config_settings")
     add_holdout_args(parser)
     add_window_args(parser)
-    parser.add_argument("--solver", default=pipeline.MIP, help=f"planner: {', '.join(pipeline.solver_names())}")
-    parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
+    parser.add_argument("--solver", default=pipeline.MIP,
+                        help=f"planner: {', '.join(pipeline.solver_names())}, e.g. --solver dpfill")
+    parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp, e.g. --backend cpsat")
     parser.add_argument("--time-limit", type=float_flag("--time-limit"), default=60.0,
                         help="seconds for the whole audit, shared by its planner runs (today's shapes, the free "
                              "choice; with --holdout the check's runs too), e.g. --time-limit 120 (default 60)")
     parser.add_argument("--max-batch-size", type=int_flag("--max-batch-size"),
-                        default=None, help="at most this many requests per batch")
-    parser.add_argument("--report", type=Path, help="folder for report.md, report.html and heatmap.png")
+                        default=None, help="at most this many requests per batch, e.g. --max-batch-size 16")
+    parser.add_argument("--report", type=Path, help="folder for report.md, report.html and heatmap.png, e.g. "
+                                                    "--report audit/")
     parser.add_argument("--quiet", action="store_true", help="no progress log")
     return parser
 

@@ -126,34 +126,55 @@ def unknown_arguments(extras: list[str], flags: list[str]) -> str:
     return f"unrecognised argument{'s' if len(extras) > 1 else ''}: {' '.join(extras)}"
 
 
+# an example value for each [server] flag of model.calibrate and model.replay (the keys of model.domain.server)
+SERVER_EXAMPLES = {"stack": "--stack gaudi", "max_num_seqs": "--max-num-seqs 64",
+                   "max_num_batched_tokens": "--max-num-batched-tokens 8192", "block_size": "--block-size 128",
+                   "max_prefill_seqs": "--max-prefill-seqs 4", "ctx_batch_size": "--ctx-batch-size 1"}
+
+
 def add_input_args(parser: argparse.ArgumentParser) -> None:
     """Options that say what to plan or judge and under which cost model."""
     from model.cost.common import MODES
     from model.deploy.flags import add_batch_buckets_arg, add_graph_cap_args
 
-    parser.add_argument("--scenario", type=Path, help="scenario.toml (request paths relative to it)")
-    parser.add_argument("--columns", help="column mapping: 'azure' or PROMPT,GEN[,ID] (CSV/Parquet inputs)")
-    parser.add_argument("--format", choices=("jsonl", "csv", "parquet"), help="input format (default: by suffix)")
+    parser.add_argument("--scenario", type=Path,
+                        help="scenario TOML naming the request files (paths relative to it), their limits and cost "
+                             "model, e.g. --scenario data/default/scenario.toml")
+    parser.add_argument("--columns",
+                        help="which columns hold the lengths (and the id): 'azure' or PROMPT,GEN[,ID], e.g. "
+                             "--columns input_tokens,output_tokens,id (without an ID the rows are numbered)")
+    parser.add_argument("--format", choices=("jsonl", "csv", "parquet"),
+                        help="request file format, e.g. --format csv (default: by suffix)")
     parser.add_argument("--cost-model", choices=MODES, default=None,
                         help="reference (default), strict (declared shape is paid for) or device "
-                             "(measured step times of --device-profile)")
+                             "(measured step times of --device-profile), e.g. --cost-model strict")
     parser.add_argument("--device-profile", type=Path,
-                        help="device profile TOML ([device] table, see data/profiles/): device mode")
-    parser.add_argument("--cost-params", type=Path, help="TOML file overriding cost-model coefficients")
+                        help="device profile TOML ([device] table of measured step times): device mode, e.g. "
+                             "--device-profile data/profiles/opt13b-a100-tp1.toml")
+    parser.add_argument("--cost-params", type=Path,
+                        help="TOML file overriding cost-model coefficients, e.g. --cost-params params.toml")
     parser.add_argument("--limit-shapes", type=int_flag("--limit-shapes"),
-                        default=None, help="at most K shapes across all buckets")
+                        default=None, help="at most K shapes across all buckets, e.g. --limit-shapes 8")
     parser.add_argument("--max-seq-len", type=int_flag("--max-seq-len"),
-                        default=None, help="largest shape the accelerator allows")
+                        default=None, help="largest shape (tokens) the accelerator allows, a multiple of 64, e.g. "
+                                           "--max-seq-len 16384")
     add_batch_buckets_arg(parser)
     add_graph_cap_args(parser)
 
 
 def add_limit_args(parser: argparse.ArgumentParser) -> None:
     """Per-bucket limits given on the command line (they apply to every request file)."""
-    parser.add_argument("--max-cost", type=float_flag("--max-cost"))
-    parser.add_argument("--max-pad-ratio", type=float_flag("--max-pad-ratio"))
-    parser.add_argument("--max-p95-latency-ms", type=float_flag("--max-p95-latency-ms"))
-    parser.add_argument("--max-sequential-ms", type=float_flag("--max-sequential-ms"))
+    parser.add_argument("--max-cost", type=float_flag("--max-cost"),
+                        help="each bucket's cost at most this, in the cost model's unit (device mode: device-ms), "
+                             "e.g. --max-cost 2e6")
+    parser.add_argument("--max-pad-ratio", type=float_flag("--max-pad-ratio"),
+                        help="each bucket's padded tokens at most this share of its tokens, e.g. --max-pad-ratio 0.2")
+    parser.add_argument("--max-p95-latency-ms", type=float_flag("--max-p95-latency-ms"),
+                        help="each bucket's 95th-percentile request latency at most this many ms, e.g. "
+                             "--max-p95-latency-ms 5000")
+    parser.add_argument("--max-sequential-ms", type=float_flag("--max-sequential-ms"),
+                        help="each bucket's batches run one after another in at most this many ms, e.g. "
+                             "--max-sequential-ms 600000")
 
 
 def cli_limits(args: argparse.Namespace) -> Limits:
@@ -237,9 +258,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=ENGINES, default="memory",
                         help="memory (default: files loaded into this process) or dask (each input a folder or glob "
                              "of Parquet/CSV/JSONL partitions, planned and judged on a Dask cluster; "
-                             "pip install -e '.[dask]')")
+                             "pip install -e '.[dask]'), e.g. --engine dask")
     parser.add_argument("--scheduler", metavar="ADDRESS",
-                        help="with --engine dask: join this Dask scheduler (default: a local cluster for the run)")
+                        help="with --engine dask: join this Dask scheduler, e.g. --scheduler tcp://10.0.0.5:8786 "
+                             "(default: a local cluster for the run)")
 
 
 def check_engine_flags(args: argparse.Namespace, unsupported: tuple[str, ...]) -> None:

@@ -34,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     from model.deploy.flags import add_shape_args, add_window_args
 
     parser = CommandParser("model.evaluate", __doc__)
-    parser.add_argument("pairs", nargs="*", type=Path, help="REQUESTS PLAN pairs")
-    parser.add_argument("--plans", type=Path, help="with --scenario: folder of plan_<bucket>.jsonl")
+    parser.add_argument("pairs", nargs="*", type=Path, help="REQUESTS PLAN pairs, e.g. chat.jsonl out/plan_chat.jsonl")
+    parser.add_argument("--plans", type=Path, help="with --scenario: folder of plan_<bucket>.jsonl, e.g. --plans out/")
     add_input_args(parser)
     add_limit_args(parser)
     add_shape_args(parser)

@@ -185,19 +185,24 @@ def build_parser() -> argparse.ArgumentParser:
     from model.serving.spec import DEFAULT_BLOCK_SIZE
 
     parser = CommandParser("model.export", __doc__)
-    parser.add_argument("--plans", type=Path, help="folder of plan_*.jsonl")
-    parser.add_argument("--format", required=True, help=f"output format: {', '.join(WRITERS)}")
-    parser.add_argument("--out", type=Path, help="file to write (atomically)")
+    parser.add_argument("--plans", type=Path, help="folder of plan_*.jsonl, e.g. --plans out/")
+    parser.add_argument("--format", required=True, help=f"output format: {', '.join(WRITERS)}, e.g. --format nxdi")
+    parser.add_argument("--out", type=Path, help="file to write (atomically), e.g. --out neuron.json")
     parser.add_argument("--check", type=Path, metavar="FILE", help="list the graphs FILE makes its stack compile "
-                        "(and, with --plans, compare them with the plans'); writes nothing")
+                        "(and, with --plans, compare them with the plans'); writes nothing, e.g. "
+                        "--check buckets.txt")
     parser.add_argument("--block-size", type=int_flag("--block-size"), default=None,
-                        help=f"KV block size for Gaudi decode buckets (default {DEFAULT_BLOCK_SIZE})")
+                        help=f"KV block size for Gaudi decode buckets, e.g. --block-size 256 "
+                             f"(default {DEFAULT_BLOCK_SIZE})")
     parser.add_argument("--max-model-len", type=int_flag("--max-model-len"), default=None,
-                        help="the server's max model length")
-    parser.add_argument("--scenario", type=Path, help="scenario.toml of the plans (gives generation lengths)")
+                        help="the server's max model length, e.g. --max-model-len 16384")
+    parser.add_argument("--scenario", type=Path, help="scenario.toml of the plans (gives generation lengths), "
+                                                           "e.g. --scenario data/default/scenario.toml")
     parser.add_argument("--requests", type=Path, nargs="+", default=[],
-                        help="request files of the plans, <name>.jsonl for plan_<name>.jsonl")
-    parser.add_argument("--device-profile", type=Path, help="device profile TOML: warm-up = graphs x its compile_ms")
+                        help="request files of the plans, <name>.jsonl for plan_<name>.jsonl, e.g. --requests "
+                             "chat.jsonl short.jsonl")
+    parser.add_argument("--device-profile", type=Path, help="device profile TOML: warm-up = graphs x its compile_ms, "
+                                                                 "e.g. --device-profile P.toml")
     parser.add_argument("--server-settings", help="with --check: settings the config does not state, e.g. "
                         "max_num_batched_tokens=8192,max_num_seqs=64")
     return parser

@@ -1,8 +1,10 @@
 """``python -m model.replay``: replay a trace through a serving stack's continuous batching on compiled graphs.
 
-    python -m model.replay REQUESTS... --device-profile P.toml --graphs CONFIG --shapes-format F
-        [--replicas R] [--rate-scale X] [--slo-ttft-ms T --slo-tpot-ms U --slo-quantile 0.95]
-        [--json FILE | --json -] [--report DIR] [--time-limit S]
+    python -m model.replay data/examples/serving/trace.csv --device-profile data/examples/serving/profile.toml \\
+        --graphs data/examples/serving/gaudi-buckets.txt --shapes-format gaudi-file
+    python -m model.replay trace.csv --device-profile P.toml --graphs neuron.json --shapes-format nxdi --replicas 4
+    python -m model.replay trace.csv --device-profile P.toml --graphs g.json --slo-ttft-ms 2000 --slo-tpot-ms 100 \\
+        --rate-scale 2 --json - --report replay/ --time-limit 120
 
 The scheduler and its numbers are ``shared/serving_model.md``'s: every step admits
 waiting requests first come first served, runs a prompt graph and a decode graph, and
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING
 from model.base.errors import InputError, NoPlanFound
 from model.base.numbers import counted, float_flag, int_flag
 from model.base.runtime import Deadline, DeadlineExceeded
-from model.cli_common import CommandParser, check_time_limit, run_main
+from model.cli_common import SERVER_EXAMPLES, CommandParser, check_time_limit, run_main
 from model.load.outputs import Target, check_targets, files_in, write_together
 
 if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
@@ -53,33 +55,42 @@ SHOWN_NOTES = 10  # warnings about the graph config shown; the rest are counted
 
 def parser() -> argparse.ArgumentParser:
     p = CommandParser("model.replay", __doc__)
-    p.add_argument("requests", nargs="+", type=Path, help="request files with arrival times (JSONL, CSV, Parquet)")
-    p.add_argument("--device-profile", type=Path, required=True, help="profile TOML: [device] and [server] tables")
-    p.add_argument("--graphs", type=Path, required=True, help="the compiled graph set (a serving config)")
-    p.add_argument("--shapes-format", default=None, help=f"format of --graphs: {', '.join(GRAPH_FORMATS)} "
-                                                           "(default json)")
+    p.add_argument("requests", nargs="+", type=Path,
+                   help="request files with arrival times (JSONL, CSV, Parquet), e.g. trace.csv")
+    p.add_argument("--device-profile", type=Path, required=True,
+                   help="profile TOML: [device] and [server] tables, e.g. "
+                        "--device-profile data/examples/serving/profile.toml")
+    p.add_argument("--graphs", type=Path, required=True, help="the compiled graph set (a serving config), e.g. "
+                                                              "--graphs buckets.txt --shapes-format gaudi-file")
+    p.add_argument("--shapes-format", default=None, help=f"format of --graphs: {', '.join(GRAPH_FORMATS)}, "
+                                                           "e.g. --shapes-format nxdi (default json)")
     p.add_argument("--server-settings", help="more settings the stack's graph rules read, e.g. max_model_len=16384 "
                                               "(NAME=VALUE pairs, comma separated)")
-    p.add_argument("--columns", help="column mapping: 'azure' or PROMPT,GEN[,ID] (CSV/Parquet inputs)")
-    p.add_argument("--format", choices=("jsonl", "csv", "parquet"), help="input format (default: by suffix)")
+    p.add_argument("--columns", help="which columns hold the lengths (and the id): 'azure' or PROMPT,GEN[,ID], "
+                                     "e.g. --columns input_tokens,output_tokens,id")
+    p.add_argument("--format", choices=("jsonl", "csv", "parquet"),
+                   help="request file format, e.g. --format csv (default: by suffix)")
     p.add_argument("--time-column", help=f"arrival-time column (seconds or ISO 8601; default: {DEFAULT_TIME_FIELD} "
-                                         "when present, Azure's TIMESTAMP with --columns azure)")
+                                         "when present, Azure's TIMESTAMP with --columns azure), e.g. --time-column t")
     for key in SERVER_KEYS:
         flag = "--" + key.replace("_", "-")
         p.add_argument(flag, type=str if key == "stack" else int_flag(flag), default=None,
-                       help=f"replaces [server] {key}")
+                       help=f"replaces [server] {key}, e.g. {SERVER_EXAMPLES[key]}")
     p.add_argument("--replicas", type=int_flag("--replicas"), default=1,
-                   help="replicas serving the trace, dealt round-robin")
+                   help="replicas serving the trace, dealt round-robin, e.g. --replicas 4 (default 1)")
     p.add_argument("--rate-scale", type=float_flag("--rate-scale"), default=1.0,
-                   help="divide arrival times by this (2: twice the rate)")
-    p.add_argument("--slo-ttft-ms", type=float_flag("--slo-ttft-ms"), help="TTFT objective (ms)")
-    p.add_argument("--slo-tpot-ms", type=float_flag("--slo-tpot-ms"), help="TPOT objective (ms)")
-    p.add_argument("--slo-quantile", help="the quantile the objectives are judged at (default 0.95)")
-    p.add_argument("--json", help="write the numbers as JSON to this file ('-': stdout)")
+                   help="divide arrival times by this, e.g. --rate-scale 2 (twice the rate)")
+    p.add_argument("--slo-ttft-ms", type=float_flag("--slo-ttft-ms"),
+                   help="TTFT objective (ms), e.g. --slo-ttft-ms 2000")
+    p.add_argument("--slo-tpot-ms", type=float_flag("--slo-tpot-ms"),
+                   help="TPOT objective (ms), e.g. --slo-tpot-ms 100")
+    p.add_argument("--slo-quantile", help="the quantile the objectives are judged at, e.g. --slo-quantile 0.99 "
+                                                 "(default 0.95)")
+    p.add_argument("--json", help="write the numbers as JSON to this file ('-': stdout), e.g. --json replay.json")
     p.add_argument("--report", type=Path, help="folder for report pictures (running requests and step graphs over "
-                                               "time, TTFT and TPOT distributions)")
+                                               "time, TTFT and TPOT distributions), e.g. --report replay/")
     p.add_argument("--time-limit", type=float_flag("--time-limit"),
-                   help="seconds for the replay itself (default: no limit)")
+                   help="seconds for the replay itself, e.g. --time-limit 120 (default: no limit)")
     return p
 
 

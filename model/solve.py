@@ -53,20 +53,25 @@ def build_parser() -> argparse.ArgumentParser:
     from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args
 
     parser = CommandParser("model.solve", __doc__)
-    parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each")
+    parser.add_argument("requests", nargs="*", type=Path, help="request files (JSONL, CSV, Parquet), one bucket "
+                                                               "each, e.g. chat.jsonl trace.csv (default: the "
+                                                               "embedded scenario)")
     add_input_args(parser)
     add_limit_args(parser)
-    parser.add_argument("--solver", default="mip", help=f"planner: {', '.join(pipeline.solver_names())}")
-    parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
+    parser.add_argument("--solver", default="mip",
+                        help=f"planner: {', '.join(pipeline.solver_names())}, e.g. --solver dpfill")
+    parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp, e.g. --backend cpsat")
     parser.add_argument("--time-limit", type=float_flag("--time-limit"), default=60.0,
-                        help="seconds for planning: the whole run apart from loading and writing (default 60)")
+                        help="seconds for planning: the whole run apart from loading and writing, e.g. "
+                             "--time-limit 300 (default 60)")
     parser.add_argument("--max-batch-size", type=int_flag("--max-batch-size"),
-                        default=None, help="at most this many requests per batch")
-    parser.add_argument("--out", type=Path, default=Path("out"), help="folder for plan_<bucket>.jsonl (default out/)")
+                        default=None, help="at most this many requests per batch, e.g. --max-batch-size 16")
+    parser.add_argument("--out", type=Path, default=Path("out"),
+                        help="folder for plan_<bucket>.jsonl, e.g. --out plans/ (default out/)")
     parser.add_argument("--compare", action="store_true", help="also run every heuristic packer and compare")
     parser.add_argument("--quiet", action="store_true", help="no progress log")
     parser.add_argument("--report", type=Path, help="with --window in device mode: folder for report.md, "
-                                                    "report.html, devices.png and devices.csv")
+                                                    "report.html, devices.png and devices.csv, e.g. --report rep/")
     add_shape_args(parser)
     add_holdout_args(parser)
     add_window_args(parser)
@@ -75,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --engine dask: plan from every request's lengths (the in-memory planner, its "
                              "plan exactly), or from the group-by histogram alone (the MIP on cells; no request "
                              "reaches this process, for 10^8 requests); auto (default) takes the histogram above "
-                             "2*10^7 requests in the reference and strict modes")
+                             "2*10^7 requests in the reference and strict modes), e.g. --plan-from histogram")
     return parser
 
 

@@ -69,24 +69,31 @@ def build_parser() -> argparse.ArgumentParser:
     from model.load.scenario import LIMIT_KEYS
 
     parser = CommandParser("model.sweep", __doc__)
-    parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each (or --scenario)")
+    parser.add_argument("requests", nargs="*", type=Path, help="request files (JSONL, CSV, Parquet), one bucket "
+                                                               "each, e.g. chat.jsonl trace.csv (or --scenario)")
     add_input_args(parser)
     add_limit_args(parser)
     parser.add_argument("--k", help="shape caps to sweep, e.g. 1-16 or 2,4,8 (default 1-16, or --limit-shapes)")
-    parser.add_argument("--sweep-limit", choices=LIMIT_KEYS, help="also sweep this limit, scaled by --factors")
-    parser.add_argument("--factors", help=f"scale factors for --sweep-limit (default {DEFAULT_FACTORS})")
-    parser.add_argument("--solvers", help=f"comma list of planners (default all: {', '.join(pipeline.solver_names())})")
-    parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
+    parser.add_argument("--sweep-limit", choices=LIMIT_KEYS, help="also sweep this limit, scaled by --factors, e.g. "
+                                                                  "--sweep-limit max_p95_latency_ms")
+    parser.add_argument("--factors", help=f"scale factors for --sweep-limit, e.g. --factors 0.5,1,2 (default "
+                                                 f"{DEFAULT_FACTORS})")
+    parser.add_argument("--solvers", help=f"comma list of planners, e.g. --solvers mip,pow2 (default all: "
+                                                 f"{', '.join(pipeline.solver_names())})")
+    parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp, e.g. --backend cpsat")
     parser.add_argument("--time-limit", type=float_flag("--time-limit"), default=DEFAULT_TIME_LIMIT_S,
                         help="seconds for the whole sweep, shared by its MIP solves (each gets an equal share of "
                              "what is left; one that ends early leaves its time to the next), e.g. --time-limit 600 "
                              f"(default {DEFAULT_TIME_LIMIT_S:g})")
     parser.add_argument("--max-batch-size", type=int_flag("--max-batch-size"),
-                        default=None, help="at most this many requests per batch")
+                        default=None, help="at most this many requests per batch, e.g. --max-batch-size 16")
     parser.add_argument("--tolerance", type=float_flag("--tolerance"), default=0.005,
-                        help="recommend the smallest K within this share of the cheapest (default 0.005)")
-    parser.add_argument("--out", type=Path, help="CSV path (default DIR/sweep.csv with --report, else sweep.csv)")
-    parser.add_argument("--report", type=Path, help="folder for report.md, report.html and the PNGs")
+                        help="recommend the smallest K within this share of the cheapest, e.g. --tolerance 0.02 "
+                             "(default 0.005)")
+    parser.add_argument("--out", type=Path,
+                        help="CSV path, e.g. --out k.csv (default DIR/sweep.csv with --report, else sweep.csv)")
+    parser.add_argument("--report", type=Path, help="folder for report.md, report.html and the PNGs, e.g. "
+                                                    "--report sweep/")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_shape_args(parser)
     add_holdout_args(parser)
