@@ -12,7 +12,6 @@ Exit status: 0 every plan valid and within every limit; 1 a rule or limit fails;
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from model.base.errors import InputError
@@ -70,14 +69,14 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError("<command line>", None, None, "expected REQUESTS PLAN pairs (an even number of paths)")
         problem, _ = build_problem(args, args.pairs[0::2], limits=cli_limits(args))
         plan_files = args.pairs[1::2]
-    if args.scenario is None and args.cost_model is None and args.device_profile is None:
-        print(f"warning: {REFERENCE_DEFAULT}", file=sys.stderr)
     plans = tuple(read_plan(f) for f in plan_files)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, by bucket and plan file
         results, global_problems = evaluate_plans(problem, plans)
     for result, f in zip(results, plan_files, strict=True):
         pipeline.check_finite_metrics(Evaluation((result,), ()), str(f))
     print(f"cost model: {problem.cost.name}; shape cap K = {problem.max_shapes} per bucket and across all buckets")
+    if args.scenario is None and args.cost_model is None and args.device_profile is None:
+        print(f"note: {REFERENCE_DEFAULT}")
     if problem.windowing is not None:
         w = problem.windowing
         print(f"arrival windows of {w.seconds:g} s from the first arrival, {time_text(w.origin_s)}: a batch must not "
@@ -113,8 +112,6 @@ def main_dask(args: argparse.Namespace) -> int:
     if not args.pairs or len(args.pairs) % 2:
         raise InputError("<command line>", None, None, "expected REQUESTS PLAN pairs (an even number of paths)")
     settings = dask_settings(args)
-    if args.cost_model is None and args.device_profile is None:
-        print(f"warning: {REFERENCE_DEFAULT}", file=sys.stderr)
     pairs = [(partitions(r, args.format), partitions(p, "parquet", what="plan"))
              for r, p in zip(args.pairs[0::2], args.pairs[1::2], strict=True)]
     require_dask()
@@ -132,6 +129,8 @@ def main_dask(args: argparse.Namespace) -> int:
                                       settings.max_shapes)
     print(f"cost model: {settings.cost.name}; shape cap K = {settings.max_shapes} per bucket and across all buckets; "
           "engine dask (partition-wise, exact metrics)")
+    if args.cost_model is None and args.device_profile is None:
+        print(f"note: {REFERENCE_DEFAULT}")
     for result, (_, plan_src) in zip(results, pairs, strict=True):
         print(bucket_table(result, {"plan": plan_src.given}, settings.cost, None))
     print(verdict(results, global_problems))

@@ -214,10 +214,10 @@ def test_evaluate_says_it_judges_by_the_reference_model_when_none_is_given(tmp_p
     code, _, _ = run("solve", [str(reqs), "--solver", "dpfill", "--out", str(tmp_path / "out"), "--quiet"], capsys)
     assert code == 0
     plan = tmp_path / "out" / "plan_r.jsonl"
-    code, _, err = run("evaluate", [str(reqs), str(plan)], capsys)
-    assert code == 0 and "judged by the reference cost model (no --cost-model or --device-profile given)" in err
-    code, _, err = run("evaluate", [str(reqs), str(plan), "--cost-model", "reference"], capsys)
-    assert code == 0 and "judged by" not in err
+    code, out, _ = run("evaluate", [str(reqs), str(plan)], capsys)
+    assert code == 0 and "note: judged by the reference cost model (no --cost-model or --device-profile given)" in out
+    code, out, _ = run("evaluate", [str(reqs), str(plan), "--cost-model", "reference"], capsys)
+    assert code == 0 and "judged by" not in out
 
 
 # ---------------------------------------------------------------- one --time-limit for the whole run
