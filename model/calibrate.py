@@ -1,8 +1,9 @@
 """Fit a device profile to measured step times and write it as a [device] TOML table.
 
-    python -m model.calibrate MEASUREMENTS.csv --out PROFILE.toml [--report DIR]
-        [--decode-split auto|none|N] [--compile-ms X] [--kv-capacity-tokens N] [--name NAME]
-        [--stack gaudi|nxdi --max-num-seqs N --max-num-batched-tokens N ...]
+    python -m model.calibrate measurements.csv --out profile.toml --report fit/
+    python -m model.calibrate measurements.csv --out profile.toml --compile-ms 45000 --kv-capacity-tokens 2000000
+    python -m model.calibrate measurements.csv --out profile.toml --stack gaudi --max-num-seqs 64 \\
+        --max-num-batched-tokens 8192 --block-size 128
 
 Prints the fit of each phase (rows, R^2, mean and max relative error), then writes
 the profile -- and with ``--report`` one predicted-vs-measured PNG per phase -- all
@@ -25,8 +26,9 @@ from typing import TYPE_CHECKING
 
 from model.base.errors import InputError
 from model.base.numbers import float_flag, int_flag, integer_text
-from model.cli_common import run_main
+from model.cli_common import CommandParser, run_main
 from model.cli_json import JsonOut, add_json_arg, json_output, json_targets
+from model.deploy.serving_flags import SERVER_EXAMPLES
 from model.load.outputs import Target, check_targets, files_in, write_together
 
 if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
@@ -169,24 +171,35 @@ def check_loads_back(text: str, profile: DeviceProfile, target: Path, server: Se
         raise AssertionError(f"server table does not load back: {table} != {server}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+def build_parser() -> argparse.ArgumentParser:
+    """The calibrate command's flags (heavy modules imported here run after run_main's signal handlers are set)."""
     from model.calibration.fit import DEFAULT_COMPILE_MS
 
-    parser = argparse.ArgumentParser(prog="python -m model.calibrate", description=__doc__.split("\n")[0])
-    parser.add_argument("measurements", type=Path, help="CSV: phase,batch_size,seq_len,ms[,weight]")
-    parser.add_argument("--out", type=Path, required=True, help="profile TOML to write")
-    parser.add_argument("--report", type=Path, help="folder for prefill.png and decode.png")
-    parser.add_argument("--decode-split", default="auto", help="auto (default), none, or the first large batch size")
+    parser = CommandParser("model.calibrate", __doc__)
+    parser.add_argument("measurements", type=Path,
+                        help="CSV of measured step times: phase,batch_size,seq_len,ms[,weight], e.g. measurements.csv")
+    parser.add_argument("--out", type=Path, required=True, help="profile TOML to write, e.g. --out profile.toml")
+    parser.add_argument("--report", type=Path, help="folder for prefill.png and decode.png, e.g. --report fit/")
+    parser.add_argument("--decode-split", default="auto",
+                        help="auto (default), none, or the first batch size decode_large prices, e.g. "
+                             "--decode-split 32")
     parser.add_argument("--compile-ms", type=float_flag("--compile-ms"), default=None,
-                        help=f"compile time per shape, not measurable from step times (default {DEFAULT_COMPILE_MS:g})")
+                        help=f"compile time per shape in ms, not measurable from step times, e.g. --compile-ms 45000 "
+                             f"(default {DEFAULT_COMPILE_MS:g})")
     parser.add_argument("--kv-capacity-tokens", type=int_flag("--kv-capacity-tokens"), default=None,
-                        help="KV-cache capacity in tokens")
-    parser.add_argument("--name", help="profile name (default: 'calibrated from <measurements file>')")
+                        help="KV-cache capacity in tokens, e.g. --kv-capacity-tokens 2000000")
+    parser.add_argument("--name", help="profile name, e.g. --name 'llama-8b trn1 tp2' (default: 'calibrated from "
+                                                 "<measurements file>')")
     for key in SERVER_KEYS:
         parser.add_argument(flag_name(key), type=str if key == "stack" else int_flag(flag_name(key)), default=None,
                             help=f"[server] {key} (serving mode; with any of these the table is written, else a "
-                                 "commented skeleton)")
+                                 f"commented skeleton), e.g. {SERVER_EXAMPLES[key]}")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    parser = build_parser()
     add_json_arg(parser)
     args = parser.parse_args(argv)
     with json_output(args.json) as sink:

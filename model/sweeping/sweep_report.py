@@ -45,7 +45,7 @@ def settings_table(settings: SweepSettings) -> Table:
             ("swept limit", f"{settings.sweep_limit} x {', '.join(f'{f:g}' for f in settings.factors)}"
              if settings.sweep_limit else "none (limits as given)"),
             ("planners", ", ".join(settings.solvers)),
-            ("MIP backend, time limit per point", f"{settings.backend}, {settings.time_limit:g} s"),
+            ("MIP backend, time limit for the whole sweep", f"{settings.backend}, {settings.time_limit:g} s"),
             ("K tolerance (recommend the smallest K within it)", f"{settings.tolerance:.1%}"),
             ("a limit binds when its margin is below", f"{settings.bind_threshold:.0%} of the limit")]
     return Table(("setting", "value"), tuple(rows))
