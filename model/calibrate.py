@@ -1,9 +1,16 @@
 """Fit a device profile to measured step times and write it as a [device] TOML table.
 
-    python -m model.calibrate MEASUREMENTS.csv --out PROFILE.toml [--report DIR]
+    python -m model.calibrate FILE... --out PROFILE.toml [--report DIR]
         [--decode-split auto|none|N] [--compile-ms X] [--kv-capacity-tokens N] [--name NAME]
+        [--columns phase=COL,batch_size=COL,seq_len=COL,ms=COL]      (a timing log with its own columns)
+        [--batch-size N --context-length N --seq-len N]              (NxD Inference reports without a config)
+        [--model NAME --tp N]                                        (a DistServe profile of several)
         [--stack gaudi|nxdi --max-num-seqs N --max-num-batched-tokens N ...]
 
+Each FILE is told by its content (model/calibration/inputs.py): our measurements CSV, a
+per-step timing CSV with ``--columns``, NxD Inference ``benchmark_report.json`` files (one per
+run, placed by the ``neuron_config.json`` beside each or by flags), or DistServe's profile JSON
+(already fitted: taken as the profile, its assumptions written in the header).
 Prints the fit of each phase (rows, R^2, mean and max relative error), then writes
 the profile -- and with ``--report`` one predicted-vs-measured PNG per phase -- all
 together or not at all: bad input exits 2 with ``file:line`` and leaves every
@@ -30,6 +37,7 @@ from model.load.outputs import Target, check_targets, files_in, write_together
 
 if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
     from model.calibration.fit import Calibration, Split
+    from model.calibration.inputs import Read
     from model.cost.device import DeviceProfile
     from model.domain.server import ServerSettings
 
@@ -144,10 +152,15 @@ def profile_toml(cal: Calibration, note_lines: list[str], server: list[str] | No
     head = [f"# Device profile fitted by shapeplan-calibrate (model/calibrate.py) from {comment_text(cal.source)}",
             "# by non-negative least squares on relative error (see model/calibration/fit.py). Fit per phase:"]
     head += [f"#   {line}" for line in fit_lines(cal)]
-    head += [f"# {comment_text(line)[1:-1]}" for line in note_lines]
+    return profile_text(cal.profile, head, note_lines, server)
+
+
+def profile_text(profile: DeviceProfile, head: list[str], note_lines: list[str], server: list[str] | None) -> str:
+    """Comment header lines, the notes as comments, the [device] table and the [server] table (or skeleton)."""
+    head = head + [f"# {comment_text(line)[1:-1]}" for line in note_lines]
     body = ["[device]"]
     for key in KEY_ORDER:
-        value = getattr(cal.profile, key)
+        value = getattr(profile, key)
         if value is None:
             continue
         body.append(f"{key} = {toml_string(value, '--name') if key == 'name' else _value(value)}")
@@ -173,12 +186,24 @@ def main(argv: list[str] | None = None) -> int:
     from model.calibration import fit_plots
     from model.calibration.fit import DEFAULT_COMPILE_MS, fit_profile
     from model.calibration.fit_plots import REPORT_FILES
-    from model.calibration.measurements import read_measurements
+    from model.calibration.inputs import Options, read_inputs
+    from model.calibration.measurements import parse_column_map
     from model.load.profile import MAX_COUNT, MAX_VALUE
     from model.load.server import server_settings
 
     parser = argparse.ArgumentParser(prog="python -m model.calibrate", description=__doc__.split("\n")[0])
-    parser.add_argument("measurements", type=Path, help="CSV: phase,batch_size,seq_len,ms[,weight]")
+    parser.add_argument("measurements", type=Path, nargs="+", metavar="FILE",
+                        help="CSV phase,batch_size,seq_len,ms[,weight]; a timing CSV with --columns; NxD Inference "
+                             "benchmark_report.json files; or a DistServe profile JSON (told by content)")
+    parser.add_argument("--columns", help="a timing CSV's columns: phase=COL,batch_size=COL,seq_len=COL,ms=COL "
+                        "(or seconds=COL)[,weight=COL]; other columns are ignored")
+    parser.add_argument("--batch-size", type=int_flag("--batch-size"), default=None,
+                        help="NxD Inference reports without a neuron_config.json beside them: the run's batch size")
+    parser.add_argument("--context-length", type=int_flag("--context-length"), default=None,
+                        help="... and its max_context_length (default: --seq-len)")
+    parser.add_argument("--seq-len", type=int_flag("--seq-len"), default=None, help="... and its seq_len")
+    parser.add_argument("--model", help="a DistServe profile of several models: which one")
+    parser.add_argument("--tp", help="a DistServe profile: which tensor-parallel degree")
     parser.add_argument("--out", type=Path, required=True, help="profile TOML to write")
     parser.add_argument("--report", type=Path, help="folder for prefill.png and decode.png")
     parser.add_argument("--decode-split", default="auto", help="auto (default), none, or the first large batch size")
@@ -191,13 +216,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(flag_name(key), type=str if key == "stack" else int_flag(flag_name(key)), default=None,
                             help=f"[server] {key} (serving mode; with any of these the table is written, else a "
                                  "commented skeleton)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # files may come after flags: calibrate A.json --tp 1 B.json
     targets = [Target("--out", args.out, "file", "give the path of the profile TOML to write")]
     if args.report is not None:
         targets += [Target("--report", args.report, "folder", "give a folder for prefill.png and decode.png"),
                     *files_in("--report", args.report, REPORT_FILES)]
-    check_targets(targets, [args.measurements])  # before anything is read or fitted
+    besides = [p.parent / "neuron_config.json" for p in args.measurements]
+    check_targets(targets, [*args.measurements, *(p for p in besides if p.is_file())])  # before any reading
     split = parse_split(args.decode_split)
+    for flag in ("--batch-size", "--context-length", "--seq-len"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and value < 1:
+            raise InputError(flag, None, None, f"must be a positive integer, got {value}")
     compile_ms = DEFAULT_COMPILE_MS if args.compile_ms is None else args.compile_ms
     if not (math.isfinite(compile_ms) and compile_ms >= 0):
         raise InputError("--compile-ms", None, None, f"must be a finite non-negative number, got {compile_ms}")
@@ -211,9 +241,16 @@ def main(argv: list[str] | None = None) -> int:
                          f"must be at most {MAX_COUNT} (2**53), got {args.kv_capacity_tokens}")
     given = {key: getattr(args, key) for key in SERVER_KEYS}
     server = server_settings(None, given) if any(v is not None for v in given.values()) else None
-    name = args.name if args.name is not None else f"calibrated from {args.measurements.name}"
-    cal = fit_profile(read_measurements(args.measurements), split, compile_ms, args.kv_capacity_tokens, name)
-    note_lines = notes(cal, args.compile_ms is not None)
+    options = Options(parse_column_map(args.columns) if args.columns is not None else None, args.batch_size,
+                      args.context_length, args.seq_len, args.model, args.tp)
+    read = read_inputs(args.measurements, options)
+    if read.distserve_text is not None:
+        return write_distserve(args, read, compile_ms, server, given)
+    name = args.name if args.name is not None else \
+        f"calibrated from {', '.join(p.name for p in args.measurements)}"
+    assert read.measurements is not None
+    cal = fit_profile(read.measurements, split, compile_ms, args.kv_capacity_tokens, name)
+    note_lines = [*input_notes(read.kinds), *notes(cal, args.compile_ms is not None)]
     text = profile_toml(cal, note_lines, server_lines(server, given))
     check_loads_back(text, cal.profile, args.out, server)
     files = {args.out: text.encode("utf-8")}
@@ -222,6 +259,47 @@ def main(argv: list[str] | None = None) -> int:
     write_together({path: [data] for path, data in files.items()})
     print("\n".join(fit_lines(cal) + note_lines))
     print("wrote " + ", ".join(str(p) for p in files))
+    return 0
+
+
+def input_notes(kinds: tuple[str, ...]) -> list[str]:
+    """What was assumed to turn NxD Inference benchmark reports into rows (nothing for CSV rows)."""
+    if "nxdi" not in kinds:
+        return []
+    return ["NxD Inference reports: prefill row = context_encoding_model latency_ms_p50 at ctx_batch_size x "
+            "max_context_length (ASSUMED: the benchmark's prompt fills the context window); decode row = "
+            "token_generation_model latency_ms_avg at tkg_batch_size and the mean context (max_context_length + "
+            "seq_len) / 2 (ASSUMED: the steps run evenly from the prompt's end to seq_len)"]
+
+
+def write_distserve(args: argparse.Namespace, read: Read, compile_ms: float, server: ServerSettings | None,
+                    given: dict[str, object]) -> int:
+    """A DistServe profile: its chosen coefficients written as ours (nothing fitted, nothing to draw)."""
+    from model.calibration.distserve import read_entry
+
+    if args.report is not None:
+        raise InputError("--report", None, None, "a DistServe profile holds fitted coefficients, no measurements "
+                         "to draw")
+    if args.decode_split != "auto":
+        raise InputError("--decode-split", None, None, "a DistServe profile brings its own split "
+                         "(decoding_large_small_bs_threshold)")
+    assert read.distserve_text is not None
+    text_in, data, source = read.distserve_text
+    entry = read_entry(text_in, data, source, args.model, args.tp, compile_ms, args.kv_capacity_tokens, args.name)
+    compile_note = (f"compile_ms = {compile_ms:g} ms from --compile-ms" if args.compile_ms is not None else
+                    f"compile_ms = {compile_ms:g} ms is ASSUMED (default): DistServe's profile is of a GPU, which "
+                    "compiles nothing; set it with --compile-ms")
+    kv_note = (f"kv_capacity_tokens = {args.kv_capacity_tokens} from --kv-capacity-tokens"
+               if args.kv_capacity_tokens else "kv_capacity_tokens not set: DistServe keeps it in "
+               "max_num_tokens.csv; set it with --kv-capacity-tokens")
+    note_lines = [*entry.notes, compile_note, kv_note]
+    head = [f"# Device profile written by shapeplan-calibrate (model/calibrate.py) from the DistServe profile "
+            f"{comment_text(source)}", "# (model/calibration/distserve.py says how its terms map onto ours)."]
+    text = profile_text(entry.profile, head, note_lines, server_lines(server, given))
+    check_loads_back(text, entry.profile, args.out, server)
+    write_together({args.out: [text.encode("utf-8")]})
+    print("\n".join(note_lines))
+    print(f"wrote {args.out}")
     return 0
 
 
