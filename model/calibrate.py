@@ -117,7 +117,7 @@ def notes(cal: Calibration, compile_given: bool) -> list[str]:
 
 
 SERVER_SKELETON = [
-    "# Serving mode (python -m model.replay, shared/serving_model.md) also reads a [server] table: fill it in and",
+    "# Serving mode (python -m model.replay, docs/serving_model.md) also reads a [server] table: fill it in and",
     "# uncomment it, or give these settings as flags of model.calibrate or model.replay. In [device],",
     "# runtime_compile_ms = N prices a graph compiled while serving (default: compile_ms).",
     "# [server]",

@@ -40,3 +40,15 @@ def test_every_stack_has_an_audit_config():
 def test_the_serving_example_profile_loads_with_its_server_table():
     profile, server = load_profile_file(REPO / "data" / "examples" / "serving" / "profile.toml")
     assert profile.kv_capacity_tokens and server is not None
+
+
+def test_every_file_the_readme_names_under_data_or_docs_is_shipped():
+    """The README's commands and links refer to files a clone has (no ../shared, no file to make first)."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    named = set(re.findall(r"(?<![\w/.])((?:data/examples|docs)/[\w./*-]+\w)", text))
+    assert {"docs/cost_model.md", "docs/serving_model.md", "data/examples/audit/neuron.json"} <= named
+    for name in sorted(named):
+        assert list(REPO.glob(name)), name
+    assert "shared/cost_model.md" not in text and "shared/serving_model.md" not in text
