@@ -106,7 +106,7 @@ def devices_figure(uses: Sequence[DeviceUse]) -> Figure:
     for i, use in reversed(list(enumerate(uses))):
         edges, d = use.steps(use.total_devices)  # empty windows step down to 0, without a point each
         minutes = edges * use.window_s / 60.0
-        (line,) = ax.step(minutes, d, where="post", ls=LINE_STYLES[i % len(LINE_STYLES)],
+        (line,) = ax.step(minutes, d, where="post", ls=LINE_STYLES[i % len(LINE_STYLES)], color=f"C{i % 10}",
                           lw=1.4 + 1.4 * (count - 1 - i) if i else 1.4, zorder=3 + count - i,
                           label=f"{use.planner} (peak {use.peak()}, mean {use.mean():.2f}, {len(use.shapes)} shapes)",
                           gid=LINE_GID + use.planner)

@@ -79,7 +79,7 @@ def window_figure(by_window: dict[float, Sequence[SweepRow]], tolerance: float, 
         note = "" if planner in keep else f" (above the frame: over {NEAR:g}x the MIP)"
         cost_ax.plot(xs, [np.nan if r[3] is None else r[3] * scale for r in mine], label=planner + note,
                      gid=WINDOW_GID + planner, **kw)
-        if all(r[7] is not None for r in mine):
+        if planner in keep and all(r[7] is not None for r in mine):  # the others would only crowd the devices
             dev_ax.plot(xs, [r[7] for r in mine], label=f"{planner} mean", **kw)
             dev_ax.plot(xs, [r[6] for r in mine], label=f"{planner} peak", **{**kw, "ls": ":", "lw": 1.0,
                                                                                  "marker": "^"})
@@ -101,7 +101,7 @@ def window_figure(by_window: dict[float, Sequence[SweepRow]], tolerance: float, 
     cost_ax.set_ylabel(f"total cost ({unit})")
     cost_ax.set_title("Cost against the batching window")
     dev_ax.set_ylabel("devices needed (devices)")
-    dev_ax.set_title("Devices needed (mean: solid, peak: dotted)")
+    dev_ax.set_title(f"Devices needed: mean, peak dotted (within {NEAR:g}x the MIP)")
     return fig
 
 
