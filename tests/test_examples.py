@@ -43,7 +43,7 @@ def test_the_serving_example_profile_loads_with_its_server_table():
 
 
 def test_every_file_the_readme_names_under_data_or_docs_is_shipped():
-    """The README's commands and links refer to files a clone has (no ../shared, no file to make first)."""
+    """The README's commands and links refer to files a clone has (nothing outside the repository, no file to make first)."""
     import re
 
     text = (REPO / "README.md").read_text()
