@@ -7,7 +7,7 @@ from model.base.axes import nice_ticks, plain_number
 
 def test_tick_labels_are_plain_and_exact_for_lengths():
     assert [plain_number(v) for v in (16384, 2048.0, 0.5, 27.41, 123456, 3.2e6, 0)] == [
-        "16384", "2048", "0.5", "27.41", "123k", "3.2M", "0"]
+        "16384", "2048", "0.5", "27.41", "123.5k", "3.2M", "0"]
 
 
 def test_log_ticks_are_powers_of_two_for_lengths_and_1_2_5_for_times():

@@ -34,14 +34,14 @@ def nice_ticks(lo: float, hi: float, most: int = 9, twos: bool = True) -> list[f
 
 
 def plain_number(value: float) -> str:
-    """A tick label: 256, 16384, 0.5, 120k, 3.2M -- short, exact for integers below 100,000, no exponents."""
+    """A tick label: 256, 16384, 0.5, 123.5k, 3.2M -- short (4 digits), exact for integers below 100,000."""
     if value == 0:
         return "0"
     if abs(value) < 1e5 and float(value).is_integer():
         return str(int(value))
     for threshold, divisor, suffix in ((1e9, 1e9, "G"), (1e6, 1e6, "M"), (1e5, 1e3, "k")):
         if abs(value) >= threshold:
-            return f"{value / divisor:.3g}{suffix}"
+            return f"{value / divisor:.4g}{suffix}"
     return f"{value:.4g}"
 
 

@@ -49,7 +49,7 @@ NEAR = 1.6  # a planner "matters" to the y-range when it comes within this many 
 
 def cost_unit(device: bool) -> tuple[float, str]:
     """(factor, label) for cost axes: device-ms shown as device-hours, the reference model's unitless cost as is."""
-    return (1 / 3_600_000.0, "device-hours") if device else (1.0, "cost units (reference model)")
+    return (1 / 3_600_000.0, "device-hours") if device else (1.0, "reference-model cost units")
 
 
 def style(i: int, planner: str) -> dict:
@@ -166,8 +166,6 @@ def plot_breakdown(totals: Sequence[PlannerTotal], point: SweepPoint, path: Path
     batch per request).  Bars far taller than the cheapest are cut at ``BAR_CLIP`` times it and labelled with
     their total, so the close ones stay readable; each bar carries its total above it.
     """
-    from matplotlib.ticker import FuncFormatter
-
     from model.base.axes import plain_number
 
     scale, unit = cost_unit(device)
@@ -191,13 +189,23 @@ def plot_breakdown(totals: Sequence[PlannerTotal], point: SweepPoint, path: Path
             ax.text(x, at * 1.01 if total <= top else top * 1.005, plain_number(total) + (" (cut)" if total > top
                     else ""), ha="center", va="bottom" if total <= top else "top", fontsize=8,
                     rotation=0 if total <= top else 90)
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: plain_number(v)))
+    plain_axes(ax)
     ax.set_xticks(xs, [t.planner + ("" if t.limits_met else "\n(breaks limits)") for t in here], fontsize=8)
     ax.set_ylabel(f"total cost, all buckets ({unit})")
     ax.set_title(f"Cost breakdown at {point.label()}")
     handles, labels = ax.get_legend_handles_labels()
     fig.legend(handles[::-1], labels[::-1], loc="outside right upper", fontsize=8, frameon=False)
     return saved(fig, path)
+
+
+def plain_axes(ax) -> None:
+    """Plain tick numbers on both linear axes (2.42e8 as 242M), never matplotlib's detached "1e8" offset."""
+    from matplotlib.ticker import FuncFormatter
+
+    from model.base.axes import plain_number
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: plain_number(v)))
 
 
 def frame(ax, rows: Sequence[SweepRow], scale: float = 1.0) -> None:
@@ -250,6 +258,7 @@ def plot_tradeoff(rows: Sequence[SweepRow], k: int, path: Path | None, device: b
         frame(ax, [r for r in mine if r.limits_met and r.cost is not None], scale)
         ax.set_xlabel("sequential time (ms)")
         ax.set_ylabel(f"cost ({unit})")
+        plain_axes(ax)
         ax.set_title(f"{bucket}: {here[0].sweep_limit} swept, K={k}")
         ax.grid(True, alpha=0.3)
         legend_below(ax, columns=3, fontsize=7)
