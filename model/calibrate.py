@@ -246,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     read = read_inputs(args.measurements, options)
     if read.distserve_text is not None:
         return write_distserve(args, read, compile_ms, server, given)
-    name = args.name if args.name is not None else \
-        f"calibrated from {', '.join(p.name for p in args.measurements)}"
+    files = args.measurements
+    name = args.name if args.name is not None else (f"calibrated from {files[0].name}" if len(files) == 1 else
+                                                     f"calibrated from {len(files)} files ({files[0]}, ...)")
     assert read.measurements is not None
     cal = fit_profile(read.measurements, split, compile_ms, args.kv_capacity_tokens, name)
     note_lines = [*input_notes(read.kinds), *notes(cal, args.compile_ms is not None)]

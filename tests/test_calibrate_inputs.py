@@ -173,6 +173,12 @@ def test_bad_column_maps(text: str, expected: str):
     assert info.value.file == "--columns"
 
 
+def test_a_neuron_config_given_as_input_says_where_it_belongs(tmp_path: Path, capsys):
+    config = reports()[0].parent / "neuron_config.json"
+    status, text, _ = run([config, "--out", tmp_path / "p.toml"], capsys)
+    assert status == 2 and f"{config}:1:" in text and "give the benchmark_report.json beside it" in text
+
+
 def test_out_over_a_neuron_config_beside_a_report_is_refused(tmp_path: Path, capsys):
     folder = tmp_path / "run"
     shutil.copytree(reports()[0].parent, folder)

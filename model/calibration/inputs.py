@@ -55,9 +55,11 @@ def kind_of(text: str, source: str) -> tuple[str, dict | None]:
     if distserve.looks_like_profile(data):
         return "distserve", data
     keys = ", ".join(list(data)[:6]) or "none"
+    hint = (f" (the compiled model's {nxdi_report.CONFIG_FILE}? give the benchmark_report.json beside it: the "
+            "config is read from there)" if "neuron_config" in data else "")
     raise InputError(source, 1, None, f"a JSON object that is neither an NxD Inference benchmark report (sections "
                      f"{nxdi_report.PREFILL_SECTION}, {nxdi_report.DECODE_SECTION}) nor a DistServe profile (model "
-                     f"-> TP -> prefill, decoding_smallbs, ...); its keys: {keys}")
+                     f"-> TP -> prefill, decoding_smallbs, ...); its keys: {keys}{hint}")
 
 
 def read_inputs(paths: list[Path], options: Options) -> Read:
