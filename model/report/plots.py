@@ -105,7 +105,8 @@ def heatmap_figure(problem: Problem, hists: Sequence[Histogram], batchings: Sequ
         counts, _, _ = np.histogram2d(hist.S, hist.G, bins=(xedges, yedges), weights=hist.count)
         mesh = ax.pcolormesh(xedges, yedges, np.ma.masked_equal(counts.T, 0), cmap="viridis",
                              norm=log_norm(vmin=1, vmax=max(1.0, counts.max())))
-        fig.colorbar(mesh, ax=ax, label="requests (log scale)")
+        bar = fig.colorbar(mesh, ax=ax, label="requests per cell (log scale)")
+        plain_log_axis(bar.ax.yaxis, 1.0, max(1.0, float(counts.max())), twos=False)
         shown_shapes = [int(s) for s in np.unique(batchings[b].shape_of)] if batchings is not None else []
         right = float(min(max(xedges[-1], 1.08 * max([longest, *shown_shapes, 0])), 4 * xedges[-1]))
         if batchings is not None:
