@@ -14,6 +14,7 @@ from model.report.tables import fmt
 from model.sweeping.grid import base_factor
 from model.sweeping.recommend import recommend
 from model.sweeping.runner import MIP, SweepRow
+from model.sweeping.sweep_plots import NEAR
 from model.sweeping.sweep_report import k_table
 from model.sweeping.table import csv_bytes, planner_totals
 
@@ -62,7 +63,7 @@ def window_figure(by_window: dict[float, Sequence[SweepRow]], tolerance: float, 
     is compared with; a planner above the frame is named in the legend.  Lines have their own marker and dash,
     the MIP thick and on top; the legends sit under the panels."""
     from model.base.axes import legend_below
-    from model.sweeping.sweep_plots import NEAR, cost_unit, style
+    from model.sweeping.sweep_plots import cost_unit, style
 
     scale, unit = cost_unit(device)
     data = summary_rows(by_window, tolerance)
@@ -132,7 +133,7 @@ def window_report(folder: Path, by_window: dict[float, Sequence[SweepRow]], tole
     for the command to write together (all of them or none)."""
     png = folder / "windows.png"
     image = Image(png, "Cost and devices needed against the window length, one line per planner; both panels are "
-                       "framed by the planners within 1.6x the MIP's cost, and the devices panel draws only those.",
+                       f"framed by the planners within {NEAR:g}x the MIP's cost; the devices panel draws only those.",
                   png_bytes(window_figure(by_window, tolerance, device)))
     blocks = [Heading(title, 1), *window_blocks(by_window, tolerance), image, *per_window_k_tables(by_window)]
     return {csv_path: csv_bytes([r for rows in by_window.values() for r in rows]),
