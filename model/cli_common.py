@@ -94,6 +94,15 @@ class CommandParser(argparse.ArgumentParser):
             self.error(unknown_arguments(extras, flags))
         return parsed
 
+    def parse_intermixed_args(self, args=None, namespace=None):
+        """As argparse's (positionals may follow flags), with the same "did you mean" for a misspelt flag."""
+        argv = list(sys.argv[1:] if args is None else args)
+        flags = list(self._option_string_actions)
+        typos = unknown_flags(argv, flags)
+        if typos:
+            self.error(unknown_arguments(typos, flags))
+        return super().parse_intermixed_args(argv, namespace)
+
     def _check_value(self, action, value):  # argparse's hook for choices=
         if action.choices is not None and value not in action.choices:
             near = closest(str(value), action.choices)

@@ -305,7 +305,8 @@ def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str
             by_window[w] = run_sweep(windowed(problem, w, "--windows"), points, solvers, args.backend, args.time_limit,
                                      step, budget).rows
     if args.report:
-        files = window_report(args.report, by_window, args.tolerance, f"Batching window sweep: {source}", out)
+        files = window_report(args.report, by_window, args.tolerance, f"Batching window sweep: {source}", out,
+                              device=problem.cost.device_time)
     else:
         files = {out: csv_bytes([r for rows in by_window.values() for r in rows])}
     # the window whose recommendation costs least is the summary's choice (each length's limits hold)

@@ -200,7 +200,8 @@ def audit_report_files(folder: Path, result: AuditResult, source: str, config_so
     """report.md, report.html and heatmap.png (both shape sets over the traffic) as bytes, to write together."""
     today, opt = result.sides
     hists = [build_histogram(b) for b in result.problem.buckets]
-    fig = heatmap_figure(result.problem, hists, None, ((today.label, result.config), (opt.label, opt.shapes)))
+    used = today.shapes if today.cost is not None else None  # the legend counts what today's plan uses too
+    fig = heatmap_figure(result.problem, hists, None, ((today.label, result.config, used), (opt.label, opt.shapes)))
     png = folder / "heatmap.png"
     image = Image(png, f"Requests over (aligned prompt, gen_len), log counts; lines: today's shapes (from "
                        f"{config_source}) and the {opt.label}.", png_bytes(fig))
