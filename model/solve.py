@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,6 +48,10 @@ log = logging.getLogger("shapeplan")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from model.solve_serving import main_serving, serving_requested
+
+    if serving_requested(sys.argv[1:] if argv is None else argv):  # its own flags: model/solve_serving.py
+        return main_serving(argv)
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
     from model import pipeline
     from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args, parse_fraction
