@@ -61,7 +61,8 @@ def parser() -> argparse.ArgumentParser:
                                                            "planner tries caps up to it)" if key ==
                                                           "max_prefill_seqs" else ""))
     p.add_argument("--limit-graphs", type=int_flag("--limit-graphs"), help="at most N graphs compiled before serving")
-    p.add_argument("--max-warmup-s", type=float_flag("--max-warmup-s"), help="warm-up (compile_ms x graphs) at most S s")
+    p.add_argument("--max-warmup-s", type=float_flag("--max-warmup-s"),
+                   help="warm-up (compile_ms x graphs) at most S s")
     p.add_argument("--replicas", type=int_flag("--replicas"), default=1, help="replicas, dealt round-robin")
     p.add_argument("--rate-scale", type=float_flag("--rate-scale"), default=1.0, help="divide arrival times by this")
     p.add_argument("--slo-ttft-ms", type=float_flag("--slo-ttft-ms"), help="TTFT objective (ms)")

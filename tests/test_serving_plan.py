@@ -188,3 +188,81 @@ def test_the_gaudi_file_is_the_set_by_the_replays_reader(tmp_path):
     path.write_text(text)
     back = read_graph_set(path, "gaudi-file", replace(GAUDI_SERVER, max_prefill_seqs=2))
     assert back.graphs.prompt == graphs.prompt and back.graphs.decode == graphs.decode and not back.notes
+
+
+# ---------------------------------------------------------------- the command line
+
+def solve(folder, *extra):
+    from helpers import cli
+
+    return cli("model.solve", "requests.jsonl", "--cost-model", "serving", "--device-profile", "profile.toml",
+               *extra, cwd=folder)
+
+
+@pytest.fixture
+def example(tmp_path):
+    from replay_helpers import write_example
+
+    write_example(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.slow  # about 2 s: three command lines, the replay's and the export's imports among them
+def test_the_cli_writes_the_set_and_configs_the_stack_reads_back(example):
+    import json
+
+    from helpers import cli
+
+    done = solve(example, "--limit-graphs", "4", "--out", "plan", "--slo-ttft-ms", "5000")
+    assert done.returncode == 0, done.stderr
+    assert "gap 0.000% for the RECORDED demands" in done.stdout and "run-time compiles 0" in done.stdout
+    folder = example / "plan"
+    assert sorted(p.name for p in folder.iterdir()) == ["gaudi-buckets.txt", "graphs.json", "plan.json"]
+    check = cli("model.export", "--check", "plan/gaudi-buckets.txt", "--format", "gaudi-file", cwd=example)
+    assert check.returncode == 0, check.stdout + check.stderr
+    again = cli("model.replay", "requests.jsonl", "--device-profile", "profile.toml", "--graphs",
+                "plan/gaudi-buckets.txt", "--shapes-format", "gaudi-file", "--json", "-", cwd=example)
+    assert again.returncode == 0, again.stderr
+    reported = json.loads((folder / "plan.json").read_text())["replay"]
+    replayed = json.loads(again.stdout)
+    assert replayed["busy_ms"] == reported["busy_ms"] and replayed["runtime_compiles"]["count"] == 0
+    assert replayed["graphs"]["count"] == reported["graphs"]["count"] <= 4
+
+
+def test_the_cli_plans_nxdi(example):
+    done = solve(example, "--stack", "nxdi", "--limit-graphs", "4", "--out", "plan")
+    assert done.returncode == 0, done.stderr
+    assert (example / "plan" / "nxdi.json").is_file() and not (example / "plan" / "gaudi-buckets.txt").exists()
+
+
+def test_slos_no_set_meets_write_nothing(example):
+    done = solve(example, "--limit-graphs", "4", "--out", "plan", "--slo-ttft-ms", "1")
+    assert done.returncode == 1 and "nothing written" in done.stdout
+    assert not (example / "plan").exists()
+
+
+@pytest.mark.parametrize("extra, start", [
+    ((), "error: --limit-graphs: serving mode needs --limit-graphs N or --max-warmup-s S"),
+    (("--limit-graphs", "1"), "error: --limit-graphs: allows 1 graph"),
+    (("--limit-graphs", "0"), "error: --limit-graphs: must be a positive integer"),
+    (("--max-warmup-s", "nan"), "error: --max-warmup-s"),
+    (("--max-warmup-s", "15"), "error: --max-warmup-s: allows 1 graph"),
+    (("--limit-graphs", "4", "--slo-ttft-ms", "1", "--slo-quantile", "2"), "error: --slo-quantile"),
+    (("--limit-graphs", "4", "--replicas", "0"), "error: --replicas"),
+    (("--limit-graphs", "4", "--stack", "tpu"), "error: --stack"),
+    (("--limit-graphs", "4", "--backend", "nope"), "error: --backend"),
+    (("--limit-graphs", "4", "--out", "requests.jsonl"), "error: --out"),
+    (("--limit-graphs", "4", "--max-num-batched-tokens", "500"), "error: requests.jsonl:"),
+])
+def test_bad_inputs_exit_2_with_one_line(example, extra, start):
+    done = solve(example, *extra)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(start), lines
+    assert not (example / "plan").exists()
+
+
+def test_a_request_file_without_arrival_times_is_one_line(example):
+    (example / "requests.jsonl").write_text('{"request_id": 1, "prompt_len": 10, "gen_len": 2}\n')
+    done = solve(example, "--limit-graphs", "4")
+    assert done.returncode == 2 and "arrival" in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from model.serveplan.plan import Attempt, ServingPlan, recorded_gap_text
 from model.report.serving import settings_text, summary_json, summary_lines
+from model.serveplan.plan import Attempt, ServingPlan, recorded_gap_text
 
 
 def attempt_line(a: Attempt) -> str:

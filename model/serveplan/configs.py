@@ -62,10 +62,11 @@ def max_model_len(graphs: GraphSet, longest: int) -> int:
     return max(longest, *(s for _, s in graphs.prompt), *graphs.context, 1)
 
 
-def graphs_json(graphs: GraphSet, settings: ServerSettings) -> str:
-    """The replay's json of the set, with the settings beside it (the replay reads only the graph keys and stack)."""
+def graphs_json(graphs: GraphSet) -> str:
+    """The replay's json of the set (``model.replay --shapes-format json``)."""
     if graphs.stack == "gaudi":
-        body = {"stack": "gaudi", "prompt": [list(g) for g in graphs.prompt], "decode": [list(g) for g in graphs.decode]}
+        body = {"stack": "gaudi", "prompt": [list(g) for g in graphs.prompt],
+                "decode": [list(g) for g in graphs.decode]}
     else:
         body = {"stack": "nxdi", "context": list(graphs.context), "token_generation": list(graphs.token_generation)}
     return json.dumps(body, indent=1) + "\n"
@@ -175,7 +176,7 @@ def _read_back(fmt: str, text: str, graphs: GraphSet, settings: ServerSettings) 
 
 def write_all(graphs: GraphSet, settings: ServerSettings, longest: int, what: str) -> list[Written]:
     """Every registry format's file for the set, or why it is refused (each checked by reading it back)."""
-    out = [Written("graphs", GRAPHS_JSON, graphs_json(graphs, settings))]
+    out = [Written("graphs", GRAPHS_JSON, graphs_json(graphs))]
     for fmt in READERS:
         if fmt in NOT_GRAPHS:
             out.append(Written(fmt, None, None, NOT_GRAPHS[fmt]))

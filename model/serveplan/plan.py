@@ -179,7 +179,8 @@ def plan_cap(trace: Trace, spec: PlanSpec, cost: ServingCost, cap: int, deadline
                       "ones), so it would compile at run time")
             rounds.append(Round(graphs, busy, compiles, demands.cells(), None, None))
             return Attempt(cap, tuple(rounds), False, reason=reason, over_budget=True)
-        chosen = solve_cover(families, spec.max_graphs, spec.backend, max(0.5, min(MIP_MOST_S, deadline.left() * MIP_SHARE)))
+        limit = max(0.5, min(MIP_MOST_S, deadline.left() * MIP_SHARE))
+        chosen = solve_cover(families, spec.max_graphs, spec.backend, limit)
         if chosen.graphs is None:
             rounds.append(Round(graphs, busy, compiles, demands.cells(), chosen.report, None))
             if chosen.report.status.proven_infeasible:
