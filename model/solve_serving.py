@@ -95,6 +95,30 @@ def graph_cap(limit_graphs: int | None, max_warmup_s: float | None, compile_ms: 
     return n
 
 
+def replay_command(args: argparse.Namespace, chosen, table) -> str:
+    """The ``model.replay`` line that replays the written config (the flags where the set's settings differ from
+    the profile's [server] table: the bucket file states them, and a disagreement is an error)."""
+    config, fmt = ("gaudi-buckets.txt", "gaudi-file") if chosen.stack == "gaudi" else ("nxdi.json", "nxdi")
+    words = ["python -m model.replay", *map(str, args.requests), "--device-profile", str(args.device_profile),
+             "--graphs", str(args.out / config), "--shapes-format", fmt]
+    if args.columns:
+        words += ["--columns", args.columns]
+    if args.time_column:
+        words += ["--time-column", args.time_column]
+    if args.stack:
+        words += ["--stack", args.stack]
+    for key in ("max_num_seqs", "max_num_batched_tokens", "block_size", "ctx_batch_size"):
+        if getattr(args, key) is not None:
+            words += ["--" + key.replace("_", "-"), str(getattr(args, key))]
+    if chosen.stack == "gaudi":
+        words += ["--max-prefill-seqs", str(chosen.max_prefill_seqs)]
+    if args.replicas != 1:
+        words += ["--replicas", str(args.replicas)]
+    if args.rate_scale != 1.0:
+        words += ["--rate-scale", f"{args.rate_scale:g}"]
+    return " ".join(words)
+
+
 def main_serving(argv: list[str] | None = None) -> int:
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
     from model.base.runtime import Deadline
@@ -164,6 +188,8 @@ def main_serving(argv: list[str] | None = None) -> int:
     if files:
         write_together(files)
         print("wrote " + ", ".join(map(str, files)), file=out)
+    if args.out is not None:
+        print("replay the export: " + replay_command(args, result.best.settings, table), file=out)
     if args.json == "-":
         sys.stdout.write(text)
     return 0

@@ -227,6 +227,7 @@ def test_the_cli_writes_the_set_and_configs_the_stack_reads_back(example):
     replayed = json.loads(again.stdout)
     assert replayed["busy_ms"] == reported["busy_ms"] and replayed["runtime_compiles"]["count"] == 0
     assert replayed["graphs"]["count"] == reported["graphs"]["count"] <= 4
+    assert "replay the export: python -m model.replay requests.jsonl --device-profile profile.toml" in done.stdout
 
 
 def test_the_cli_plans_nxdi(example):
