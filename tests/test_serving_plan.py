@@ -267,3 +267,10 @@ def test_a_request_file_without_arrival_times_is_one_line(example):
     (example / "requests.jsonl").write_text('{"request_id": 1, "prompt_len": 10, "gen_len": 2}\n')
     done = solve(example, "--limit-graphs", "4")
     assert done.returncode == 2 and "arrival" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_rare_prompt_batch_gets_a_graph_inside_the_budget():
+    # 500 carries 1 step in 51: no quantile lands on it, and (2, 1024) passes the budget of 1024 tokens
+    demands = Demands(np.array([[1, 1000, 50], [2, 500, 1]]), np.array([[1, 8, 1]]))
+    prompt, _ = gaudi_families(demands, GAUDI_SERVER, COST, cap=2, longest=1010)
+    assert (2, 512) in prompt.candidates and not len(uncovered(prompt))

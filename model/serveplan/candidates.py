@@ -66,18 +66,36 @@ def batch_grid(most: int) -> list[int]:
     return out + [most]
 
 
+def _tight(cells: np.ndarray, grid: set[Graph], step: int, most) -> set[Graph]:
+    """Candidates for the demands no grid graph covers though a graph the stack keeps could: (n, x rounded up to
+    ``step`` but at most ``most(n, x)``), the demand's own batch, so that only demands no kept graph can cover
+    (a prompt batch whose n*s passes the token budget) are left uncovered."""
+    if not len(cells):
+        return set()
+    cand = np.asarray(sorted(grid), dtype=np.int64).reshape(-1, 2)
+    covered = ((cand[None, :, 0] >= cells[:, None, 0]) & (cand[None, :, 1] >= cells[:, None, 1])).any(axis=1)
+    out = set()
+    for n, x, _ in cells[~covered].tolist():
+        top = most(n, x)
+        if x <= top:
+            out.add((n, min(-(-x // step) * step, top)))
+    return out
+
+
 def gaudi_families(demands: Demands, settings: ServerSettings, cost: ServingCost, cap: int, longest: int,
                    grid: Grid = Grid()) -> tuple[Family, Family]:
     """gaudi's prompt candidates (B <= cap, B*S within the token budget) and decode candidates (B <= NB <= B *
     blocks of the longest request), each with its step time."""
     budget, bs = settings.max_num_batched_tokens, settings.block_size
     lengths = length_grid(demands.prompt, grid.lengths, grid.prompt_step, budget)
-    prompt = sorted((b, s) for b in batch_grid(cap) for s in lengths if b * s <= budget)
+    prompt = {(b, s) for b in batch_grid(cap) for s in lengths if b * s <= budget}
+    prompt = sorted(prompt | _tight(demands.prompt, prompt, grid.prompt_step, lambda n, x: budget // n))
     top_n = int(demands.decode[:, 0].max()) if len(demands.decode) else 1
     per_seq = -(-longest // bs)
     blocks = length_grid(demands.decode, grid.lengths, grid.decode_step)
     decode_b = sorted({*batch_grid(settings.max_num_seqs), top_n})
-    decode = sorted((b, nb) for b in decode_b for nb in blocks if b <= nb <= b * per_seq)
+    decode = {(b, nb) for b in decode_b for nb in blocks if b <= nb <= b * per_seq}
+    decode = sorted(decode | _tight(demands.decode, decode, grid.decode_step, lambda n, x: n * per_seq))
     return (Family("prompt", tuple(prompt), np.array([cost.prompt_ms(*g) for g in prompt]), demands.prompt),
             Family("decode", tuple(decode), np.array([cost.decode_ms(b, nb * bs) for b, nb in decode]),
                    demands.decode))
