@@ -47,15 +47,21 @@ def brute(families: tuple[Family, ...], n: int) -> float | None:
 def test_the_mip_is_the_brute_force_optimum_of_the_lookup(seed):
     rng = np.random.default_rng(seed)
     fams = []
+    slowdown = None if seed % 2 else 1.3  # odd seeds: no limit; even: a slowdown limit of 1.3
     for kind in ("prompt", "decode"):
         cands = sorted({(int(rng.integers(1, 4)), int(rng.integers(1, 8)) * 16) for _ in range(4)} | {(4, 128)})
         times = [1.0 + b * s * 0.02 + rng.random() for b, s in cands]
         cells = sorted({(int(rng.integers(1, 5)), int(rng.integers(1, 129)), int(rng.integers(0, 4)))
                         for _ in range(3)})
-        fams.append(family(kind, cands, times, cells))
+        exact = np.array([1.0 + n * x * 0.02 for n, x, _ in cells])
+        fams.append(Family(kind, tuple(cands), np.asarray(times), np.asarray(cells, dtype=np.int64).reshape(-1, 3),
+                           exact, slowdown))
     n = int(rng.integers(2, 5))
     got = solve_cover(tuple(fams), n)
     want = brute(tuple(fams), n)
+    if want is None:
+        assert got.graphs is None and got.report.status is Status.INFEASIBLE
+        return
     assert got.graphs is not None and sum(len(g) for g in got.graphs) <= n
     on_lookup = sum(lookup_ms(f, g) for f, g in zip(fams, got.graphs, strict=True))
     assert on_lookup == pytest.approx(want, rel=1e-9)
@@ -81,6 +87,16 @@ def test_the_graph_cap_binds_and_is_infeasible_below_a_cover():
     g = family("prompt", [(1, 100), (2, 50)], [1.0, 1.0], [(1, 90, 1), (2, 40, 1)])
     one = solve_cover((g,), 1)
     assert one.graphs is None and one.report.status is Status.INFEASIBLE
+
+
+def test_the_slowdown_limit_forbids_a_padded_graph():
+    exact = np.array([2.0, 10.0])
+    f = Family("decode", ((1, 20), (1, 600)), np.array([2.0, 10.0]), np.array([[1, 10, 5], [1, 500, 1]]), exact, 1.5)
+    assert solve_cover((f,), 1).report.status is Status.INFEASIBLE  # (1, 600) is 5x (1, 10)'s own time
+    two = solve_cover((f,), 2)
+    assert two.graphs == (((1, 20), (1, 600)),) and two.report.objective == pytest.approx(20.0)
+    loose = Family("decode", f.candidates, f.step_ms, f.cells, exact, 5.0)
+    assert solve_cover((loose,), 1).graphs == (((1, 600),),)
 
 
 def test_a_demand_with_no_steps_is_still_covered():

@@ -17,6 +17,8 @@ from model.serveplan.plan import Attempt, ServingPlan, recorded_gap_text
 def attempt_line(a: Attempt) -> str:
     """One cap's outcome in a line: rounds, stability, busy time of the final replay or why it was refused."""
     what = f"prefill cap {a.cap}" if a.settings is None or a.settings.stack == "gaudi" else "ctx batch " + str(a.cap)
+    if a.slowdown is not None:
+        what += f", steps at most {a.slowdown:g} x their own size's time"
     rounds = ", ".join(f"{r.busy_ms / 3.6e6:.4f} h" + (f" ({r.compiles} run-time compiles)" if r.compiles else "")
                        for r in a.rounds)
     state = "stable" if a.stable else "not stable"
@@ -54,7 +56,8 @@ def plan_lines(plan: ServingPlan) -> list[str]:
 def plan_json(plan: ServingPlan) -> str:
     """The chosen set, its settings and its replay (the replay's JSON), and the search, as JSON."""
     best = plan.best
-    doc: dict = {"attempts": [{"cap": a.cap, "stable": a.stable, "accepted": a.accepted, "reason": a.reason,
+    doc: dict = {"attempts": [{"cap": a.cap, "slowdown": a.slowdown, "stable": a.stable, "accepted": a.accepted,
+                               "reason": a.reason,
                                "rounds": [{"busy_ms": r.busy_ms, "runtime_compiles": r.compiles,
                                            "demands": r.cells} for r in a.rounds]} for a in plan.attempts],
                  "timed_out": plan.timed_out}

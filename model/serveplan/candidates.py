@@ -83,7 +83,7 @@ def _tight(cells: np.ndarray, grid: set[Graph], step: int, most) -> set[Graph]:
 
 
 def gaudi_families(demands: Demands, settings: ServerSettings, cost: ServingCost, cap: int, longest: int,
-                   grid: Grid = Grid()) -> tuple[Family, Family]:
+                   grid: Grid = Grid(), slowdown: float | None = None) -> tuple[Family, Family]:
     """gaudi's prompt candidates (B <= cap, B*S within the token budget) and decode candidates (B <= NB <= B *
     blocks of the longest request), each with its step time."""
     budget, bs = settings.max_num_batched_tokens, settings.block_size
@@ -96,22 +96,28 @@ def gaudi_families(demands: Demands, settings: ServerSettings, cost: ServingCost
     decode_b = sorted({*batch_grid(settings.max_num_seqs), top_n})
     decode = {(b, nb) for b in decode_b for nb in blocks if b <= nb <= b * per_seq}
     decode = sorted(decode | _tight(demands.decode, decode, grid.decode_step, lambda n, x: n * per_seq))
-    return (Family("prompt", tuple(prompt), np.array([cost.prompt_ms(*g) for g in prompt]), demands.prompt),
+    exact_p = np.array([cost.prompt_ms(n, x) for n, x, _ in demands.prompt.tolist()])
+    exact_d = np.array([cost.decode_ms(n, x * bs) for n, x, _ in demands.decode.tolist()])
+    return (Family("prompt", tuple(prompt), np.array([cost.prompt_ms(*g) for g in prompt]), demands.prompt,
+                   exact_p, slowdown),
             Family("decode", tuple(decode), np.array([cost.decode_ms(b, nb * bs) for b, nb in decode]),
-                   demands.decode))
+                   demands.decode, exact_d, slowdown))
 
 
 def nxdi_families(demands: Demands, settings: ServerSettings, cost: ServingCost,
-                  grid: Grid = Grid()) -> tuple[Family, Family]:
+                  grid: Grid = Grid(), slowdown: float | None = None) -> tuple[Family, Family]:
     """nxdi's context buckets (at ctx_batch_size) and token-generation buckets (at max_num_seqs), as pairs whose
     batch is 1 so the shared lookup (first covering pair) is nxdi's smallest covering bucket."""
     m = settings.max_num_seqs
     context = length_grid(demands.prompt, grid.lengths, grid.prompt_step)
     tkg = length_grid(demands.decode, grid.lengths, grid.nxdi_decode_step)
-    return (Family("prompt", tuple((1, s) for s in context),
-                   np.array([cost.prompt_ms(settings.ctx_batch_size, s) for s in context]), demands.prompt),
+    c = settings.ctx_batch_size
+    exact_p = np.array([cost.prompt_ms(c, x) for _, x, _ in demands.prompt.tolist()])
+    exact_d = np.array([cost.decode_ms(m, m * x) for _, x, _ in demands.decode.tolist()])
+    return (Family("prompt", tuple((1, s) for s in context), np.array([cost.prompt_ms(c, s) for s in context]),
+                   demands.prompt, exact_p, slowdown),
             Family("decode", tuple((1, s) for s in tkg), np.array([cost.decode_ms(m, m * s) for s in tkg]),
-                   demands.decode))
+                   demands.decode, exact_d, slowdown))
 
 
 def graph_set(stack: str, prompt: tuple[Graph, ...], decode: tuple[Graph, ...]) -> GraphSet:

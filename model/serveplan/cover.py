@@ -19,7 +19,10 @@ candidate) pair, not one per pair of pairs.  Demands with the same set of coveri
 candidates are merged first (their steps add), which loses nothing.  The objective is
 the busy time of the RECORDED steps (runtime compiles excluded: there are none), so
 the MIP's bound and gap are for those steps and those candidates only; another graph
-set changes the schedule, which only a replay can tell.
+set changes the schedule, which only a replay can tell.  An optional slowdown limit
+(latency: a padded step is slower for every request in it) forbids a demand the pairs
+whose graph runs it more than that many times slower than a graph of its own size: the
+pair's w_i - w_{i-1} is held at 0.
 """
 
 from __future__ import annotations
@@ -46,12 +49,32 @@ class Family:
     candidates: tuple[Graph, ...]
     step_ms: np.ndarray
     cells: np.ndarray
+    exact_ms: np.ndarray | None = None  # per demand: its step time on a graph of its own dimensions
+    slowdown: float | None = None  # a demand may run only on graphs at most this many times its exact time
 
     def __post_init__(self) -> None:
         if list(self.candidates) != sorted(set(self.candidates)):
             raise ValueError("candidates must be sorted and unique (the lookup order)")
         if len(self.step_ms) != len(self.candidates):
             raise ValueError("one step time per candidate")
+        if self.slowdown is not None and (self.exact_ms is None or len(self.exact_ms) != len(self.cells)):
+            raise ValueError("a slowdown limit needs every demand's exact step time")
+
+    def allowed(self) -> np.ndarray:
+        """(cells x candidates): the covering candidates a demand may run on under the slowdown limit.
+
+        A demand no covering candidate meets the limit for may run on its fastest covering
+        ones (the limit bounds padding; it cannot ask for a graph the grid lacks).
+        """
+        cover = self.cover()
+        if self.slowdown is None or not cover.size:
+            return cover
+        ok = cover & (self.step_ms[None, :] <= self.slowdown * self.exact_ms[:, None] * (1 + 1e-12))
+        none = ~ok.any(axis=1) & cover.any(axis=1)
+        if none.any():
+            times = np.where(cover[none], self.step_ms[None, :], np.inf)
+            ok[none] = cover[none] & (times <= times.min(axis=1, keepdims=True))
+        return ok
 
     def cover(self) -> np.ndarray:
         """Boolean (cells x candidates): candidate j can run demand i (batch >= n and length >= x)."""
@@ -99,30 +122,36 @@ def lookup_ms(family: Family, opened: tuple[Graph, ...], step_ms: Callable[[Grap
               ) -> float | None:
     """The recorded steps' time on ``opened`` by the stack's lookup (first covering graph in sorted order).
 
-    None when some demand has no covering graph.  The check on the MIP: it must agree.
-    ``step_ms`` prices graphs that are not candidates (by default only candidates are).
+    None when some demand has no covering graph, or (candidates only) lands on one its
+    slowdown limit forbids.  The check on the MIP: it must agree.  ``step_ms`` prices
+    graphs that are not candidates (by default only candidates are; the limit is then not checked).
     """
-    times = step_ms or dict(zip(family.candidates, family.step_ms.tolist(), strict=True)).__getitem__
+    index = {g: j for j, g in enumerate(family.candidates)}
+    allowed = family.allowed() if step_ms is None else None
+    times = step_ms or (lambda g: float(family.step_ms[index[g]]))
     order = sorted(opened)
     total = 0.0
-    for n, x, steps in family.cells.tolist():
+    for i, (n, x, steps) in enumerate(family.cells.tolist()):
         hit = next((g for g in order if g[0] >= n and g[1] >= x), None)
-        if hit is None:
+        if hit is None or (allowed is not None and not allowed[i, index[hit]]):
             return None
         total += steps * times(hit)
     return total
 
 
-def _merged(family: Family) -> tuple[list[np.ndarray], np.ndarray]:
-    """The covering candidates of each distinct cover set (ascending) and the steps of the demands sharing it."""
-    cover = family.cover()
+def _merged(family: Family) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """Per distinct (cover set, allowed set): the covering candidates (ascending), which of them the demand may
+    run on, and the steps of the demands sharing both."""
+    cover, allowed = family.cover(), family.allowed()
     if not len(cover):
-        return [], np.zeros(0)
-    keys, inverse = np.unique(np.packbits(cover, axis=1), axis=0, return_inverse=True)
+        return [], [], np.zeros(0)
+    keys, inverse = np.unique(np.packbits(np.concatenate([cover, allowed], axis=1), axis=1), axis=0,
+                              return_inverse=True)
     steps = np.bincount(inverse.ravel(), weights=family.cells[:, 2].astype(float), minlength=len(keys))
     first = np.zeros(len(keys), dtype=np.int64)
     first[inverse.ravel()[::-1]] = np.arange(len(cover))[::-1]
-    return [np.flatnonzero(cover[i]) for i in first], steps
+    covers = [np.flatnonzero(cover[i]) for i in first]
+    return covers, [allowed[i, c] for i, c in zip(first, covers, strict=True)], steps
 
 
 def build(families: tuple[Family, ...], max_graphs: int) -> tuple[MipArrays, list[int], int]:
@@ -134,11 +163,12 @@ def build(families: tuple[Family, ...], max_graphs: int) -> tuple[MipArrays, lis
     for f in families:
         offsets.append(total)
         total += len(f.candidates)
-    pair_cand, pair_cell, pair_first, pair_last, pair_coef = [], [], [], [], []
+    pair_cand, pair_cell, pair_first, pair_last, pair_coef, pair_ok = [], [], [], [], [], []
     cells = 0
     for f, off in zip(families, offsets, strict=True):
-        covers, steps = _merged(f)
-        for idx, w in zip(covers, steps, strict=True):
+        covers, oks, steps = _merged(f)
+        for idx, ok, w in zip(covers, oks, steps, strict=True):
+            pair_ok.append(ok)
             if idx.size == 0:
                 raise ValueError(f"a {f.kind} demand has no covering candidate")
             t = f.step_ms[idx]
@@ -157,6 +187,7 @@ def build(families: tuple[Family, ...], max_graphs: int) -> tuple[MipArrays, lis
     coef = np.concatenate(pair_coef) if pair_coef else np.zeros(0)
     first = np.concatenate(pair_first) if pair_first else np.zeros(0, dtype=bool)
     last = np.concatenate(pair_last) if pair_last else np.zeros(0, dtype=bool)
+    ok = np.concatenate(pair_ok) if pair_ok else np.zeros(0, dtype=bool)
     p = cand.size
     w = total + np.arange(p)  # the w column of each pair
     # row kinds, each one row per pair: (c) w_i - y >= 0; (b) w_i - w_{i-1} - y <= 0; (a) w_i - w_{i-1} >= 0
@@ -172,12 +203,15 @@ def build(families: tuple[Family, ...], max_graphs: int) -> tuple[MipArrays, lis
                            np.ones(a_pairs.size), -np.ones(a_pairs.size), np.ones(total)])
     n_rows = card + 1
     row_lo = np.concatenate([np.zeros(p), np.full(p, -np.inf), np.zeros(a_pairs.size), [-np.inf]])
-    row_hi = np.concatenate([np.full(p, np.inf), np.zeros(p), np.full(a_pairs.size, np.inf), [float(max_graphs)]])
+    # a pair the slowdown limit forbids takes no demand: w_i = w_{i-1} (w_i = 0 for a first pair)
+    row_hi = np.concatenate([np.full(p, np.inf), np.zeros(p), np.where(ok[a_pairs], np.inf, 0.0),
+                             [float(max_graphs)]])
     c = np.concatenate([np.zeros(total), coef])
     scale = max(1.0, float(np.abs(coef).max(initial=0.0)))
     lb = np.zeros(total + p)
     lb[total + np.flatnonzero(last)] = 1.0  # w_k = 1: every demand runs on a warm graph
     ub = np.ones(total + p)
+    ub[total + np.flatnonzero(first & ~ok)] = 0.0
     integer = np.concatenate([np.ones(total, dtype=bool), np.zeros(p, dtype=bool)])
     model = MipArrays(c / scale, lb, ub, integer, rows.astype(np.int64), cols.astype(np.int64), vals, row_lo, row_hi,
                       (Block("open", 0, total), Block("assign", total, total + p)),

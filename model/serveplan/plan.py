@@ -20,6 +20,12 @@ server's ceiling) and keeps going while a larger cap still helps.  The replay of
 chosen set, with the settings an export writes, is what is reported and what the SLOs
 are judged on; the MIP's gap is reported for what it is valid for: the recorded
 demands of the round that chose the set, over the candidate grid.
+
+The MIP minimises busy time, which says nothing of latency: a decode graph twice the
+size of a step's batch slows every request in it.  When the replay misses an SLO, the
+same cap is planned again with a slowdown limit (no recorded step may run on a graph
+more than 1.5, then 1.25, then 1.1 times slower than a graph of its own size), starting
+from the set before; the first level that meets the SLOs is kept.
 """
 
 from __future__ import annotations
@@ -37,9 +43,10 @@ from model.serveplan.cover import CoverReport, lookup_ms, solve_cover, uncovered
 from model.serveplan.demands import Demands, merged, replay_demands
 
 ROUNDS = 6  # replays of one cap: the set settles in two or three on the Azure traces
-PATIENCE = 2  # gaudi: caps tried past the best one before the search stops
+PATIENCE = 2  # gaudi: caps tried past the best one before the search stops (one more while none is accepted)
 MIP_SHARE = 0.25  # of the time left, for one MIP
 MIP_MOST_S = 60.0  # one MIP's own limit (the run's --time-limit bounds them all)
+SLOWDOWNS = (None, 1.5, 1.25, 1.1)  # step-time limits over a step's own-size graph, loosest first
 SETTLED = 1e-6  # relative: a set this close to the MIP's optimum on its own demands is a fixed point
 
 
@@ -55,6 +62,7 @@ class PlanSpec:
     rounds: int = ROUNDS
     grid: Grid = field(default_factory=Grid)
     caps: tuple[int, ...] | None = None  # gaudi prefill caps to try (default: powers of two up to the ceiling)
+    slowdowns: tuple[float | None, ...] = SLOWDOWNS  # tried in turn while the replay misses an SLO
 
 
 @dataclass(frozen=True)
@@ -76,12 +84,14 @@ class Attempt:
     cap: int
     rounds: tuple[Round, ...]
     stable: bool
+    slowdown: float | None = None
     graphs: GraphSet | None = None
     settings: ServerSettings | None = None
     summary: ReplaySummary | None = None
     mip: CoverReport | None = None  # the MIP that chose ``graphs``, on the demands of the round before
     reason: str | None = None
     over_budget: bool = False  # a prompt step no graph within the token budget covers (larger caps batch more)
+    slo_missed: bool = False  # refused only for the SLOs: a tighter slowdown limit may meet them
 
     @property
     def accepted(self) -> bool:
@@ -143,20 +153,23 @@ def settled(current: GraphSet, new: GraphSet, families, report: CoverReport, set
     return total <= report.objective * (1 + SETTLED)
 
 
-def _families(demands: Demands, settings: ServerSettings, cost: ServingCost, cap: int, longest: int, grid: Grid):
+def _families(demands: Demands, settings: ServerSettings, cost: ServingCost, cap: int, longest: int, grid: Grid,
+              slowdown: float | None):
     if settings.stack == "gaudi":
-        return gaudi_families(demands, settings, cost, cap, longest, grid)
-    return nxdi_families(demands, settings, cost, grid)
+        return gaudi_families(demands, settings, cost, cap, longest, grid, slowdown)
+    return nxdi_families(demands, settings, cost, grid, slowdown)
 
 
 def plan_cap(trace: Trace, spec: PlanSpec, cost: ServingCost, cap: int, deadline: Deadline,
-             tick: Callable[[], None] | None = None) -> Attempt:
-    """The loop for one prefill cap (gaudi) or for the server as it is (nxdi)."""
+             tick: Callable[[], None] | None = None, slowdown: float | None = None,
+             start: GraphSet | None = None, seen: list[Demands] | None = None) -> Attempt:
+    """The loop for one prefill cap (gaudi) or for the server as it is (nxdi), from ``start`` (default: the
+    dense set) with the demands ``seen`` before (kept covered; the list grows)."""
     base = replace(spec.settings, max_prefill_seqs=cap) if spec.settings.stack == "gaudi" else spec.settings
     longest = int((trace.prompt + trace.gen).max())
     pool = base.total_blocks(cost.profile.kv_capacity_tokens or 0)
-    graphs = dense_set(base.stack, base, cap, int(trace.prompt.max()), longest, pool)
-    seen: list[Demands] = []
+    graphs = start or dense_set(base.stack, base, cap, int(trace.prompt.max()), longest, pool)
+    seen = [] if seen is None else seen
     rounds: list[Round] = []
     best: tuple[float, GraphSet, CoverReport | None] | None = None
     stable = False
@@ -170,7 +183,7 @@ def plan_cap(trace: Trace, spec: PlanSpec, cost: ServingCost, cap: int, deadline
             best = (busy, graphs, chooser)
         demands = merged([found], seen)
         seen.append(found)
-        families = _families(demands, base, cost, cap, longest, spec.grid)
+        families = _families(demands, base, cost, cap, longest, spec.grid, slowdown)
         bad = uncovered(families[0])
         if len(bad):
             n, s, _ = (int(v) for v in bad[-1])
@@ -178,14 +191,14 @@ def plan_cap(trace: Trace, spec: PlanSpec, cost: ServingCost, cap: int, deadline
                       f"max_num_batched_tokens {base.max_num_batched_tokens} covers it (vllm-gaudi drops larger "
                       "ones), so it would compile at run time")
             rounds.append(Round(graphs, busy, compiles, demands.cells(), None, None))
-            return Attempt(cap, tuple(rounds), False, reason=reason, over_budget=True)
+            return Attempt(cap, tuple(rounds), False, slowdown, reason=reason, over_budget=True)
         limit = max(0.5, min(MIP_MOST_S, deadline.left() * MIP_SHARE))
         chosen = solve_cover(families, spec.max_graphs, spec.backend, limit)
         if chosen.graphs is None:
             rounds.append(Round(graphs, busy, compiles, demands.cells(), chosen.report, None))
             if chosen.report.status.proven_infeasible:
-                return Attempt(cap, tuple(rounds), False, reason=f"no {spec.max_graphs} graphs cover the recorded "
-                               "demands (proven by the MIP)")
+                return Attempt(cap, tuple(rounds), False, slowdown, reason=f"no {spec.max_graphs} graphs cover "
+                               "the recorded demands within the slowdown limit (proven by the MIP)")
             break
         new = graph_set(base.stack, *chosen.graphs)
         rounds.append(Round(graphs, busy, compiles, demands.cells(), chosen.report, new))
@@ -194,15 +207,17 @@ def plan_cap(trace: Trace, spec: PlanSpec, cost: ServingCost, cap: int, deadline
             break
         graphs, chooser = new, chosen.report
     if best is None:
-        return Attempt(cap, tuple(rounds), stable, reason="every replay of a chosen set compiled at run time "
-                       f"(after {len(rounds)} rounds)")
+        return Attempt(cap, tuple(rounds), stable, slowdown, reason="every replay of a chosen set compiled at "
+                       f"run time (after {len(rounds)} rounds)")
     chosen_set, mip = best[1], best[2]
     settings = final_settings(base, chosen_set)
     result = replay(trace, settings, chosen_set, cost, spec.replicas, tick=tick)
     summary = summarize(result, cost, spec.slo)
+    missed = slo_problem(summary)
     reason = f"the final replay compiled {len(summary.runtime_compiles)} graphs at run time" \
-        if summary.runtime_compiles else slo_problem(summary)
-    return Attempt(cap, tuple(rounds), stable, chosen_set, settings, summary, mip, reason)
+        if summary.runtime_compiles else missed
+    return Attempt(cap, tuple(rounds), stable, slowdown, chosen_set, settings, summary, mip, reason,
+                   slo_missed=reason is not None and reason == missed)
 
 
 def caps_to_try(spec: PlanSpec) -> tuple[int, ...]:
@@ -215,6 +230,22 @@ def caps_to_try(spec: PlanSpec) -> tuple[int, ...]:
     return tuple(batch_grid(min(s.max_prefill_seqs or s.max_num_seqs, s.max_num_seqs)))
 
 
+def plan_levels(trace: Trace, spec: PlanSpec, cost: ServingCost, cap: int, deadline: Deadline,
+                attempts: list[Attempt]) -> Attempt:
+    """One cap at each slowdown limit in turn, while the replay misses only the SLOs (each level starts from the
+    last one's set and keeps its demands covered); every attempt goes to ``attempts``, the last is returned."""
+    seen: list[Demands] = []
+    start = None
+    for slowdown in spec.slowdowns:
+        attempt = plan_cap(trace, spec, cost, cap, deadline, lambda: deadline.tick("serving plan"), slowdown, start,
+                           seen)
+        attempts.append(attempt)
+        if not attempt.slo_missed:
+            break
+        start = attempt.graphs
+    return attempt
+
+
 def plan(trace: Trace, spec: PlanSpec, cost: ServingCost, deadline: Deadline | None = None) -> ServingPlan:
     """Run the loop for each cap (stopping PATIENCE caps past the best) and keep the least busy accepted one."""
     deadline = deadline or Deadline.never()
@@ -223,16 +254,15 @@ def plan(trace: Trace, spec: PlanSpec, cost: ServingCost, deadline: Deadline | N
     since = 0
     for cap in caps_to_try(spec):
         try:
-            attempt = plan_cap(trace, spec, cost, cap, deadline, lambda: deadline.tick("serving plan"))
+            attempt = plan_levels(trace, spec, cost, cap, deadline, attempts)
         except DeadlineExceeded:
             return ServingPlan(tuple(attempts), best, timed_out=True)
-        attempts.append(attempt)
         if attempt.accepted and (best is None or attempt.summary.busy_ms < best.summary.busy_ms):
             best, since = attempt, 0
         else:
             since += 1
-            if since >= PATIENCE and best is not None:
-                break
+            if since >= (PATIENCE if best is not None else PATIENCE + 1):
+                break  # past the best, or nothing accepted three caps running
             if attempt.over_budget:
                 break  # a larger cap batches more prompts still: it cannot get inside the budget either
     return ServingPlan(tuple(attempts), best)
