@@ -290,3 +290,28 @@ def test_a_rare_prompt_batch_gets_a_graph_inside_the_budget():
     demands = Demands(np.array([[1, 1000, 50], [2, 500, 1]]), np.array([[1, 8, 1]]))
     prompt, _ = gaudi_families(demands, GAUDI_SERVER, COST, cap=2, longest=1010)
     assert (2, 512) in prompt.candidates and not len(uncovered(prompt))
+
+
+def test_the_graph_cap_from_the_warm_up_budget():
+    from model.solve_serving import graph_cap
+
+    assert graph_cap(None, 250.0, 10000.0) == 25  # 250 s of warm-up at 10 s a graph
+    assert graph_cap(24, 250.0, 10000.0) == 24 and graph_cap(30, 250.0, 10000.0) == 25
+    assert graph_cap(None, 1.0, 0.0) == 4096  # compiling is free: only the format's ceiling
+
+
+def test_the_json_on_stdout_is_the_only_stdout(example):
+    import json
+
+    done = solve(example, "--limit-graphs", "4", "--json", "-")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["replay"]["runtime_compiles"]["count"] == 0 and doc["mip"]["certifies"].startswith("the recorded")
+    assert "serving plan search" in done.stderr
+
+
+def test_serving_flags_do_not_change_the_other_modes():
+    from model.solve_serving import serving_requested
+
+    assert serving_requested(["a.jsonl", "--cost-model", "serving"]) and serving_requested(["--cost-model=serving"])
+    assert not serving_requested(["--cost-model", "device", "serving"]) and not serving_requested(["--cost-model"])
