@@ -315,3 +315,9 @@ def test_serving_flags_do_not_change_the_other_modes():
 
     assert serving_requested(["a.jsonl", "--cost-model", "serving"]) and serving_requested(["--cost-model=serving"])
     assert not serving_requested(["--cost-model", "device", "serving"]) and not serving_requested(["--cost-model"])
+
+
+def test_a_time_limit_before_any_set_is_exit_4_and_writes_nothing(example):
+    done = solve(example, "--limit-graphs", "4", "--time-limit", "0.001", "--out", "plan")
+    assert done.returncode == 4 and "nothing written" in done.stderr
+    assert not (example / "plan").exists()

@@ -45,6 +45,7 @@ from model.serveplan.demands import Demands, merged, replay_demands
 ROUNDS = 6  # replays of one cap: the set settles in two or three on the Azure traces
 PATIENCE = 2  # gaudi: caps tried past the best one before the search stops (one more while none is accepted)
 MIP_SHARE = 0.25  # of the time left, for one MIP
+MIP_LEAST_S = 0.5  # one MIP's limit when a quarter of the time left is less (never past the deadline)
 MIP_MOST_S = 60.0  # one MIP's own limit (the run's --time-limit bounds them all)
 SLOWDOWNS = (None, 1.5, 1.25, 1.1)  # step-time limits over a step's own-size graph, loosest first
 SETTLED = 1e-6  # relative: a set this close to the MIP's optimum on its own demands is a fixed point
@@ -175,6 +176,7 @@ def plan_cap(trace: Trace, spec: PlanSpec, cost: ServingCost, cap: int, deadline
     stable = False
     chooser: CoverReport | None = None
     for _ in range(spec.rounds):
+        deadline.tick("serving plan")  # between rounds too: a small trace's replay never reaches its own tick
         result = replay(trace, base, graphs, cost, spec.replicas, record=True, tick=tick)
         busy = sum(r.busy_ms for r in result.replicas)
         compiles = sum(len(r.compiled) for r in result.replicas)
@@ -192,7 +194,8 @@ def plan_cap(trace: Trace, spec: PlanSpec, cost: ServingCost, cap: int, deadline
                       "ones), so it would compile at run time")
             rounds.append(Round(graphs, busy, compiles, demands.cells(), None, None))
             return Attempt(cap, tuple(rounds), False, slowdown, reason=reason, over_budget=True)
-        limit = max(0.5, min(MIP_MOST_S, deadline.left() * MIP_SHARE))
+        deadline.tick("serving plan")
+        limit = min(MIP_MOST_S, max(deadline.left() * MIP_SHARE, min(MIP_LEAST_S, deadline.left())))
         chosen = solve_cover(families, spec.max_graphs, spec.backend, limit)
         if chosen.graphs is None:
             rounds.append(Round(graphs, busy, compiles, demands.cells(), chosen.report, None))
@@ -211,6 +214,7 @@ def plan_cap(trace: Trace, spec: PlanSpec, cost: ServingCost, cap: int, deadline
                        f"run time (after {len(rounds)} rounds)")
     chosen_set, mip = best[1], best[2]
     settings = final_settings(base, chosen_set)
+    deadline.tick("serving plan")
     result = replay(trace, settings, chosen_set, cost, spec.replicas, tick=tick)
     summary = summarize(result, cost, spec.slo)
     missed = slo_problem(summary)
