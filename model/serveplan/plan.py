@@ -171,6 +171,7 @@ def plan_cap(trace: Trace, spec: PlanSpec, cost: ServingCost, cap: int, deadline
     pool = base.total_blocks(cost.profile.kv_capacity_tokens or 0)
     graphs = start or dense_set(base.stack, base, cap, int(trace.prompt.max()), longest, pool)
     seen = [] if seen is None else seen
+    over: str | None = None  # the last prompt demand no kept graph covers
     rounds: list[Round] = []
     best: tuple[float, GraphSet, CoverReport | None] | None = None
     stable = False
@@ -187,13 +188,14 @@ def plan_cap(trace: Trace, spec: PlanSpec, cost: ServingCost, cap: int, deadline
         seen.append(found)
         families = _families(demands, base, cost, cap, longest, spec.grid, slowdown)
         bad = uncovered(families[0])
-        if len(bad):
+        if len(bad):  # no kept graph can run them: left to the replay, which refuses a set whose steps need them
             n, s, _ = (int(v) for v in bad[-1])
-            reason = (f"a prompt step batches {n} prompts up to {s} tokens: no graph within "
-                      f"max_num_batched_tokens {base.max_num_batched_tokens} covers it (vllm-gaudi drops larger "
-                      "ones), so it would compile at run time")
-            rounds.append(Round(graphs, busy, compiles, demands.cells(), None, None))
-            return Attempt(cap, tuple(rounds), False, slowdown, reason=reason, over_budget=True)
+            over = (f"a prompt step batched {n} prompts up to {s} tokens, which no graph within "
+                    f"max_num_batched_tokens {base.max_num_batched_tokens} covers (vllm-gaudi drops larger ones)")
+            keep = ~families[0].cover().any(axis=1)
+            families = (replace(families[0], cells=families[0].cells[~keep],
+                                exact_ms=None if families[0].exact_ms is None else families[0].exact_ms[~keep]),
+                        families[1])
         deadline.tick("serving plan")
         limit = min(MIP_MOST_S, max(deadline.left() * MIP_SHARE, min(MIP_LEAST_S, deadline.left())))
         chosen = solve_cover(families, spec.max_graphs, spec.backend, limit)
@@ -210,8 +212,9 @@ def plan_cap(trace: Trace, spec: PlanSpec, cost: ServingCost, cap: int, deadline
             break
         graphs, chooser = new, chosen.report
     if best is None:
+        why = f"; {over}" if over else ""
         return Attempt(cap, tuple(rounds), stable, slowdown, reason="every replay of a chosen set compiled at "
-                       f"run time (after {len(rounds)} rounds)")
+                       f"run time (after {len(rounds)} rounds){why}", over_budget=over is not None)
     chosen_set, mip = best[1], best[2]
     settings = final_settings(base, chosen_set)
     deadline.tick("serving plan")
