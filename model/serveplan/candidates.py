@@ -1,6 +1,7 @@
 """The graphs the MIP may open: a grid made from the recorded demands, inside what the stack accepts.
 
-Lengths come from the demands' step-weighted quantiles (the lengths where steps are),
+Lengths come from the demands' quantiles weighted by steps x step time (the lengths where
+the time is) and a geometric ladder over their range (so a rare slow tail has graphs near it),
 rounded up to a small granularity so that two replays whose demands differ by a few
 tokens give the same grid and the loop can settle; the largest demand is always in.
 Batches are powers of two up to the largest the family can need, plus that one.  Only
@@ -25,7 +26,8 @@ from model.serveplan.demands import Demands
 PROMPT_STEP = 32  # tokens: a prompt length's grid (the stack's own run-time rounding base)
 DECODE_STEP = 2  # KV blocks (gaudi) of a decode graph's grid
 NXDI_DECODE_STEP = 32  # tokens of an nxdi token-generation bucket's grid
-LENGTHS = 32  # grid points per family
+LENGTHS = 24  # time-weighted quantile points per family
+RATIO = 1.25  # and a geometric ladder of lengths, each this much above the one before
 
 
 @dataclass(frozen=True)
@@ -42,16 +44,25 @@ def _round_up(x: np.ndarray, step: int) -> np.ndarray:
     return -(-x // step) * step
 
 
-def length_grid(cells: np.ndarray, points: int, step: int, top: int | None = None) -> list[int]:
-    """Step-weighted quantiles of the demands' lengths (and the largest), rounded up to ``step``, at most ``top``."""
+def length_grid(cells: np.ndarray, points: int, step: int, top: int | None = None,
+                weight_ms: np.ndarray | None = None, ratio: float = RATIO) -> list[int]:
+    """Lengths where the time is: quantiles of the demands' lengths weighted by steps x step time (``weight_ms``,
+    per demand; steps alone without it), and a geometric ladder (``ratio``) from the shortest to the longest
+    demand so a rare, long and slow tail (2 % of prompts past 4k on conv, each 3x slower on a 14k graph) has
+    graphs near it; all rounded up to ``step``, at most ``top``."""
     if not len(cells):
         return []
     order = np.argsort(cells[:, 1], kind="stable")
-    x, w = cells[order, 1], cells[order, 2].astype(float) + 1e-9  # 0-step demands still count a little
+    w = cells[:, 2].astype(float) * (1.0 if weight_ms is None else weight_ms)
+    x, w = cells[order, 1], w[order] + 1e-9  # 0-step demands still count a little
     cum = np.cumsum(w) / w.sum()
     levels = (np.arange(1, points + 1)) / points
     picked = x[np.minimum(np.searchsorted(cum, levels - 1e-12), len(x) - 1)]
-    values = _round_up(np.append(picked, x.max()), step)
+    ladder, v = [], float(max(1, x.min()))
+    while v < x.max():
+        ladder.append(v)
+        v *= ratio
+    values = _round_up(np.ceil(np.concatenate([picked, ladder, [x.max()]])).astype(np.int64), step)
     if top is not None:
         values = np.minimum(values, top)
     return sorted({int(v) for v in values})
@@ -87,17 +98,17 @@ def gaudi_families(demands: Demands, settings: ServerSettings, cost: ServingCost
     """gaudi's prompt candidates (B <= cap, B*S within the token budget) and decode candidates (B <= NB <= B *
     blocks of the longest request), each with its step time."""
     budget, bs = settings.max_num_batched_tokens, settings.block_size
-    lengths = length_grid(demands.prompt, grid.lengths, grid.prompt_step, budget)
+    exact_p = np.array([cost.prompt_ms(n, x) for n, x, _ in demands.prompt.tolist()])
+    exact_d = np.array([cost.decode_ms(n, x * bs) for n, x, _ in demands.decode.tolist()])
+    lengths = length_grid(demands.prompt, grid.lengths, grid.prompt_step, budget, exact_p)
     prompt = {(b, s) for b in batch_grid(cap) for s in lengths if b * s <= budget}
     prompt = sorted(prompt | _tight(demands.prompt, prompt, grid.prompt_step, lambda n, x: budget // n))
     top_n = int(demands.decode[:, 0].max()) if len(demands.decode) else 1
     per_seq = -(-longest // bs)
-    blocks = length_grid(demands.decode, grid.lengths, grid.decode_step)
+    blocks = length_grid(demands.decode, grid.lengths, grid.decode_step, None, exact_d)
     decode_b = sorted({*batch_grid(settings.max_num_seqs), top_n})
     decode = {(b, nb) for b in decode_b for nb in blocks if b <= nb <= b * per_seq}
     decode = sorted(decode | _tight(demands.decode, decode, grid.decode_step, lambda n, x: n * per_seq))
-    exact_p = np.array([cost.prompt_ms(n, x) for n, x, _ in demands.prompt.tolist()])
-    exact_d = np.array([cost.decode_ms(n, x * bs) for n, x, _ in demands.decode.tolist()])
     return (Family("prompt", tuple(prompt), np.array([cost.prompt_ms(*g) for g in prompt]), demands.prompt,
                    exact_p, slowdown),
             Family("decode", tuple(decode), np.array([cost.decode_ms(b, nb * bs) for b, nb in decode]),
@@ -108,12 +119,11 @@ def nxdi_families(demands: Demands, settings: ServerSettings, cost: ServingCost,
                   grid: Grid = Grid(), slowdown: float | None = None) -> tuple[Family, Family]:
     """nxdi's context buckets (at ctx_batch_size) and token-generation buckets (at max_num_seqs), as pairs whose
     batch is 1 so the shared lookup (first covering pair) is nxdi's smallest covering bucket."""
-    m = settings.max_num_seqs
-    context = length_grid(demands.prompt, grid.lengths, grid.prompt_step)
-    tkg = length_grid(demands.decode, grid.lengths, grid.nxdi_decode_step)
-    c = settings.ctx_batch_size
+    m, c = settings.max_num_seqs, settings.ctx_batch_size
     exact_p = np.array([cost.prompt_ms(c, x) for _, x, _ in demands.prompt.tolist()])
     exact_d = np.array([cost.decode_ms(m, m * x) for _, x, _ in demands.decode.tolist()])
+    context = length_grid(demands.prompt, grid.lengths, grid.prompt_step, None, exact_p)
+    tkg = length_grid(demands.decode, grid.lengths, grid.nxdi_decode_step, None, exact_d)
     return (Family("prompt", tuple((1, s) for s in context), np.array([cost.prompt_ms(c, s) for s in context]),
                    demands.prompt, exact_p, slowdown),
             Family("decode", tuple((1, s) for s in tkg), np.array([cost.decode_ms(m, m * s) for s in tkg]),
