@@ -46,7 +46,7 @@ def serving_requested(argv: list[str]) -> bool:
 def parser() -> argparse.ArgumentParser:
     from model.replay import DEFAULT_TIME_FIELD, SERVER_KEYS
 
-    p = argparse.ArgumentParser(prog="python -m model.solve --cost-model serving", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m model.solve", description=__doc__.split("\n")[0])
     p.add_argument("requests", nargs="+", type=Path, help="request files with arrival times (JSONL, CSV, Parquet)")
     p.add_argument("--cost-model", choices=(MODE,), required=True)
     p.add_argument("--device-profile", type=Path, required=True, help="profile TOML: [device] and [server] tables")
