@@ -170,7 +170,8 @@ def test_nxdi_plans_buckets_that_cover_the_trace():
 
 
 def test_slos_the_replay_misses_refuse_every_cap():
-    got = plan(example_trace(), PlanSpec(GAUDI_SERVER, 4, Slo(ttft_ms=1.0)), COST)
+    got = plan(example_trace(), PlanSpec(GAUDI_SERVER, 4, Slo(ttft_ms=1.0), slowdowns=(None, 1.5)), COST)
+    assert [a.slowdown for a in got.attempts[:2]] == [None, 1.5]  # the tighter level is tried when the SLO fails
     assert got.best is None
     assert all(not a.accepted and a.reason.startswith("SLO missed") for a in got.attempts if a.summary is not None)
 
@@ -247,13 +248,22 @@ def test_the_cli_writes_the_set_and_configs_the_stack_reads_back(example):
 
 
 def test_the_cli_plans_nxdi(example):
+    import json
+
+    from helpers import cli
+
     done = solve(example, "--stack", "nxdi", "--limit-graphs", "4", "--out", "plan")
     assert done.returncode == 0, done.stderr
     assert (example / "plan" / "nxdi.json").is_file() and not (example / "plan" / "gaudi-buckets.txt").exists()
+    again = cli("model.replay", "requests.jsonl", "--device-profile", "profile.toml", "--stack", "nxdi", "--graphs",
+                "plan/nxdi.json", "--shapes-format", "nxdi", "--json", "-", cwd=example)
+    assert again.returncode == 0, again.stderr
+    reported = json.loads((example / "plan" / "plan.json").read_text())["replay"]
+    assert json.loads(again.stdout)["busy_ms"] == reported["busy_ms"]
 
 
 def test_slos_no_set_meets_write_nothing(example):
-    done = solve(example, "--limit-graphs", "4", "--out", "plan", "--slo-ttft-ms", "1")
+    done = solve(example, "--limit-graphs", "4", "--out", "plan", "--slo-ttft-ms", "1", "--max-prefill-seqs", "1")
     assert done.returncode == 1 and "nothing written" in done.stdout
     assert not (example / "plan").exists()
 
