@@ -170,7 +170,7 @@ def test_nxdi_plans_buckets_that_cover_the_trace():
 
 
 def test_slos_the_replay_misses_refuse_every_cap():
-    got = plan(example_trace(), PlanSpec(GAUDI_SERVER, 4, Slo(ttft_ms=1.0), slowdowns=(None, 1.5)), COST)
+    got = plan(example_trace(), PlanSpec(GAUDI_SERVER, 4, Slo(ttft_ms=1.0), caps=(1, 2), slowdowns=(None, 1.5)), COST)
     assert [a.slowdown for a in got.attempts[:2]] == [None, 1.5]  # the tighter level is tried when the SLO fails
     assert got.best is None
     assert all(not a.accepted and a.reason.startswith("SLO missed") for a in got.attempts if a.summary is not None)
