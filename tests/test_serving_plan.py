@@ -247,6 +247,7 @@ def test_the_cli_writes_the_set_and_configs_the_stack_reads_back(example):
     assert "replay the export: python -m model.replay requests.jsonl --device-profile profile.toml" in done.stdout
 
 
+@pytest.mark.slow  # two command lines, about 0.5 s on a quiet host
 def test_the_cli_plans_nxdi(example):
     import json
 
