@@ -203,7 +203,7 @@ def plan_cap(trace: Trace, spec: PlanSpec, cost: ServingCost, cap: int, deadline
             rounds.append(Round(graphs, busy, compiles, demands.cells(), chosen.report, None))
             if chosen.report.status.proven_infeasible:
                 return Attempt(cap, tuple(rounds), False, slowdown, reason=f"no {spec.max_graphs} graphs cover "
-                               "the recorded demands within the slowdown limit (proven by the MIP)")
+                               "the recorded demands within the slowdown limit (proven by the MIP for those demands)")
             break
         new = graph_set(base.stack, *chosen.graphs)
         rounds.append(Round(graphs, busy, compiles, demands.cells(), chosen.report, new))
