@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from model.base.errors import InputError
 from model.base.numbers import float_flag, int_flag, integer_text
 from model.cli_common import run_main
+from model.cli_json import JsonOut, add_json_arg, json_output, json_targets
 from model.load.outputs import Target, check_targets, files_in, write_together
 
 if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
@@ -170,12 +171,7 @@ def check_loads_back(text: str, profile: DeviceProfile, target: Path, server: Se
 
 def main(argv: list[str] | None = None) -> int:
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
-    from model.calibration import fit_plots
-    from model.calibration.fit import DEFAULT_COMPILE_MS, fit_profile
-    from model.calibration.fit_plots import REPORT_FILES
-    from model.calibration.measurements import read_measurements
-    from model.load.profile import MAX_COUNT, MAX_VALUE
-    from model.load.server import server_settings
+    from model.calibration.fit import DEFAULT_COMPILE_MS
 
     parser = argparse.ArgumentParser(prog="python -m model.calibrate", description=__doc__.split("\n")[0])
     parser.add_argument("measurements", type=Path, help="CSV: phase,batch_size,seq_len,ms[,weight]")
@@ -191,8 +187,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(flag_name(key), type=str if key == "stack" else int_flag(flag_name(key)), default=None,
                             help=f"[server] {key} (serving mode; with any of these the table is written, else a "
                                  "commented skeleton)")
+    add_json_arg(parser)
     args = parser.parse_args(argv)
-    targets = [Target("--out", args.out, "file", "give the path of the profile TOML to write")]
+    with json_output(args.json) as sink:
+        return run_calibrate(args, sink)
+
+
+def run_calibrate(args: argparse.Namespace, sink: JsonOut) -> int:
+    """Fit, check the profile text loads back, write it (with the pictures and the JSON) together, summarise."""
+    from model.calibration import fit_plots
+    from model.calibration.fit import DEFAULT_COMPILE_MS, fit_profile
+    from model.calibration.fit_plots import REPORT_FILES
+    from model.calibration.measurements import read_measurements
+    from model.deploy.summaries import calibrate_summary
+    from model.load.profile import MAX_COUNT, MAX_VALUE
+    from model.load.server import server_settings
+    from model.report.json_doc import DataTable, document, document_bytes
+    from model.report.summary import summary_lines
+
+    targets = [Target("--out", args.out, "file", "give the path of the profile TOML to write"),
+               *json_targets(args.json)]
     if args.report is not None:
         targets += [Target("--report", args.report, "folder", "give a folder for prefill.png and decode.png"),
                     *files_in("--report", args.report, REPORT_FILES)]
@@ -219,9 +233,17 @@ def main(argv: list[str] | None = None) -> int:
     files = {args.out: text.encode("utf-8")}
     if args.report is not None:
         files.update({args.report / file: data for file, data in fit_plots.report_pngs(cal).items()})
-    write_together({path: [data] for path, data in files.items()})
+    summary = calibrate_summary(cal, str(args.out))
+    fits = DataTable(("phase", "rows", "batch_sizes", "r2", "mean_rel_error", "max_rel_error", "coefficients"),
+                     ("", "rows", "requests", "", "share", "share", "ms, ms per token, ms per token^2 or request"),
+                     tuple((f.phase, f.rows, list(f.batch_sizes), f.r2, f.mean_rel_error, f.max_rel_error,
+                            list(f.coefficients)) for f in cal.fits))
+    data = document_bytes(document("calibrate", summary, {"fits": fits}))
+    write_together({path: [data] for path, data in files.items()} | sink.files(data))
     print("\n".join(fit_lines(cal) + note_lines))
-    print("wrote " + ", ".join(str(p) for p in files))
+    print("wrote " + ", ".join(str(p) for p in (*files, *sink.files(data))))
+    print("\n".join(summary_lines(summary)))
+    sink.emit(data)
     return 0
 
 

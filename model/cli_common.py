@@ -175,7 +175,7 @@ def dask_settings(args: argparse.Namespace):
     params = cost_params_from_toml(args.cost_params) if args.cost_params else None
     device = load_profile(args.device_profile) if getattr(args, "device_profile", None) else None
     cost = cost_from_flags(*flag_coefficients(args.cost_model, params, device))
-    if cost.batch_buckets is not None:
+    if cost.batch_buckets is not None or (cost.device_time and cost.params.auto_buckets):
         raise InputError("--engine", None, None, "dask does not support compiled batch sizes (batch_buckets in the "
                          "device profile): plan graphs with the memory engine")
     return Settings(limits=cli_limits(args), max_shapes=args.limit_shapes or 8, cost=cost,

@@ -23,20 +23,16 @@ from model.cli_common import (
     check_engine_flags,
     cli_limits,
     dask_settings,
+    given_inputs,
     run_main,
 )
+from model.cli_json import JsonOut, add_json_arg, cost_flag_given, input_words, json_output, json_targets
+from model.load.outputs import check_targets, write_together
 
 
 def main(argv: list[str] | None = None) -> int:
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
-    import numpy as np
-
-    from model import pipeline
     from model.deploy.flags import add_shape_args, add_window_args
-    from model.domain.schema import Evaluation
-    from model.evaluation.validate import evaluate_plans, time_text
-    from model.load.plans import read_plan
-    from model.report.tables import bucket_table, graph_totals, verdict
 
     parser = argparse.ArgumentParser(prog="python -m model.evaluate", description=__doc__.split("\n")[0])
     parser.add_argument("pairs", nargs="*", type=Path, help="REQUESTS PLAN pairs")
@@ -46,10 +42,27 @@ def main(argv: list[str] | None = None) -> int:
     add_shape_args(parser)
     add_window_args(parser, time_column=True)
     add_engine_args(parser)
+    add_json_arg(parser)
     args = parser.parse_args(argv)
     check_engine_flags(args, DASK_UNSUPPORTED)
-    if args.engine == "dask":
-        return main_dask(args)
+    check_targets(json_targets(args.json), given_inputs(args) + [Path(p) for p in [args.plans] if p])
+    with json_output(args.json) as sink:
+        return main_dask(args, sink) if args.engine == "dask" else evaluate_in_memory(args, sink)
+
+
+def evaluate_in_memory(args: argparse.Namespace, sink: JsonOut) -> int:
+    """The in-memory engine: load the requests and plans, judge every plan, print the tables and the summary."""
+    import numpy as np
+
+    from model import pipeline
+    from model.deploy.summaries import STACK_RULE, evaluate_summary
+    from model.domain.schema import Evaluation
+    from model.evaluation.validate import evaluate_plans, time_text
+    from model.load.plans import read_plan
+    from model.report.json_doc import bucket_rows, document, document_bytes
+    from model.report.summary import mode_note, summary_lines
+    from model.report.tables import bucket_table, graph_totals, verdict
+
     if args.scenario is not None:
         if args.pairs:
             raise InputError("<command line>", None, None, "give either --scenario or REQUESTS PLAN pairs, not both")
@@ -62,12 +75,17 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError("<command line>", None, None, "expected REQUESTS PLAN pairs (an even number of paths)")
         problem, _ = build_problem(args, args.pairs[0::2], limits=cli_limits(args))
         plan_files = args.pairs[1::2]
+    if problem.choose_buckets:
+        raise InputError("--batch-buckets", None, None, "auto chooses the buckets while planning; plans are judged "
+                         "under a list: give the one model.solve printed (\"batch buckets chosen by the planner\")")
     plans = tuple(read_plan(f) for f in plan_files)
+    check_targets(json_targets(args.json))  # against every file read (a scenario's requests, the plans)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, by bucket and plan file
         results, global_problems = evaluate_plans(problem, plans)
     for result, f in zip(results, plan_files, strict=True):
         pipeline.check_finite_metrics(Evaluation((result,), ()), str(f))
     print(f"cost model: {problem.cost.name}; shape cap K = {problem.max_shapes} per bucket and across all buckets")
+    print(mode_note(problem.cost, args.scenario is not None, cost_flag_given(args)))
     if problem.windowing is not None:
         w = problem.windowing
         print(f"arrival windows of {w.seconds:g} s from the first arrival, {time_text(w.origin_s)}: a batch must not "
@@ -76,13 +94,29 @@ def main(argv: list[str] | None = None) -> int:
         print(bucket_table(result, {"plan": str(f)}, problem.cost, problem.windowing))
     print(graph_totals(results, problem.cost))
     print(verdict(results, global_problems))
-    return 0 if all(r.ok for r in results) and not global_problems else 1
+    ok = all(r.ok for r in results) and not global_problems
+    summary = evaluate_summary(problem, results, ok, [str(f) for f in plan_files],
+                               input_words(args, "none") if args.scenario else
+                               [*map(str, args.pairs[0::2]), *input_words(args, "none")],
+                               pipeline.compare_run(problem, STACK_RULE))
+    print("\n".join(summary_lines(summary)))
+    finish(sink, document_bytes(document("evaluate", summary, {"buckets": bucket_rows(results, problem.cost)})))
+    return 0 if ok else 1
+
+
+def finish(sink: JsonOut, data: bytes) -> None:
+    """The JSON document to its file (whole or not at all) or to stdout."""
+    files = sink.files(data)
+    if files:
+        write_together(files)
+        print(f"wrote {sink.spec}")
+    sink.emit(data)
 
 
 DASK_UNSUPPORTED = ("--scenario", "--plans", "--window", "--time-column", "--shapes", "--shapes-from")
 
 
-def main_dask(args: argparse.Namespace) -> int:
+def main_dask(args: argparse.Namespace, sink: JsonOut) -> int:
     """``--engine dask``: REQUESTS (a folder or glob of partitions) PLAN (a plan dataset folder) pairs, judged
     partition-wise on the cluster with exact global metrics."""
     import numpy as np
@@ -94,6 +128,8 @@ def main_dask(args: argparse.Namespace) -> int:
     from model.distributed.read import check_unique_ids, partitions, request_frame
     from model.domain.schema import Evaluation
     from model.evaluation.validate import joint_shape_cap
+    from model.report.json_doc import bucket_rows, document, document_bytes
+    from model.report.summary import Certainty, Summary, cost_of, summary_lines
     from model.report.tables import bucket_table, verdict
 
     if not args.pairs or len(args.pairs) % 2:
@@ -119,7 +155,17 @@ def main_dask(args: argparse.Namespace) -> int:
     for result, (_, plan_src) in zip(results, pairs, strict=True):
         print(bucket_table(result, {"plan": plan_src.given}, settings.cost, None))
     print(verdict(results, global_problems))
-    return 0 if all(r.ok for r in results) and not global_problems else 1
+    ok = all(r.ok for r in results) and not global_problems
+    shapes = sorted({int(s) for r in results if r.metrics for s in r.metrics.shapes})
+    summary = Summary("evaluate", f"the plans in {', '.join(p.given for _, p in pairs)}: {len(shapes)} shapes "
+                      f"({', '.join(map(str, shapes))}) of K = {settings.max_shapes} allowed", ok,
+                      None if any(r.metrics is None for r in results) else
+                      cost_of(sum(r.metrics.cost for r in results), settings.cost), None,
+                      Certainty("evaluation", detail="the given plans judged exactly, partition-wise; an "
+                                "evaluation proves no bound"), tuple(shapes), settings.max_shapes)
+    print("\n".join(summary_lines(summary)))
+    finish(sink, document_bytes(document("evaluate", summary, {"buckets": bucket_rows(results, settings.cost)})))
+    return 0 if ok else 1
 
 
 def entry() -> None:

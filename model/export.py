@@ -8,7 +8,9 @@
 Reads every ``plan_*.jsonl`` in DIR.  F is one of gaudi-file, gaudi-env, nxdi, vllm-neuron,
 vllm-tpu, json (or list); ``model.serving.formats`` says what each writes.  The file holds
 exactly the graphs the plans run -- a batch of n requests at shape s runs the graph
-(n, s), and its decode graph covers s + the longest generation -- and the server
+(n, s), or (B, s) with B the smallest batch bucket >= n when the plans were made with
+batch buckets (``--batch-buckets LIST``, else the device profile's), and its decode graph
+covers s + the longest generation -- and the server
 settings the stack needs for them; a format that cannot express them is refused with
 the reason and the format that can.  The header and the printed line give the number
 of graphs the stack will compile and the warm-up (graphs x compile_ms of
@@ -43,6 +45,7 @@ from typing import TYPE_CHECKING
 from model.base.errors import InputError
 from model.base.numbers import int_flag
 from model.cli_common import run_main
+from model.cli_json import JsonOut, add_json_arg, json_output, json_targets
 from model.load.outputs import Target, check_targets, write_together
 
 if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
@@ -130,24 +133,39 @@ def regular_file(flag: str, path: Path) -> Path:
     return path
 
 
-def compile_time(device_profile: Path | None, scenario: Path | None) -> float | None:
-    """compile_ms of --device-profile, else of the scenario's device profile (None: no profile, no time)."""
+def device_settings(device_profile: Path | None, scenario: Path | None, buckets_flag: str | None
+                    ) -> tuple[float | None, tuple[int, ...] | None]:
+    """(compile_ms, batch buckets) of the plans' stack: --device-profile's, else the scenario's device profile;
+    ``--batch-buckets`` replaces the profile's buckets.  ``auto`` names no list: the export needs the one the
+    planner chose (model.solve prints it)."""
+    from model.cost.device import AUTO_BUCKETS
+    from model.deploy.flags import parse_batch_buckets
     from model.load.profile import load_profile
     from model.load.scenario import load_scenario
 
+    profile = None
     if device_profile is not None:
-        return load_profile(regular_file("--device-profile", device_profile)).compile_ms
-    if scenario is not None:
+        profile = load_profile(regular_file("--device-profile", device_profile))
+    elif scenario is not None:
         cost = load_scenario(scenario, load=False).cost
-        return cost.params.compile_ms if cost.device_time else None
-    return None
+        profile = cost.params if cost.device_time else None
+    given = parse_batch_buckets(buckets_flag)
+    auto = given == AUTO_BUCKETS or (given is None and profile is not None and profile.auto_buckets)
+    if auto:
+        raise InputError("--batch-buckets", None, None, "auto chooses the buckets while planning; the export needs "
+                         "the list the plans were made with: give the one model.solve printed (\"batch buckets "
+                         "chosen by the planner\")")
+    buckets = given if given is not None else profile.batch_buckets if profile is not None else None
+    return (profile.compile_ms if profile is not None else None), buckets
 
 
 def run_check(args: argparse.Namespace, block_size: int | None, max_model_len: int | None,
-              compile_ms: float | None) -> int:
+              compile_ms: float | None, sink: JsonOut, batch_buckets: tuple[int, ...] | None = None) -> int:
     """--check FILE: the graphs FILE makes its stack compile, and (with --plans) how they differ from the plans'."""
     from model.deploy.graph_check import GraphCheck, check_lines
     from model.load.plans import read_plan
+    from model.report.json_doc import DataTable, document, document_bytes
+    from model.report.summary import summary_lines
     from model.serving.formats import compile_config, planned
     from model.serving.plan_use import shape_uses
     from model.serving.settings import Setting, Settings, parse_flag
@@ -167,7 +185,7 @@ def run_check(args: argparse.Namespace, block_size: int | None, max_model_len: i
         files = plan_files(args.plans)
         buckets = plan_buckets(files, args.scenario, args.requests)
         known = dict(compiled.settings)
-        spec = ExportSpec(shape_uses([read_plan(f) for f in files], buckets),
+        spec = ExportSpec(shape_uses([read_plan(f) for f in files], buckets, batch_buckets),
                           known.get("block_size", DEFAULT_BLOCK_SIZE), known.get("max_model_len"), compile_ms)
         graphs, decode_known = planned(args.format, spec), spec.has_contexts
     elif args.scenario is not None or args.requests:
@@ -176,16 +194,39 @@ def run_check(args: argparse.Namespace, block_size: int | None, max_model_len: i
     print("\n".join(check_lines(result)))
     for note in compiled.notes:
         print(f"warning: {note}", file=sys.stderr)
+    summary = check_summary(result, args, compile_ms)
+    print("\n".join(summary_lines(summary)))
+    data = document_bytes(document("export", summary, {"graphs": DataTable(
+        ("kind", "dims"), ("", "the stack's dimensions (batch, tokens or blocks)"),
+        tuple((g.kind, list(g.dims)) for g in compiled.graphs))}))
+    if sink.files(data):
+        write_together(sink.files(data))
+        print(f"wrote {args.json}")
+    sink.emit(data)
     return 0 if result.ok else 1
+
+
+def check_summary(result, args: argparse.Namespace, compile_ms: float | None):
+    """export --check: the graphs the config compiles, their warm-up, whether they are the plans' graphs."""
+    from model.deploy.summaries import command_line
+    from model.report.summary import Certainty, Summary, device_cost
+
+    n = len(result.compiled.graphs)
+    same = "no plans to compare (give --plans)" if result.planned is None else \
+        "exactly the plans' graphs" if result.ok else "NOT the plans' graphs (see the differences above)"
+    nxt = ("the config is ready: start the server with it" if result.ok and result.planned is not None else
+           command_line("export", "--plans", args.plans or "DIR", "--format", args.format, "--out", "NEW_FILE")
+           + " (writes a config with exactly the plans' graphs)")
+    return Summary("export", f"{args.check} ({args.format}) makes the stack compile {n} graphs; {same}", result.ok,
+                   None if compile_ms is None else device_cost(n * compile_ms, None), None,
+                   Certainty("evaluation", detail="the graphs listed by the stack's own rules from the file"),
+                   None, None, None, nxt)
 
 
 def main(argv: list[str] | None = None) -> int:
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
-    from model.load.plans import read_plan
-    from model.serving.formats import WRITERS, planned, render
-    from model.serving.graphs import FREE_BATCH_NOTE, count_text
-    from model.serving.plan_use import shape_uses
-    from model.serving.spec import DEFAULT_BLOCK_SIZE, ExportSpec
+    from model.serving.formats import WRITERS
+    from model.serving.spec import DEFAULT_BLOCK_SIZE
 
     parser = argparse.ArgumentParser(prog="python -m model.export", description=__doc__.split("\n")[0])
     parser.add_argument("--plans", type=Path, help="folder of plan_*.jsonl")
@@ -201,39 +242,69 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=Path, nargs="+", default=[],
                         help="request files of the plans, <name>.jsonl for plan_<name>.jsonl")
     parser.add_argument("--device-profile", type=Path, help="device profile TOML: warm-up = graphs x its compile_ms")
+    parser.add_argument("--batch-buckets", help="the batch buckets the plans were made with (a batch of n runs in "
+                        "graph (B, shape), B the smallest bucket >= n); default: the device profile's, else each "
+                        "batch's own size")
     parser.add_argument("--server-settings", help="with --check: settings the config does not state, e.g. "
                         "max_num_batched_tokens=8192,max_num_seqs=64")
+    add_json_arg(parser)
     args = parser.parse_args(argv)
+    with json_output(args.json) as sink:
+        return run_export(args, sink)
+
+
+def run_export(args: argparse.Namespace, sink: JsonOut) -> int:
+    """Check a config (--check) or write the plans' graphs in the stack's format, with the summary."""
+    from model.deploy.summaries import export_summary
+    from model.load.plans import read_plan
+    from model.report.json_doc import DataTable, document, document_bytes
+    from model.report.summary import summary_lines
+    from model.serving.formats import WRITERS, planned, render
+    from model.serving.graphs import FREE_BATCH_NOTE, count_text
+    from model.serving.plan_use import shape_uses
+    from model.serving.spec import DEFAULT_BLOCK_SIZE, ExportSpec
+
     if args.format not in WRITERS:
         raise InputError("--format", None, None, f"unknown format {args.format!r} ({', '.join(WRITERS)})")
     block_size = positive_option("--block-size", args.block_size)
     max_model_len = positive_option("--max-model-len", args.max_model_len)
-    compile_ms = compile_time(args.device_profile, args.scenario)
+    compile_ms, batch_buckets = device_settings(args.device_profile, args.scenario, args.batch_buckets)
     if args.check is not None:
-        return run_check(args, block_size, max_model_len, compile_ms)
+        check_targets(json_targets(args.json), [args.check, *args.requests, *filter(None, [args.scenario])])
+        return run_check(args, block_size, max_model_len, compile_ms, sink, batch_buckets)
     for flag, value in (("--plans", args.plans), ("--out", args.out)):
         if value is None:
             raise InputError(flag, None, None, "required (or --check FILE to check a config)")
     if args.server_settings is not None:
         raise InputError("--server-settings", None, None, "only with --check: an export writes the settings its "
                          "graphs need")
-    target = [Target("--out", args.out, "file", "give the path of the file to write")]
+    target = [Target("--out", args.out, "file", "give the path of the file to write"), *json_targets(args.json)]
     check_targets(target, [*args.requests, *([args.scenario] if args.scenario else [])])  # before any reading
     files = plan_files(args.plans)
     plans = [read_plan(f) for f in files]
     buckets = plan_buckets(files, args.scenario, args.requests)
     check_targets(target)  # not one of the plans or requests just read
-    spec = ExportSpec(shape_uses(plans, buckets), block_size or DEFAULT_BLOCK_SIZE, max_model_len, compile_ms)
+    spec = ExportSpec(shape_uses(plans, buckets, batch_buckets), block_size or DEFAULT_BLOCK_SIZE, max_model_len,
+                      compile_ms)
     text = render(args.format, spec)
-    write_atomic(args.out, text)
     stack = args.format not in ("list", "json")  # shapeplan's own formats name no stack
-    graphs = count_text(planned(args.format if stack else "json", spec), compile_ms)
+    graph_list = planned(args.format if stack else "json", spec)
+    summary = export_summary(str(args.out), args.format, spec.shapes, len(graph_list), compile_ms, stack)
+    table = DataTable(("shape", "batch_sizes", "context"), ("tokens", "requests", "tokens"),
+                      tuple((u.shape, list(u.batch_sizes), u.context) for u in spec.uses))
+    data = document_bytes(document("export", summary, {"shapes": table}))
+    write_together({args.out: [text.encode("utf-8")]} | sink.files(data))  # the export and its JSON together
+    graphs = count_text(graph_list, compile_ms)
     print(f"wrote {args.out} ({args.format}) from {len(files)} plans: shapes {list(spec.shapes)}, "
           f"batch sizes {list(spec.batch_sizes)}; " + ("the stack compiles " if stack else "the plans run ") + graphs)
+    if sink.files(data):
+        print(f"wrote {args.json}")
     if compile_ms is None:
         print(f"note: {FREE_BATCH_NOTE}")
     if not spec.has_contexts:
         print("note: no --scenario or --requests, so no decode/context buckets (plans carry no generation lengths)")
+    print("\n".join(summary_lines(summary)))
+    sink.emit(data)
     return 0
 
 

@@ -41,8 +41,17 @@ from model.load.plans import write_plans
 from model.load.requests import Columns, load_requests
 from model.load.scenario import load_scenario
 from model.packers import PACKERS
+from model.planning.bucket_choice import (
+    auto_bound,
+    auto_problem,
+    bucket_moves,
+    full_batch_sizes,
+    used_buckets,
+    with_buckets,
+)
 from model.planning.contract import Candidates, Judged, select
 from model.planning.mip import plan_mip
+from model.planning.window_graphs import plan_windowed_graphs
 from model.planning.windowed import plan_windowed
 
 # The embedded default scenario: pyproject.toml installs the repository's data/ as the package model._data (no
@@ -78,7 +87,8 @@ class InputSpec:
     time_column: str | None = None  # read each request's arrival time from this column (request files only)
     window_s: float | None = None  # batch only requests arriving in the same window of this many seconds
     params_source: str | None = None  # the file ``params`` came from, named if its costs overflow
-    batch_buckets: tuple[int, ...] | None = None  # compiled batch sizes (device mode; None: the scenario's/profile's)
+    # compiled batch sizes (device mode; None: the scenario's/profile's; "auto": the planner chooses them)
+    batch_buckets: tuple[int, ...] | str | None = None
     max_graphs: int | None = None  # at most this many distinct graphs across all buckets (with batch buckets)
     max_warmup_s: float | None = None  # warm-up (compile time x distinct graphs) at most this many seconds
 
@@ -112,6 +122,8 @@ def load_problem(spec: InputSpec, default_scenario: Path | None = None) -> tuple
                           max_shapes=spec.max_shapes or 8, cost=cost, max_batch_size=spec.max_batch_size,
                           max_seq_len=spec.max_seq_len, allowed_shapes=spec.allowed_shapes)
     problem = with_graph_caps(problem, spec)
+    if problem.cost.device_time and problem.cost.params.auto_buckets:
+        problem = auto_problem(problem)  # the candidate buckets the planner chooses among
     check_seq_len(problem)
     check_fits(problem)
     if spec.params is not None or scenario is not None:
@@ -133,7 +145,8 @@ def with_graph_caps(problem: Problem, spec: InputSpec) -> Problem:
     """The problem under ``--limit-graphs`` and ``--max-warmup-s``: caps on graphs, which only a stack that
     compiles batch sizes has (with the batch free a cap would have the planner choose the buckets)."""
     for flag, value in (("--limit-graphs", spec.max_graphs), ("--max-warmup-s", spec.max_warmup_s)):
-        if value is not None and problem.cost.batch_buckets is None:
+        if value is not None and problem.cost.batch_buckets is None and not (
+                problem.cost.device_time and problem.cost.params.auto_buckets):
             raise InputError(flag, None, None, "caps compiled graphs (batch bucket, shape): give --batch-buckets "
                              "(or batch_buckets in the device profile or the scenario)")
     return replace(problem, max_graphs=spec.max_graphs, max_warmup_s=spec.max_warmup_s)
@@ -228,12 +241,17 @@ def plan(problem: Problem, solver: str = MIP, backend: str = "highs", time_limit
     """Run one planner by name: batchings for every bucket with a typed report (``contract.select``'s)."""
     check_kv_fits(problem)
     check_graph_cap(problem)
+    if problem.choose_buckets:
+        return plan_choosing(problem, solver, backend, time_limit)
+    return plan_fixed(problem, solver, backend, time_limit)
+
+
+def plan_fixed(problem: Problem, solver: str, backend: str, time_limit: float) -> Planned:
+    """``plan`` with the batch buckets (if any) given."""
     if solver == MIP:
         if problem.windowing is not None:
-            if problem.cost.batch_buckets is not None:
-                raise InputError("--window", None, None, "the windowed MIP planner does not plan compiled batch "
-                                 "sizes (batch buckets) yet; give --solver dpfill or another packer")
-
+            if problem.cost.batch_buckets is not None:  # candidates judged exactly, a bound priced at graphs
+                return plan_windowed_graphs(problem, backend=backend, time_limit=time_limit, judge=judge)
             return plan_windowed(problem, backend=backend, time_limit=time_limit, judge=judge)
         return plan_mip(problem, backend=backend, time_limit=time_limit, judge=judge)
     if solver not in PACKERS:
@@ -242,6 +260,111 @@ def plan(problem: Problem, solver: str = MIP, backend: str = "highs", time_limit
     chosen, report = select(Candidates((judge(problem, solver, PACKERS[solver](problem)),), None,
                                        f"packer:{solver}", "1", t0, Deadline.never()))
     return Planned(chosen.batchings, report, chosen.plans, chosen.evaluation)
+
+
+AUTO_BOUND_SHARE = 0.15  # of --time-limit kept for the bucket moves, the bound over every list and the judging
+
+
+def plan_choosing(problem: Problem, solver: str, backend: str, time_limit: float) -> Planned:
+    """``--batch-buckets auto``: plan over the candidate buckets, keep those the plan runs in, and report the
+    bound that holds for every choice of buckets (``model.planning.bucket_choice``).
+
+    Beside the planner's plan, dpfill under the same buckets and shapes and dpfill over every candidate are
+    judged (with the MIP), then a local search moves the buckets (``refine_buckets``), so the plan returned
+    never costs more than dpfill with the same graphs.  A proof of infeasibility over the candidates
+    is no proof for every list of buckets: it is reported as no plan found."""
+    t0 = time.perf_counter()
+    clock = Deadline.after(time_limit)
+    fixed = replace(problem, choose_buckets=False)
+    try:
+        inner = plan_fixed(fixed, solver, backend, time_limit * (1 - AUTO_BOUND_SHARE))
+    except InfeasibleError as exc:
+        raise NoPlanFound(f"{exc} (with the candidate batch buckets {', '.join(map(str, fixed.cost.batch_buckets))}"
+                          "; not proven for every choice of buckets)") from None
+    starts = [under_used(problem, fixed, solver, inner.batchings)]
+    if solver == MIP:
+        shapes = tuple(sorted({int(s) for bt in inner.batchings for s in np.unique(bt.shape_of)}))
+        same = replace(with_buckets(problem, starts[0][1]), allowed_shapes=shapes)
+        for start in (same, fixed):  # dpfill under the plan's buckets and shapes, and over every candidate
+            try:
+                starts.append(under_used(problem, start, "dpfill", PACKERS["dpfill"](start)))
+            except (InfeasibleError, NoPlanFound):
+                continue
+    ok = [s for s in starts if s[0].acceptable] or starts[:1]
+    best, buckets = min(ok, key=lambda s: s[0].cost)
+    if solver == MIP and best.acceptable:
+        best, buckets = refine_buckets(problem, best, buckets, clock, time_limit)
+    final = judge(with_buckets(problem, buckets), best.name, best.batchings)
+    rep = inner.report
+    lead = (f"batch buckets chosen by the planner: {', '.join(map(str, buckets))} (among the candidates "
+            f"{', '.join(map(str, fixed.cost.batch_buckets))})",)
+    if best.name != solver:
+        lead += (f"a dpfill plan (under the {solver} plan's buckets and shapes, over every candidate, or after "
+                 f"moves of the buckets) is cheaper than the {solver} plan and is returned",)
+    bound = None
+    if rep.bound is not None:
+        bound = auto_bound(problem, clock)
+        lead += (f"the bound holds for every list of batch buckets up to {fixed.cost.batch_buckets[-1]}: the "
+                 "shape relaxation with the batch free (each member pays at least its full graph's share) under "
+                 "min(K, graph cap) shapes; the MIP's own bound holds only for lists of the candidates"
+                 + (f" ({fmt_float(rep.bound)})" if np.isfinite(rep.bound) else ""),)
+        if not np.isfinite(bound):
+            lead += ("the time limit cut the bound over every list of buckets short: no bound is reported",)
+            bound = None
+    notes = tuple(n for n in rep.notes if not n.startswith("the bound is"))
+    picked, report = select(Candidates((final,), bound, rep.backend, rep.version, t0, clock, rep.status, None,
+                                       lead + notes))
+    return Planned(picked.batchings, report, picked.plans, picked.evaluation, chosen_buckets=buckets)
+
+
+REFINE_UNTIL = 0.92  # of --time-limit: the bucket moves stop here (the bound and the final judging follow)
+
+
+def under_used(problem: Problem, planned_under: Problem, name: str, batchings: tuple[Batching, ...]
+               ) -> tuple[Judged, tuple[int, ...]]:
+    """A plan made under ``planned_under``'s buckets, judged under the ones its batches run in (which price it
+    the same, ``bucket_choice.used_buckets``), and those buckets."""
+    used = used_buckets(planned_under, batchings)
+    return judge(with_buckets(problem, used), name, batchings), used
+
+
+def refine_buckets(problem: Problem, best: Judged, buckets: tuple[int, ...], clock: Deadline, time_limit: float
+                   ) -> tuple[Judged, tuple[int, ...]]:
+    """Local search on the chosen bucket list with the plan's shapes fixed: each list one move away (a bucket
+    dropped, a full-batch size added or swapped in, ``bucket_choice.bucket_moves``) planned by dpfill and
+    judged exactly; the first that is cheaper and meets every limit (the graph cap included) is taken, until
+    no move helps or the clock says stop.  Every list tried is within the space the bound covers."""
+    shapes = tuple(sorted({int(s) for bt in best.batchings for s in np.unique(bt.shape_of)}))
+    top = problem.cost.batch_buckets[-1]
+    values = full_batch_sizes(problem, shapes, top)
+    stop = Deadline(clock.at - (1 - REFINE_UNTIL) * time_limit)
+    improved = True
+    while improved and not stop.expired():
+        improved = False
+        for move in bucket_moves(buckets, values):
+            if stop.expired():
+                break
+            trial = replace(with_buckets(problem, move), allowed_shapes=shapes)
+            try:
+                cand, used = under_used(problem, trial, "dpfill", PACKERS["dpfill"](trial))
+            except (InfeasibleError, NoPlanFound):
+                continue
+            if cand.acceptable and cand.cost < best.cost * (1 - 1e-12):
+                best, buckets, improved = cand, used, True
+                break
+    return best, buckets
+
+
+def fmt_float(value: float) -> str:
+    """A bound in a note: six significant digits."""
+    return f"{value:.6g}"
+
+
+def planned_problem(problem: Problem, planned: Planned) -> Problem:
+    """The problem a planner's plans hold under: with ``--batch-buckets auto`` the buckets it chose."""
+    if planned.chosen_buckets is None:
+        return problem
+    return with_buckets(problem, planned.chosen_buckets)
 
 
 def expand(problem: Problem, planned: Planned) -> tuple[Plan, ...]:

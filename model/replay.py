@@ -3,6 +3,8 @@
     python -m model.replay REQUESTS... --device-profile P.toml --graphs CONFIG --shapes-format F
         [--replicas R] [--rate-scale X] [--slo-ttft-ms T --slo-tpot-ms U --slo-quantile 0.95]
         [--json FILE | --json -] [--report DIR] [--time-limit S]
+    python -m model.replay ... --replicas auto --rate-scale 1 2 4 --slo-ttft-ms T [--slo-tpot-ms U]
+        [--max-replicas N] [--json FILE]
 
 The scheduler and its numbers are ``shared/serving_model.md``'s: every step admits
 waiting requests first come first served, runs a prompt graph and a decode graph, and
@@ -16,37 +18,50 @@ read as graphs (``model/serving/graphs.py``): ``json`` (gaudi ``{"prompt": [[B, 
 Prints busy device-hours, TTFT/TPOT/E2E percentiles, goodput, pad ratios, the graphs and
 their warm-up, and the graphs compiled at run time.  ``--json FILE`` writes the same at
 full precision (``-``: to stdout, the text then goes to stderr); outputs are written all
-together or not at all, and never over an input.  Exit status: 0 done; 2 bad input;
-4 the replay did not finish within --time-limit (nothing written); 130 / 143 interrupted.
+together or not at all, and never over an input.
+
+``--replicas auto`` is the capacity answer: at each rate scale, the fewest replicas whose
+replay meets the SLO quantiles (``model.evaluation.capacity``: 1, 2, 4, ... then bisection,
+count - 1 replayed and failing; at most --max-replicas, default 1024, else the row says
+so), printed as a table of rate, replicas, TTFT and TPOT at the quantile and busy share.
+--time-limit bounds the whole run.  Exit status: 0 done; 2 bad input; 4 the replay (or
+search) did not finish within --time-limit (nothing written); 130 / 143 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from model.base.errors import InputError, NoPlanFound
-from model.base.numbers import float_flag, int_flag
+from model.base.numbers import float_flag
 from model.base.runtime import Deadline, DeadlineExceeded
 from model.cli_common import check_time_limit, run_main
+from model.deploy.serving_flags import (
+    AUTO,
+    SCAN_BELOW,
+    SERVER_KEYS,
+    Capacity,
+    add_capacity_args,
+    add_server_args,
+    add_trace_args,
+    graph_warnings,
+    load_buckets,
+    parse_capacity,
+    parse_slo,
+    server_from_args,
+)
 from model.load.outputs import Target, check_targets, files_in, write_together
 
 if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
-    from model.evaluation.replay_metrics import Slo
     from model.evaluation.replay_run import Trace
 
-DEFAULT_TIME_FIELD = "arrival_s"
-MAX_REPLICAS = 1 << 16
-MAX_RATE_SCALE = 1e9
+__all__ = ["SERVER_KEYS", "main", "parse_slo", "parser"]  # SERVER_KEYS and parse_slo: the tests read them here
+
 GRAPH_FORMATS = ("json", "gaudi-file", "gaudi-env", "nxdi")  # model.serving.replay_graphs.GRAPH_FORMATS
-# the [server] keys (model.domain.server.SERVER_KEYS) and the report's files (model.report.serving_plots)
-SERVER_KEYS = ("stack", "max_num_seqs", "max_num_batched_tokens", "block_size", "max_prefill_seqs",
-               "ctx_batch_size")
-REPORT_FILES = ("timeline.png", "latency.png")
+REPORT_FILES = ("timeline.png", "latency.png")  # model.report.serving_plots
 SHOWN_NOTES = 10  # warnings about the graph config shown; the rest are counted
 
 
@@ -57,60 +72,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--graphs", type=Path, required=True, help="the compiled graph set (a serving config)")
     p.add_argument("--shapes-format", default="json", help=f"format of --graphs: {', '.join(GRAPH_FORMATS)} "
                                                            "(default json)")
-    p.add_argument("--server-settings", help="more settings the stack's graph rules read, e.g. max_model_len=16384 "
-                                              "(NAME=VALUE pairs, comma separated)")
-    p.add_argument("--columns", help="column mapping: 'azure' or PROMPT,GEN[,ID] (CSV/Parquet inputs)")
-    p.add_argument("--format", choices=("jsonl", "csv", "parquet"), help="input format (default: by suffix)")
-    p.add_argument("--time-column", help=f"arrival-time column (seconds or ISO 8601; default: {DEFAULT_TIME_FIELD} "
-                                         "when present, Azure's TIMESTAMP with --columns azure)")
-    for key in SERVER_KEYS:
-        flag = "--" + key.replace("_", "-")
-        p.add_argument(flag, type=str if key == "stack" else int_flag(flag), default=None,
-                       help=f"replaces [server] {key}")
-    p.add_argument("--replicas", type=int_flag("--replicas"), default=1,
-                   help="replicas serving the trace, dealt round-robin")
-    p.add_argument("--rate-scale", type=float_flag("--rate-scale"), default=1.0,
-                   help="divide arrival times by this (2: twice the rate)")
-    p.add_argument("--slo-ttft-ms", type=float_flag("--slo-ttft-ms"), help="TTFT objective (ms)")
-    p.add_argument("--slo-tpot-ms", type=float_flag("--slo-tpot-ms"), help="TPOT objective (ms)")
-    p.add_argument("--slo-quantile", help="the quantile the objectives are judged at (default 0.95)")
+    add_trace_args(p)
+    add_server_args(p)
+    add_capacity_args(p)
     p.add_argument("--json", help="write the numbers as JSON to this file ('-': stdout)")
     p.add_argument("--report", type=Path, help="folder for report pictures (running requests and step graphs over "
                                                "time, TTFT and TPOT distributions)")
     p.add_argument("--time-limit", type=float_flag("--time-limit"),
-                   help="seconds for the replay itself (default: no limit)")
+                   help="seconds for the whole run (default: no limit)")
     return p
-
-
-def positive_number(flag: str, value: float, most: float = math.inf) -> float:
-    """A finite number > 0 (and at most ``most``)."""
-    if not (0 < value <= most and math.isfinite(value)):
-        bound = "" if most == math.inf else f" up to {most:g}"
-        raise InputError(flag, None, None, f"must be a positive number{bound}, got {value}")
-    return value
-
-
-def parse_slo(args: argparse.Namespace) -> Slo | None:
-    """The SLO flags: bounds finite and non-negative, the quantile a decimal in (0, 1]."""
-    from model.evaluation.replay_metrics import Slo
-
-    for flag, value in (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms)):
-        if value is not None and not (0 <= value < math.inf):
-            raise InputError(flag, None, None, f"must be a finite non-negative number of ms, got {value}")
-    if args.slo_ttft_ms is None and args.slo_tpot_ms is None:
-        if args.slo_quantile is not None:
-            raise InputError("--slo-quantile", None, None, "needs --slo-ttft-ms or --slo-tpot-ms")
-        return None
-    quantile = Fraction(95, 100)
-    if args.slo_quantile is not None:
-        try:
-            quantile = Fraction(args.slo_quantile.strip())
-        except (ValueError, ZeroDivisionError):
-            raise InputError("--slo-quantile", None, None, f"expected a number like 0.95, got "
-                             f"{args.slo_quantile!r}") from None
-        if not 0 < quantile <= 1:
-            raise InputError("--slo-quantile", None, None, f"must be in (0, 1], got {args.slo_quantile}")
-    return Slo(args.slo_ttft_ms, args.slo_tpot_ms, quantile)
 
 
 def output_targets(args: argparse.Namespace) -> list[Target]:
@@ -124,71 +94,68 @@ def output_targets(args: argparse.Namespace) -> list[Target]:
     return targets
 
 
-def load_trace(args: argparse.Namespace) -> Trace:
-    """The request files, read with their arrival times, as one trace."""
-    from model.evaluation.replay_run import trace_of
-    from model.load.requests import Columns, load_requests
-
-    columns = Columns.parse(args.columns) if args.columns else None
-    buckets = [load_requests(f, f.name, columns, args.format, time_column=args.time_column,
-                             time_default=DEFAULT_TIME_FIELD) for f in args.requests]
-    return trace_of(buckets, args.rate_scale)
+def replay_words(args: argparse.Namespace) -> list[str]:
+    """The replay's input flags as words, for the next command it prints (replicas left out: it sets them)."""
+    words = [str(p) for p in args.requests]
+    for flag in ("device_profile", "graphs", "shapes_format", "server_settings", "columns", "format", "time_column",
+                 *SERVER_KEYS, "rate_scale", "slo_ttft_ms", "slo_tpot_ms", "slo_quantile"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            words += ["--" + flag.replace("_", "-"), *(map(str, value) if isinstance(value, list) else [str(value)])]
+    return words
 
 
 def main(argv: list[str] | None = None) -> int:
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
     from model.cost.serving import ServingCost
+    from model.deploy.summaries import replay_summary
     from model.evaluation.replay_metrics import summarize
-    from model.evaluation.replay_run import check_fits, replay
-    from model.load.profile import load_profile_file
-    from model.load.server import server_settings
-    from model.report.serving import settings_text, summary_json, summary_lines
-    from model.serving.replay_graphs import oversized_prompt_graphs, read_graph_set
+    from model.evaluation.replay_run import check_fits, replay, trace_of
+    from model.report.json_doc import document, document_bytes
+    from model.report.serving import latency_table, settings_text, summary_doc
+    from model.report.serving import summary_lines as replay_lines
+    from model.report.summary import summary_lines
+    from model.serving.replay_graphs import read_graph_set
     from model.serving.settings import parse_flag
 
     args = parser().parse_args(argv)
-    if not 1 <= args.replicas <= MAX_REPLICAS:
-        raise InputError("--replicas", None, None, f"must be an integer from 1 to {MAX_REPLICAS}, got {args.replicas}")
-    positive_number("--rate-scale", args.rate_scale, MAX_RATE_SCALE)
+    plan = parse_capacity(args)
     if args.time_limit is not None:
         check_time_limit(args.time_limit)
-    slo = parse_slo(args)
+    deadline = Deadline.never() if args.time_limit is None else Deadline.after(args.time_limit)
+    if plan.auto and args.report is not None:
+        raise InputError("--report", None, None, f"draws one replay: give --replicas N, not {AUTO}")
     targets = output_targets(args)
     check_targets(targets, [*args.requests, args.device_profile, args.graphs])  # before anything is read
-    profile, table = load_profile_file(args.device_profile)
-    settings = server_settings(table, {key: getattr(args, key) for key in SERVER_KEYS}, str(args.device_profile))
-    extra = parse_flag(args.server_settings)
+    profile, settings = server_from_args(args, args.device_profile)
     imported = read_graph_set(args.graphs, args.shapes_format, settings,
-                              f"[server] of {args.device_profile} (or its flag)", extra)
+                              f"[server] of {args.device_profile} (or its flag)", parse_flag(args.server_settings))
     graphs = imported.graphs
-    trace = load_trace(args)
+    trace = trace_of(load_buckets(args), 1.0 if plan.auto else plan.rate_scales[0])
     check_targets(targets)  # against every file the loaders read (a bucket file a gaudi-env names, say)
     check_fits(trace, settings, graphs, profile.kv_capacity_tokens)
-    oversized = oversized_prompt_graphs(graphs, settings.max_num_batched_tokens) if settings.stack == "gaudi" else []
     out = sys.stderr if args.json == "-" else sys.stdout
-    for note in imported.notes[:SHOWN_NOTES]:
-        print(f"warning: {note}", file=sys.stderr)
-    if len(imported.notes) > SHOWN_NOTES:
-        print(f"warning: ... and {len(imported.notes) - SHOWN_NOTES} more", file=sys.stderr)
-    if oversized:
-        print(f"warning: {len(oversized)} prompt graphs have B*S above max_num_batched_tokens "
-              f"{settings.max_num_batched_tokens}; vllm-gaudi drops them at start-up, the replay keeps them as given: "
-              + " ".join(map(str, oversized[:10])) + (" ..." if len(oversized) > 10 else ""), file=sys.stderr)
+    for line in graph_warnings(imported, settings, SHOWN_NOTES):
+        print(f"warning: {line}", file=sys.stderr)
     cost = ServingCost(profile)
-    deadline = Deadline.never() if args.time_limit is None else Deadline.after(args.time_limit)
+    head = (f"{len(trace)} requests from {', '.join(map(str, args.requests))}; {settings_text(settings, graphs)}; "
+            f"graphs from {args.graphs} ({args.shapes_format})")
+    if plan.auto:
+        return capacity_main(args, plan, trace, settings, graphs, cost, deadline, head, out)
     try:
-        result = replay(trace, settings, graphs, cost, args.replicas, record=args.report is not None,
+        result = replay(trace, settings, graphs, cost, plan.replicas, record=args.report is not None,
                         tick=lambda: deadline.tick("replay"))
     except DeadlineExceeded:
         raise NoPlanFound(f"the replay did not finish within --time-limit {args.time_limit:g} s "
-                          f"({len(trace)} requests, {args.replicas} replicas); nothing written") from None
-    summary = summarize(result, cost, slo)
-    print(f"replay: {len(trace)} requests from {', '.join(map(str, args.requests))}; {args.replicas} "
-          f"replica{'s' if args.replicas > 1 else ''}; {settings_text(settings, graphs)}; graphs from {args.graphs} "
-          f"({args.shapes_format})", file=out)
-    print("\n".join(summary_lines(summary, graphs)), file=out)
+                          f"({len(trace)} requests, {plan.replicas} replicas); nothing written") from None
+    summary = summarize(result, cost, plan.slo)
+    print(f"replay: {head}; {plan.replicas} replica{'s' if plan.replicas > 1 else ''}", file=out)
+    print("\n".join(replay_lines(summary, graphs)), file=out)
     files: dict[Path, list[bytes]] = {}
-    text = summary_json(summary, settings, graphs)
+    closing = replay_summary(summary, replay_words(args))
+    print("\n".join(summary_lines(closing)), file=out)
+    text = document_bytes(document("replay", closing, {"latency": latency_table(summary)},
+                                   summary_doc(summary, settings, graphs))).decode("utf-8")
     if args.json not in (None, "-"):
         files[Path(args.json)] = [text.encode()]
     if args.report is not None:
@@ -199,6 +166,43 @@ def main(argv: list[str] | None = None) -> int:
         write_together(files)
         print("wrote " + ", ".join(map(str, files)), file=out)
     if args.json == "-":
+        sys.stdout.write(text)
+    return 0
+
+
+def capacity_main(args: argparse.Namespace, plan: Capacity, trace: Trace, settings, graphs, cost,
+                  deadline: Deadline, head: str, out) -> int:
+    """``--replicas auto``: the capacity table (and with --json its rows and every probe)."""
+    from model.deploy.summaries import capacity_summary
+    from model.evaluation.capacity import capacity
+    from model.report.capacity import capacity_json, capacity_paragraphs, capacity_table
+    from model.report.document import to_text
+    from model.report.json_doc import DataTable, document, document_bytes
+    from model.report.summary import summary_lines
+
+    try:
+        searches = capacity(trace, plan.rate_scales, settings, graphs, cost, plan.slo, plan.cap,
+                            lambda: deadline.tick("capacity search"), SCAN_BELOW)
+    except DeadlineExceeded:
+        raise NoPlanFound(f"the capacity search did not finish within --time-limit {args.time_limit:g} s "
+                          f"({len(trace)} requests, {len(plan.rate_scales)} rate scales); nothing written") from None
+    sides = [(str(args.graphs), searches)]
+    print(f"capacity: {head}", file=out)
+    print(to_text([capacity_table(sides, plan.slo), *capacity_paragraphs(sides, plan.slo)]), file=out)
+    summary = capacity_summary(searches, str(args.graphs), cost.profile.cost_per_device_hour, replay_words(args))
+    print("\n".join(summary_lines(summary)), file=out)
+    rows = tuple((s.rate_scale, s.replicas, s.proved, s.cap, *(
+        (p.ttft_ms, p.tpot_ms, p.goodput, p.busy_ms) if (p := s.chosen) is not None else (None,) * 4))
+        for s in searches)
+    table = DataTable(("rate_scale", "replicas", "proved", "cap", "ttft_ms", "tpot_ms", "goodput", "busy_ms"),
+                      ("x", "replicas", "", "replicas", "ms", "ms", "share", "device-ms"), rows)
+    text = document_bytes(document("replay", summary, {"capacity": table}, {
+        "requests": len(trace), "stack": settings.stack, "graphs": graphs.count,
+        "capacity": capacity_json(searches, plan.slo)})).decode("utf-8")
+    if args.json not in (None, "-"):
+        write_together({Path(args.json): [text.encode()]})
+        print(f"wrote {args.json}", file=out)
+    elif args.json == "-":
         sys.stdout.write(text)
     return 0
 

@@ -44,7 +44,7 @@ def serving_requested(argv: list[str]) -> bool:
 
 
 def parser() -> argparse.ArgumentParser:
-    from model.replay import DEFAULT_TIME_FIELD, SERVER_KEYS
+    from model.deploy.serving_flags import DEFAULT_TIME_FIELD, SERVER_KEYS
 
     p = argparse.ArgumentParser(prog="python -m model.solve", description=__doc__.split("\n")[0])
     p.add_argument("requests", nargs="+", type=Path, help="request files with arrival times (JSONL, CSV, Parquet)")
@@ -123,10 +123,17 @@ def main_serving(argv: list[str] | None = None) -> int:
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
     from model.base.runtime import Deadline
     from model.cost.serving import ServingCost
-    from model.evaluation.replay_run import check_fits
+    from model.deploy.serving_flags import (
+        MAX_RATE_SCALE,
+        MAX_REPLICAS,
+        SERVER_KEYS,
+        load_buckets,
+        parse_slo,
+        positive_number,
+    )
+    from model.evaluation.replay_run import check_fits, trace_of
     from model.load.profile import load_profile_file
     from model.load.server import server_settings
-    from model.replay import MAX_RATE_SCALE, MAX_REPLICAS, SERVER_KEYS, load_trace, parse_slo, positive_number
     from model.report.serving_plan import plan_json, plan_lines
     from model.serveplan.candidates import dense_set
     from model.serveplan.configs import write_all
@@ -150,7 +157,7 @@ def main_serving(argv: list[str] | None = None) -> int:
     profile, table = load_profile_file(args.device_profile)
     settings = server_settings(table, {key: getattr(args, key) for key in SERVER_KEYS}, str(args.device_profile))
     max_graphs = graph_cap(args.limit_graphs, args.max_warmup_s, profile.compile_ms)
-    trace = load_trace(args)
+    trace = trace_of(load_buckets(args), args.rate_scale)
     check_targets(targets)
     if not len(trace):
         raise InputError(str(args.requests[0]), None, None, "no requests")

@@ -20,12 +20,14 @@ import argparse
 import logging
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from model.base.errors import InputError
 from model.base.numbers import float_flag, int_flag
 from model.cli_common import add_input_args, add_limit_args, build_problem, check_time_limit, given_inputs, run_main
+from model.cli_json import JsonOut, add_json_arg, cost_flag_given, input_words, json_output, json_targets
 from model.load.outputs import Target, check_targets, files_in, write_together
 
 if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
@@ -75,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="CSV path (default DIR/sweep.csv with --report, else sweep.csv)")
     parser.add_argument("--report", type=Path, help="folder for report.md, report.html and the PNGs")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_json_arg(parser)
     add_shape_args(parser)
     add_holdout_args(parser)
     add_window_args(parser, sweep=True)
@@ -96,7 +99,7 @@ def output_targets(args: argparse.Namespace) -> list[Target]:
         names = WINDOW_REPORT_FILES if args.windows is not None else report_names(bool(args.sweep_limit))
         targets += [Target("--report", args.report, "folder", "give a folder for report.md, report.html and the PNGs"),
                     *files_in("--report", args.report, names)]
-    return targets
+    return targets + json_targets(args.json)
 
 
 def check_settings(args: argparse.Namespace) -> None:
@@ -118,6 +121,13 @@ def check_settings(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Load once, sweep, write the CSV (and report), print the K table and the recommendation."""
+    args = build_parser().parse_args(argv)
+    with json_output(args.json) as sink:
+        return run(args, sink)
+
+
+def run(args: argparse.Namespace, sink: JsonOut) -> int:
+    """The sweep the parsed flags describe (``main``'s body, given where the JSON document goes)."""
     import numpy as np
     from tqdm import tqdm
 
@@ -125,9 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     from model.deploy.flags import parse_fraction, parse_windows
     from model.deploy.holdout import split
     from model.deploy.present import sweep_holdout_blocks
+    from model.deploy.summaries import sweep_summary
     from model.domain.windowing import windowed
     from model.histogram.cells import build_histogram
     from model.report.document import to_text
+    from model.report.json_doc import cost_unit, document, document_bytes
+    from model.report.summary import mode_note, summary_lines
     from model.sweeping.grid import (
         SweepSettings,
         base_factor,
@@ -142,7 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     from model.sweeping.sweep_report import k_table, recommendation_paragraphs, report_files
     from model.sweeping.table import csv_bytes, planner_totals
 
-    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     check_settings(args)
     ks = parse_ks(args.k) if args.k is not None else (args.limit_shapes,) if args.limit_shapes else tuple(range(1, 17))
@@ -165,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                              args.time_limit, args.tolerance)
     print(f"input: {source}; {len(problem.buckets)} buckets, {sum(len(b) for b in problem.buckets)} requests, "
           f"{sum(len(h) for h in hists)} cells; cost model {problem.cost.name}")
+    print(mode_note(problem.cost, scenario is not None, cost_flag_given(args)))
     points = sweep_points(ks, settings.sweep_limit, factors)
     windows = parse_windows(args.windows)
     for w in windows or ():  # every length's window count, before the first is swept
@@ -172,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     out = csv_path(args)
     check_targets(output_targets(args))  # against every file the loaders read (a scenario's requests too)
     if windows is not None:
-        return window_sweep(problem, windows, points, solvers, args, out, source)
+        return window_sweep(problem, windows, points, solvers, args, out, source, sink)
     with tqdm(total=len(points) * len(solvers), disable=args.quiet, unit="solve", dynamic_ncols=True) as bar:
         def step(point, name) -> None:
             bar.set_postfix_str(f"{point.label()} {name}", refresh=False)
@@ -180,32 +193,64 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run_sweep(problem, points, solvers, args.backend, args.time_limit, step)
     totals = planner_totals(result.rows)
-    text = to_text([k_table(totals, base_factor(t.point for t in totals)),
-                    *recommendation_paragraphs(recommend(result.rows, args.tolerance))])
+    rec = recommend(result.rows, args.tolerance)
+    text = to_text([k_table(totals, base_factor(t.point for t in totals), cost_unit(problem.cost)),
+                    *recommendation_paragraphs(rec, cost_unit(problem.cost))])
     print(text)
     extra = sweep_holdout_blocks(holdout_checks(part, result, args)) if part is not None else []
+    summary = sweep_summary(rec, rec.stack_rule, problem, input_words(args), point_status(totals, rec))
+    data = document_bytes(document("sweep", summary, {"points": sweep_rows_table(result.rows, problem.cost)}))
     # the CSV, the report and its pictures: every file made in memory first, then all put down together
     files = {out: csv_bytes(result.rows)}
     if args.report:
         files.update(report_files(args.report, problem, hists, result, settings, extra))
-    write_together({path: [data] for path, data in files.items()})
+    write_together({path: [data] for path, data in files.items()} | sink.files(data))
     print(f"wrote {out}")
     if extra:
         print(to_text(extra))
     if args.report:
         print(f"wrote {args.report / 'report.md'}, {args.report / 'report.html'}")
+    if sink.files(data):
+        print(f"wrote {args.json}")
+    print("\n".join(summary_lines(summary)))
+    sink.emit(data)
     return 0
 
 
+def point_status(totals, rec) -> str | None:
+    """The status of the recommended planner's run at the recommended point (None: no recommendation)."""
+    return next((t.status for t in totals if t.planner == rec.planner and t.point == rec.point), None)
+
+
+def sweep_rows_table(rows, cost):
+    """The sweep's tidy rows (the CSV's columns) as a JSON table with each column's unit."""
+    from dataclasses import astuple, fields
+
+    from model.report.json_doc import DataTable, cost_unit
+    from model.sweeping.runner import SweepRow
+
+    unit = cost_unit(cost)
+    names = tuple(f.name for f in fields(SweepRow))
+    units = tuple("ms" if n.endswith("_ms") else "s" if n.endswith("_s") else
+                  "pad tokens / real tokens" if "pad_ratio" in n else "share" if "gap" in n or "ratio" in n else
+                  "batches" if n == "n_batches" else "tokens" if n == "shapes" else
+                  unit if "cost" in n or "bound" in n or n == "limit_value" else "" for n in names)
+    return DataTable(names, units, tuple(astuple(r) for r in rows))
+
+
 def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str, ...], args: argparse.Namespace,
-                 out: Path, source: str) -> int:
+                 out: Path, source: str, sink: JsonOut) -> int:
     """The sweep once per window length: all rows in one CSV, each length's K table, and what a longer
     window buys (cost, P95 with the wait, devices needed)."""
     from tqdm import tqdm
 
+    from model.deploy.summaries import sweep_summary
     from model.domain.windowing import windowed
     from model.report.document import to_text
+    from model.report.json_doc import cost_unit, document, document_bytes
+    from model.report.summary import summary_lines
     from model.sweeping.grid import base_factor
+    from model.sweeping.recommend import recommend
     from model.sweeping.runner import run_sweep
     from model.sweeping.sweep_report import k_table
     from model.sweeping.table import csv_bytes, planner_totals
@@ -225,15 +270,29 @@ def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str
         files = window_report(args.report, by_window, args.tolerance, f"Batching window sweep: {source}", out)
     else:
         files = {out: csv_bytes([r for rows in by_window.values() for r in rows])}
-    write_together({path: [data] for path, data in files.items()})  # all of them, or none
+    # the window whose recommendation costs least is the summary's choice (each length's limits hold)
+    recs = {w: recommend(rows, args.tolerance) for w, rows in by_window.items()}
+    found = [w for w, r in recs.items() if r.cost is not None]
+    best = min(found, key=lambda w: recs[w].cost) if found else windows[0]
+    summary = sweep_summary(recs[best], recs[best].stack_rule, problem,
+                            [*input_words(args), "--window", f"{best:g}"],
+                            point_status(planner_totals(by_window[best]), recs[best]))
+    summary = replace(summary, chosen=f"windows of {best:g} s, {summary.chosen}")
+    data = document_bytes(document("sweep", summary, {"points": sweep_rows_table(
+        [r for rows in by_window.values() for r in rows], problem.cost)}, {"windows_s": list(windows)}))
+    write_together({path: [data] for path, data in files.items()} | sink.files(data))  # all of them, or none
     for w, rows in by_window.items():
         totals = planner_totals(rows)
         print(f"windows of {w:g} s")
-        print(to_text([k_table(totals, base_factor(t.point for t in totals))]))
+        print(to_text([k_table(totals, base_factor(t.point for t in totals), cost_unit(problem.cost))]))
     print(to_text(window_blocks(by_window, args.tolerance)))
     print(f"wrote {out}")
     if args.report:
         print(f"wrote {', '.join(str(p) for p in files if p != out)}")
+    if sink.files(data):
+        print(f"wrote {args.json}")
+    print("\n".join(summary_lines(summary)))
+    sink.emit(data)
     return 0
 
 

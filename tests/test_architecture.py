@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("model", "solvers")
 CLI_MODULES = {"model.solve", "model.evaluate", "model.sweep", "model.calibrate", "model.audit", "model.export",
                "model.replay", "model.solve_serving",
-               "model.cli_common"}
+               "model.cli_common", "model.cli_json"}
 
 
 def module_name(path: Path) -> str:

@@ -41,3 +41,23 @@ def test_growth_exponents_flag_only_superlinear_stages(bench):
     exps = bench.growth_exponents(stages)
     assert exps["load"] == pytest.approx(1.0) and exps["evaluate"] == pytest.approx(1.5)
     assert "aggregate" not in exps  # 0.01 s at the smaller scale is overhead, not growth
+
+
+def test_the_graph_table_s_stack_defaults_read_by_the_stacks_rules(monkeypatch):
+    """The defaults the graph section prices (Gaudi exp, NxD Inference and TPU powers of two) at one set of server
+    settings: each config reads back through its stack's importer, with the batch ladder the section uses."""
+    from pathlib import Path as P
+
+    from model.serving.formats import compile_config
+    from model.serving.settings import parse_flag
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    bench_graphs = importlib.import_module("bench_graphs")
+    settings = {"max_num_seqs": 12, "max_num_batched_tokens": 8192, "max_model_len": 4096, "block_size": 128}
+    configs = bench_graphs.default_configs(settings, 2048)
+    assert set(configs) == {"gaudi exp", "nxdi pow2", "tpu pow2"}
+    assert configs["nxdi pow2"][2] == (12,) and configs["tpu pow2"][2] == (1, 2, 4, 8, 12)
+    flags = parse_flag(",".join(f"{k}={v}" for k, v in settings.items()))
+    for name, (fmt, text, _) in configs.items():
+        graphs = compile_config(P(f"<{name}>"), fmt, flags, text=text).graphs
+        assert graphs, name

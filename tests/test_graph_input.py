@@ -93,7 +93,7 @@ def test_bad_batch_buckets_in_a_scenario_name_file_line_and_key(tmp_path: Path, 
     (["--batch-buckets", "1,4"], "in reference mode a batch's size is free"),
     (["--device-profile", str(PROFILE), "--batch-buckets", "4,1"], "strictly increasing"),
     (["--device-profile", str(PROFILE), "--batch-buckets", "1,,4"], "like 1,2,4,8"),
-    (["--device-profile", str(PROFILE), "--batch-buckets", "auto"], "like 1,2,4,8"),
+    (["--device-profile", str(PROFILE), "--batch-buckets", "AUTO"], "like 1,2,4,8"),  # auto is lower case
     (["--device-profile", str(PROFILE), "--batch-buckets", "0,4"], "positive integers, got 0"),
     (["--device-profile", str(PROFILE), "--limit-graphs", "3"], "give --batch-buckets"),
     (["--device-profile", str(PROFILE), "--max-warmup-s", "60"], "give --batch-buckets"),

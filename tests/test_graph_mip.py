@@ -37,7 +37,7 @@ def graphs_of(results) -> set:
 @pytest.mark.parametrize("limits", [Limits(), Limits(max_p95_latency_ms=1500.0)], ids=["no limit", "P95"])
 def test_the_mip_plans_graphs_no_costlier_than_dpfill(limits):
     prob = medium(limits=limits)
-    planned = plan_mip(prob, time_limit=8)
+    planned = plan_mip(prob, time_limit=3)  # dpfill is one of the MIP's candidates: the claims hold at any limit
     results = check_valid(prob, planned.batchings)
     mine = sum(r.metrics.cost for r in results)
     assert all(r.ok for r in results)
@@ -82,7 +82,7 @@ def test_cli_solve_with_batch_buckets_writes_plans_evaluate_accepts(tmp_path: Pa
     reqs.write_text("".join(f'{{"request_id": "q{i}", "prompt_len": {p}, "gen_len": {g}}}\n' for i, (p, g) in
                             enumerate(zip(rng.integers(20, 1500, 120), rng.integers(1, 400, 120), strict=True))))
     flags = ["--device-profile", str(PROFILE), "--batch-buckets", "1,4,16", "--limit-graphs", "4"]
-    done = cli("model.solve", str(reqs), *flags, "--limit-shapes", "3", "--time-limit", "8", "--quiet",
+    done = cli("model.solve", str(reqs), *flags, "--limit-shapes", "3", "--time-limit", "3", "--quiet",
                "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     judged = cli("model.evaluate", str(reqs), str(tmp_path / "out" / "plan_r.jsonl"), *flags, "--limit-shapes", "3",
@@ -96,7 +96,7 @@ def test_cli_sweep_and_solve_judge_the_warm_up_cap(tmp_path: Path):
     reqs.write_text("".join(f'{{"request_id": "q{i}", "prompt_len": {p}, "gen_len": {g}}}\n' for i, (p, g) in
                             enumerate(zip(rng.integers(20, 1500, 80), rng.integers(1, 400, 80), strict=True))))
     flags = [str(reqs), "--device-profile", str(PROFILE), "--batch-buckets", "1,4,16", "--max-warmup-s", "30",
-             "--time-limit", "5", "--quiet"]
+             "--time-limit", "2", "--quiet"]
     done = cli("model.sweep", *flags, "--k", "2,3", "--solvers", "mip,solo", "--out", str(tmp_path / "s.csv"),
                cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

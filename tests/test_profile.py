@@ -134,7 +134,8 @@ def test_bundled_profile_loads_exactly():
         prefill=(18.10254647486372, 0.1019122572698738, 7.122264314252114e-06),
         decode=(19.934702624895458, 0.0006269356524350583, 0.03850697740828398),
         decode_large=(7.1661889468253595, 0.0005798000403396046, 0.15831096191764046),
-        decode_large_from=95, batch_overhead_ms=0.0, compile_ms=20000.0, kv_capacity_tokens=66144)
+        decode_large_from=95, batch_overhead_ms=0.0, compile_ms=20000.0, kv_capacity_tokens=66144,
+        cost_per_device_hour=5.12)
     bundled = BUNDLED.read_text()
     assert "DistServe" in bundled and "Apache-2.0" in bundled and "shared/profiles/opt13b-a100-tp1.toml" in bundled
 

@@ -43,7 +43,11 @@ def test_recommendation_text_says_k_cost_and_savings():
     text = " ".join(p.lead + p.text for p in paragraphs)
     assert text.startswith("Recommendation: compile K = 2 shapes (64, 128) with the mip plan")
     assert "gap 1.00%" in text
-    assert f"{1 - 100 / 120:.1%} cheaper than the best fixed rule, greedy at its best K = 1" in text
+    # the saving is against pow2, the rule stacks compile by default, at the same K (and at pow2's best K);
+    # shapeplan's own packers come after, named as such
+    assert "Savings: 50.0% cheaper than pow2" in text and "at the same K = 2 (cost 200.0)" in text
+    assert "pow2 at its best K = 3 meeting every limit costs 150.0 (33.3% dearer)" in text
+    assert f"greedy at its best K = 1 (cost 120.0), is {1 - 100 / 120:.1%} dearer" in text
     assert "K = 2 is the cheapest shape cap of the sweep; the larger caps swept (up to K = 3)" in text
     edge = recommendation_paragraphs(recommend(grid_rows({"mip": [3.0, 2.0], "greedy": [4.0, 4.0]})))
     assert "K = 2 is the largest cap swept and the cheapest" in edge[-1].text

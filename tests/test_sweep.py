@@ -133,6 +133,9 @@ def test_recommend_smallest_k_within_tolerance_and_savings_vs_best_rule():
     assert rec.rule.planner == "greedy" and rec.rule.point.k == 1  # pow2 breaks limits: not a usable rule
     assert rec.savings == pytest.approx(1 - 100.2 / 120.0)
     assert rec.same_k_savings == pytest.approx(1 - 100.2 / 125.0)
+    # the stack's rule at the same K is the reference even where it breaks a limit (the report says so)
+    assert rec.stack_rule.planner == "pow2" and rec.stack_rule.point == rec.point and not rec.stack_rule.limits_met
+    assert rec.stack_savings == pytest.approx(1 - 100.2 / 90.0) and rec.stack_rule_best is None
     assert recommend(rows, tolerance=0.0).point.k == 3
 
 

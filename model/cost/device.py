@@ -58,10 +58,15 @@ class DeviceProfile:
     # serving mode (shared/serving_model.md): compiling a graph the set lacks while serving; None = compile_ms
     runtime_compile_ms: float | None = None
     batch_buckets: tuple[int, ...] | None = None  # compiled batch sizes (None: the batch dimension is free)
+    # ``batch_buckets = "auto"``: the stack compiles batch sizes and the planner chooses them (the problem's loader
+    # turns this into candidate buckets, ``model.planning.bucket_choice``); never set together with batch_buckets
+    auto_buckets: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_buckets is not None:
             object.__setattr__(self, "batch_buckets", checked_buckets(self.batch_buckets))
+        if self.auto_buckets and self.batch_buckets is not None:
+            raise ValueError("batch_buckets is either a list or \"auto\", not both")
         for key in ("prefill", "decode", "decode_large"):
             value = getattr(self, key)
             if value is None:
@@ -99,6 +104,9 @@ class BatchTime:
     def total(self) -> np.ndarray:
         """prefill + decode + overhead, summed in the contract's order (equals ``batch_time``)."""
         return self.prefill + self.decode + self.overhead
+
+
+AUTO_BUCKETS = "auto"  # ``--batch-buckets auto`` / ``batch_buckets = "auto"``: the planner chooses the buckets
 
 
 def checked_buckets(values) -> tuple[int, ...]:

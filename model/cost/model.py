@@ -31,7 +31,7 @@ import numpy as np
 from model.base.errors import InputError
 from model.cost.analytic import CostParams, decode_cost, member_latency, prefill_cost, prefill_latency
 from model.cost.common import MODES, Mode, align
-from model.cost.device import DeviceProfile
+from model.cost.device import AUTO_BUCKETS, DeviceProfile
 from model.cost.device_cost import DeviceCost, GraphCost
 from model.cost.metrics import member_prefill_cost, segment_max
 from model.cost.rules import (
@@ -255,16 +255,19 @@ def cost_from_flags(mode: str | None, params: CostParams | DeviceProfile | None,
     return cost_model(mode, params)
 
 
-def with_batch_buckets(cost: CostModel, buckets: tuple[int, ...] | None) -> CostModel:
-    """The same cost model on a stack that compiles these batch sizes (None: keep the model's own).  Only device
-    mode has a batch dimension to compile: ValueError in the analytic modes (the caller names where it came
-    from); bad buckets are a ValueError too (``model.cost.device.checked_buckets``)."""
+def with_batch_buckets(cost: CostModel, buckets: tuple[int, ...] | str | None) -> CostModel:
+    """The same cost model on a stack that compiles these batch sizes (None: keep the model's own; ``"auto"``:
+    the planner chooses them, the profile marked ``auto_buckets``).  Only device mode has a batch dimension to
+    compile: ValueError in the analytic modes (the caller names where it came from); bad buckets are a
+    ValueError too (``model.cost.device.checked_buckets``)."""
     if buckets is None:
         return cost
     if not cost.device_time:
         raise ValueError(f"batch buckets are compiled batch sizes of device mode (a device profile); in {cost.name} "
                          "mode a batch's size is free")
-    return cost_model("device", replace(cost.params, batch_buckets=tuple(buckets)))
+    if buckets == AUTO_BUCKETS:
+        return cost_model("device", replace(cost.params, batch_buckets=None, auto_buckets=True))
+    return cost_model("device", replace(cost.params, batch_buckets=tuple(buckets), auto_buckets=False))
 
 
 def needs_profile(mode: str) -> bool:

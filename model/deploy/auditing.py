@@ -90,7 +90,8 @@ class AuditResult:
         if not run.evaluation.ok or len(run.plans) != len(self.problem.buckets):
             return None
         try:
-            uses = shape_uses(run.plans, self.problem.buckets)
+            cost = pipeline.planned_problem(self.problem, run.planned).cost  # auto: the buckets this side chose
+            uses = shape_uses(run.plans, self.problem.buckets, cost.batch_buckets if cost.device_time else None)
         except InputError:  # a plan that does not cover its requests has no graphs to count
             return None
         return len(planned("json" if self.fmt in NEUTRAL_FORMATS else self.fmt, ExportSpec(uses)))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from model.base.errors import InputError
 from model.base.numbers import decimal_text
-from model.cost.device import checked_buckets
+from model.cost.device import AUTO_BUCKETS, checked_buckets
 from model.domain.shapeset import parse_shapes
 from model.domain.windowing import parse_window
 from model.serving.formats import READERS, read_shapes
@@ -47,7 +47,8 @@ def add_shapes_format_arg(parser: argparse.ArgumentParser) -> None:
 def add_batch_buckets_arg(parser: argparse.ArgumentParser) -> None:
     """``--batch-buckets 1,2,4,...``: the batch sizes the stack compiles (device mode)."""
     parser.add_argument("--batch-buckets", help="device mode: the stack compiles these batch sizes, e.g. 1,2,4,8 "
-                                                "(a batch of n runs in graph (B, shape), B the smallest >= n)")
+                                                "(a batch of n runs in graph (B, shape), B the smallest >= n), or "
+                                                "auto: the planner chooses them with the shapes")
 
 
 def add_graph_cap_args(parser: argparse.ArgumentParser) -> None:
@@ -61,14 +62,17 @@ def add_graph_cap_args(parser: argparse.ArgumentParser) -> None:
 MAX_BATCH_BUCKET = 2**31 - 1  # as max_batch_size: a larger batch is a typo, not a plan
 
 
-def parse_batch_buckets(text: str | None) -> tuple[int, ...] | None:
-    """``--batch-buckets 1,2,4,8``: strictly increasing positive integers (None: not given)."""
+def parse_batch_buckets(text: str | None) -> tuple[int, ...] | str | None:
+    """``--batch-buckets 1,2,4,8``: strictly increasing positive integers (None: not given); ``auto``: the planner
+    chooses them (``model.planning.bucket_choice``)."""
     if text is None:
         return None
+    if text == AUTO_BUCKETS:
+        return AUTO_BUCKETS
     parts = text.split(",")
     if not all(p.isascii() and p.isdigit() for p in parts):  # ASCII digits only: no spaces, signs or exponents
         raise InputError("--batch-buckets", None, None,
-                         f"expected strictly increasing positive integers like 1,2,4,8, got {text!r}")
+                         f"expected strictly increasing positive integers like 1,2,4,8 (or auto), got {text!r}")
     if any(len(p.lstrip("0")) > len(str(MAX_BATCH_BUCKET)) or int(p) > MAX_BATCH_BUCKET for p in parts):
         raise InputError("--batch-buckets", None, None, f"a batch size is at most {MAX_BATCH_BUCKET} (as "
                          f"--max-batch-size), got {text if len(text) <= 40 else text[:40] + '...'!r}")

@@ -32,6 +32,7 @@ from model.base.errors import InfeasibleError, InputError
 from model.base.runtime import Deadline
 from model.cost.common import align
 from model.domain.schema import Bucket, Limits, Problem
+from model.planning.bucket_choice import with_buckets
 
 POW2 = "pow2"
 PLANNER_RUNS = 3  # a hold-out plans with the solver three times: the first part, under the chosen shapes, its own
@@ -194,10 +195,12 @@ def _attempt(problem: Problem, solver: str, backend: str, time_limit: float,
 
 def check_shapes(split_: Split, shapes: tuple[int, ...], in_sample: float | None, solver: str = pipeline.MIP,
                  backend: str = "highs", time_limit: float = 60.0, pow2_in_sample: float | None = None,
-                 k: int | None = None, deadline: Deadline | None = None) -> Holdout:
+                 k: int | None = None, deadline: Deadline | None = None,
+                 buckets: tuple[int, ...] | None = None) -> Holdout:
     """Plan the held-out part under ``shapes`` (chosen on the first part), under its own choice, and with pow2,
     all with at most ``k`` shapes (default: the split's K).  With ``deadline`` the two planner runs share it
-    (``run_limit``); without, each gets ``time_limit``."""
+    (``run_limit``); without, each gets ``time_limit``.  ``buckets``: the batch buckets chosen on the first
+    part (``--batch-buckets auto``), which the deployed config compiles with the shapes."""
     k = split_.test.max_shapes if k is None else k
     messages: list[str] = []
     compared, uncovered = covered(split_.test.with_shapes(k), max(shapes)) if shapes else (None, 0)
@@ -207,7 +210,8 @@ def check_shapes(split_: Split, shapes: tuple[int, ...], in_sample: float | None
         messages.append(f"{uncovered} held-out request(s) are longer than the largest chosen shape {max(shapes)} "
                         "and cannot run under the chosen shapes; the held-out plans cover the others")
     # the own run and pow2 keep the problem's own allowed set (if any): hindsight, under the same rules
-    fixed = _attempt(replace(compared, allowed_shapes=shapes), solver, backend, run_limit(deadline, 2, time_limit),
+    deployed = compared if buckets is None else with_buckets(compared, buckets)
+    fixed = _attempt(replace(deployed, allowed_shapes=shapes), solver, backend, run_limit(deadline, 2, time_limit),
                      messages, "held-out part under the chosen shapes")
     own = _attempt(compared, solver, backend, run_limit(deadline, 1, time_limit), messages,
                    "held-out part, its own shapes")
@@ -262,5 +266,5 @@ def holdout(problem: Problem, fraction: float, solver: str = pipeline.MIP, backe
     part = split(problem, fraction)
     train = pipeline.run(part.train, solver, backend, run_limit(deadline, PLANNER_RUNS, time_limit))
     check = check_shapes(part, used_shapes(train), train.evaluation.total_cost, solver, backend, time_limit,
-                         pow2_cost(part.train), deadline=deadline)
+                         pow2_cost(part.train), deadline=deadline, buckets=train.planned.chosen_buckets)
     return check, train

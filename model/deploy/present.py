@@ -16,8 +16,9 @@ from model.deploy.holdout import Holdout
 from model.histogram.cells import build_histogram
 from model.load.outputs import write_together
 from model.report.document import Block, Heading, Image, Paragraph, Table, to_html, to_markdown
+from model.report.json_doc import DataTable, cost_unit
 from model.report.plots import heatmap_figure, png_bytes
-from model.report.tables import fmt
+from model.report.tables import device_units, fmt
 
 
 def pct(value: float | None) -> str:
@@ -52,7 +53,8 @@ def holdout_blocks(h: Holdout, heading: bool = True) -> list[Block]:
              "+0.00%" if h.own is not None else "-"),
             ("pow2 rule", shapes_text(run_shapes(h.pow2)), fmt(h.pow2_in_sample), cost(h.pow2),
              pct(h.pow2_excess))]
-    blocks.append(Table(("plan", "shapes", "cost, first part (in sample)", "cost, held-out part",
+    unit = cost_unit(h.split.test.cost)
+    blocks.append(Table(("plan", "shapes", f"cost, first part (in sample; {unit})", f"cost, held-out part ({unit})",
                          "vs held-out optimum"), tuple(rows)))
     blocks.append(Paragraph(holdout_sentence(h), lead="Out of sample: "))
     if any(r is not None and not r.evaluation.ok for r in (h.fixed, h.own, h.pow2)):
@@ -76,6 +78,7 @@ def sweep_holdout_blocks(checks: Sequence[Holdout]) -> list[Block]:
     """The out-of-sample check for every K of a sweep, one row each."""
     if not checks:
         return []
+    unit = cost_unit(checks[0].split.test.cost)
     rows = tuple((str(h.k), shapes_text(h.shapes), fmt(h.in_sample), fmt(Holdout.cost(h.fixed)),
                   fmt(Holdout.cost(h.own)), pct(h.loss), pct(h.loss_vs_bound), fmt(Holdout.cost(h.pow2)),
                   pct(h.pow2_excess)) for h in checks)
@@ -83,8 +86,9 @@ def sweep_holdout_blocks(checks: Sequence[Holdout]) -> list[Block]:
         Heading("Out of sample, per shape cap"),
         Paragraph(checks[0].split.describe() + "; the sweep above ran on the first part. Each K's MIP shapes are "
                   "then used on the held-out part, beside that part's own optimum and the pow2 rule."),
-        Table(("K", "shapes chosen", "in sample", "held-out, chosen shapes", "held-out optimum", "loss",
-               "loss vs bound", "pow2 held-out", "pow2 vs optimum"), rows)]
+        Table(("K", "shapes chosen", f"in sample ({unit})", f"held-out, chosen shapes ({unit})",
+               f"held-out optimum ({unit})", "loss", "loss vs bound", f"pow2 held-out ({unit})", "pow2 vs optimum"),
+              rows)]
     blocks += [Paragraph(f"K = {h.k}: {m}", lead="note: ") for h in checks for m in h.messages]
     return blocks
 
@@ -122,7 +126,7 @@ def graphs_paragraph(result: AuditResult) -> Paragraph:
 def audit_blocks(result: AuditResult, source: str, config_source: str) -> list[Block]:
     """Today's shapes beside the optimised ones, the saving first."""
     today, opt = result.sides
-    head = ["shapes", "cost"]
+    head = ["shapes", f"cost ({cost_unit(result.problem.cost)})"]
     if result.device:
         head.append("device-hours")
     head += ["pad ratio", "P95 ms (worst bucket)", "sequential ms", "compiled shapes", "graphs", "warm-up",
@@ -152,7 +156,7 @@ def saving_sentence(result: AuditResult) -> str:
     today, opt = result.sides
     if result.saving is None:
         return "no comparison (a side has no evaluated plan)."
-    unit = (f" ({float(device_hours(result.saving)):.4g} device-hours)" if result.device else "")
+    unit = f" device-ms ({device_units(abs(result.saving), result.problem.cost)})" if result.device else " cost units"
     verb = "save" if result.saving >= 0 else "cost"
     return (f"{opt.label} would {verb} {fmt(abs(result.saving))}{unit}, {abs(result.saving_share or 0):.2%} of "
             f"today's cost {fmt(today.cost)}, with {opt.n_shapes} compiled shapes{graphs_note(opt)} against today's "
@@ -169,6 +173,28 @@ AUDIT_REPORT_FILES = ("report.md", "report.html", "heatmap.png")
 
 def write_audit_report(folder: Path, result: AuditResult, source: str, config_source: str) -> tuple[Path, Path]:
     """report.md, report.html and heatmap.png (both shape sets over the traffic), written together."""
+    write_together(audit_report_files(folder, result, source, config_source))
+    return folder / "report.md", folder / "report.html"
+
+
+def audit_tables(result: AuditResult) -> dict[str, DataTable]:
+    """Both sides of the audit as data, with units (--json)."""
+    unit = cost_unit(result.problem.cost)
+    rows = []
+    for side in result.sides:
+        rows.append((side.label, side.cost, None if side.cost is None or not result.device else
+                     float(device_hours(side.cost)), side.pad_ratio, side.p95_latency_ms, side.sequential_ms,
+                     side.n_shapes, side.graphs, None if side.graphs is None or result.compile_ms is None else
+                     side.graphs * result.compile_ms / 1000.0, list(side.shapes), side.ok))
+    return {"sides": DataTable(("side", "cost", "device_hours", "pad_ratio", "p95_latency_ms", "sequential_ms",
+                                "compiled_shapes", "graphs", "warmup_s", "shapes", "meets_limits"),
+                               ("", unit, "device-hours", "pad tokens / real tokens", "ms", "ms", "shapes",
+                                "graphs", "s", "tokens", ""), tuple(rows))}
+
+
+def audit_report_files(folder: Path, result: AuditResult, source: str, config_source: str
+                       ) -> dict[Path, list[bytes]]:
+    """report.md, report.html and heatmap.png (both shape sets over the traffic) as bytes, to write together."""
     today, opt = result.sides
     hists = [build_histogram(b) for b in result.problem.buckets]
     fig = heatmap_figure(result.problem, hists, None, ((today.label, result.config), (opt.label, opt.shapes)))
@@ -177,7 +203,6 @@ def write_audit_report(folder: Path, result: AuditResult, source: str, config_so
                        f"{config_source}) and the {opt.label}.", png_bytes(fig))
     blocks = [*audit_blocks(result, source, config_source), Heading("Traffic and both shape sets"), image]
     md, page = folder / "report.md", folder / "report.html"
-    write_together({md: [to_markdown(blocks, folder).encode("utf-8")],
-                    page: [to_html(blocks, f"Shape audit: {source}").encode("utf-8")],
-                    png: [image.data]})
-    return md, page
+    return {md: [to_markdown(blocks, folder).encode("utf-8")],
+            page: [to_html(blocks, f"Shape audit: {source}").encode("utf-8")],
+            png: [image.data]}

@@ -120,6 +120,9 @@ class Problem:
     # caps on what the plans compile across all buckets (with batch buckets): distinct graphs, warm-up seconds
     max_graphs: int | None = None
     max_warmup_s: float | None = None
+    # ``--batch-buckets auto``: the planner chooses the batch buckets; ``cost`` then prices graphs over the
+    # candidate buckets (``model.planning.bucket_choice``) and a plan is judged under the ones it uses
+    choose_buckets: bool = False
 
     def with_shapes(self, k: int) -> Problem:
         """The same problem under another shape cap (sweeps reuse loaded buckets)."""
@@ -236,6 +239,12 @@ class SolveReport:
     version: str
     bucket_bounds: tuple[float, ...] | None = None
     notes: tuple[str, ...] = ()
+    # how the run went, kept apart from ``status`` (what is proven about the plan): which method found the plan,
+    # which gave the bound, why the run ended and whether more time could help ("" where a planner says nothing)
+    plan_by: str = ""
+    bound_by: str = ""
+    termination: str = ""
+    more_time: str = ""
 
 
 @dataclass(frozen=True)
@@ -313,6 +322,8 @@ class Planned:
     report: SolveReport
     plans: tuple[Plan, ...] | None = None
     evaluation: Evaluation | None = None
+    # with ``Problem.choose_buckets``: the batch buckets the planner chose, under which plans and evaluation hold
+    chosen_buckets: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, eq=False)

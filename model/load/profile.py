@@ -15,7 +15,7 @@ from pathlib import Path
 
 from model.base.errors import InputError
 from model.base.numbers import Where, read_count, read_number, shown
-from model.cost.device import DeviceProfile, checked_buckets
+from model.cost.device import AUTO_BUCKETS, DeviceProfile, checked_buckets
 from model.load.files import read_text
 from model.load.server import SERVER_TABLE, ServerTable, server_table
 from model.load.toml_lines import table_key_line, toml_error, toml_lines
@@ -118,6 +118,8 @@ def profile_from_table(table: object, source: str, text: str, line_of: LineOf = 
             values[key] = value
         elif key in COEFFICIENT_KEYS:
             values[key] = _coefficients(value, COEFFICIENT_KEYS[key], where(key))
+        elif key in LIST_KEYS and value == AUTO_BUCKETS:
+            values["auto_buckets"] = True
         elif key in LIST_KEYS:
             values[key] = buckets_value(value, lambda m, k=key: fail(k, m))
         elif key in NUMBER_KEYS:
@@ -135,7 +137,7 @@ def buckets_value(value: object, fail: Callable[[str], InputError]) -> tuple[int
     """``batch_buckets = [1, 2, 4, ...]``: strictly increasing positive integers, each at most MAX_COUNT (a
     profile's key and a scenario's share this check, each naming its own file, line and key)."""
     if not isinstance(value, list):
-        raise fail(f"must be a list of batch sizes like [1, 2, 4, 8], got {shown(value)}")
+        raise fail(f"must be a list of batch sizes like [1, 2, 4, 8] or \"{AUTO_BUCKETS}\", got {shown(value)}")
     for v in value:
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_COUNT:
             raise fail(f"every batch size must be a positive integer, got {shown(v)}")

@@ -20,6 +20,7 @@ from model.base.errors import InputError
 from model.base.numbers import Where, read_count, read_number
 from model.cost.analytic import CostParams
 from model.cost.common import GRANULARITY, MODES
+from model.cost.device import AUTO_BUCKETS
 from model.cost.metrics import Coefficients
 from model.cost.model import CostModel, cost_model, needs_profile, with_batch_buckets
 from model.domain.schema import Limits, Scenario
@@ -105,7 +106,7 @@ def _with_buckets(src: str, text: str, data: dict, cost: CostModel) -> CostModel
     def fail(message: str) -> InputError:
         return InputError(src, key_line(text, "batch_buckets"), "batch_buckets", message)
 
-    buckets = buckets_value(data["batch_buckets"], fail)
+    buckets = AUTO_BUCKETS if data["batch_buckets"] == AUTO_BUCKETS else buckets_value(data["batch_buckets"], fail)
     try:
         return with_batch_buckets(cost, buckets)
     except ValueError as exc:

@@ -117,6 +117,9 @@ class Candidates:
     bucket_bounds: tuple[float, ...] | None = None
     lead: tuple[str, ...] = ()
     closing: tuple[str, ...] = ()
+    bound_by: str = ""  # the method that gave ``bound``
+    stalled: bool = False  # the last search gave its time back (nothing better found for a while)
+    start: tuple[str, float] | None = None  # the search's start plan: its method and exact cost
 
 
 def plan_status(gap: float, last: Status, clock: Deadline) -> Status:
@@ -127,6 +130,28 @@ def plan_status(gap: float, last: Status, clock: Deadline) -> Status:
     if last in (Status.TIME_LIMIT_FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION) or clock.expired():
         return Status.TIME_LIMIT_FEASIBLE
     return Status.FEASIBLE
+
+
+def plan_method(chosen: Priced, start: tuple[str, float] | None) -> str:
+    """Which method found the returned plan: the candidate's own name, or the start's where the MIP returned
+    a plan no cheaper than the start it was given (it found nothing better)."""
+    name = getattr(chosen, "name", "")
+    if name == "mip" and start is not None and chosen.cost >= start[1] * (1 - 1e-12):
+        return f"{start[0]} (the MIP's search found nothing cheaper)"
+    return name
+
+
+def how_it_ended(gap: float, found: Candidates) -> tuple[str, str]:
+    """(why the run ended, whether more time could help), kept apart from the status: a search that stalled or
+    finished gave its time back, and only one the clock stopped might still improve."""
+    if gap <= OPTIMAL_GAP:
+        return "the plan reached the bound", "no: the plan is optimal"
+    if found.search_status in (Status.TIME_LIMIT_FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION) or found.deadline.expired():
+        return "the time limit", "possibly: the search was still running when the time limit came"
+    if found.stalled:
+        return ("the search stalled (no better plan for a while) and gave its time back",
+                "unlikely: the search had stopped improving; the gap is the bound's as much as the plan's")
+    return "the search finished (nothing left to try)", "unlikely: every phase ended on its own"
 
 
 def select(found: Candidates) -> tuple[Priced, SolveReport]:
@@ -144,5 +169,7 @@ def select(found: Candidates) -> tuple[Priced, SolveReport]:
         return chosen, SolveReport(Status.HEURISTIC, None, None, None, elapsed, found.backend, found.version,
                                    found.bucket_bounds, notes)
     gap = relative_gap(chosen.cost, found.bound)
+    ended, more = how_it_ended(gap, found)
     return chosen, SolveReport(plan_status(gap, found.search_status, found.deadline), chosen.cost, found.bound,
-                               gap, elapsed, found.backend, found.version, found.bucket_bounds, notes)
+                               gap, elapsed, found.backend, found.version, found.bucket_bounds, notes,
+                               plan_method(chosen, found.start), found.bound_by, ended, more)

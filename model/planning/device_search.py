@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 
 import numpy as np
 
@@ -26,10 +27,10 @@ from model.formulation.boxes import BucketModel, variant_of_size
 from model.formulation.device_flow import FlowBlocks, Levels, bucket_levels, build_flow_model, entry_levels
 from model.histogram.cells import Histogram
 from model.packers.grouping import balanced_batching
+from model.planning.limit_bound import p95_bound
 from model.planning.options import PlannerOptions
 from model.planning.shapes import ShapeChoice, choose_shapes
 from model.planning.stages import SearchOutcome, bucket_models
-from model.planning.window_bound import whole_trace_bound
 from solvers.backends import Backend
 from solvers.backends.result import BackendResult, Feature, SolveOptions
 
@@ -291,8 +292,12 @@ def solve_levels(problem: Problem, hists: list[Histogram], bms: list[BucketModel
     warm_ok = start is not None and Feature.WARM_START in solver.features
     progress = (lambda inc, bnd: log.info("  MIP incumbent %.6e", inc)) if Feature.PROGRESS in solver.features \
         else None
+    # a flow MIP that finds nothing better for a while gives its time back (where the backend can stop so)
+    stall = max(options.flow_stall_s, options.flow_stall_share * until.left()) \
+        if Feature.STALL in solver.features else None
     result = solver.solve(model, SolveOptions(time_limit=max(options.min_call_s, until.left()),
-                                              warm_start=start if warm_ok else None, on_progress=progress))
+                                              warm_start=start if warm_ok else None, on_progress=progress,
+                                              stall_s=stall))
     if result.status is Status.INTERRUPTED:
         raise interrupted()
     log.info("flow model: %d columns, %d rows: %s, objective %s, bound %s (%s %.1f s)", model.n_cols, model.n_rows,
@@ -315,26 +320,39 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
     plan_levels = flow_levels(problem, fine, options, "ceil", warm)
     exact = exact_levels(plan_levels, fine, problem)
     # the LP-price bound before the flow MIP, which spends the rest of the deadline
-    lp_price = -np.inf
+    lp_price, lp_lams = -np.inf, ()
     cells = sum(len(b) for b in problem.buckets) * len(all_shapes(problem, fine))
     # the LP-price bound prices batches of n members by the free batch's T(n): not a bound where a batch of n runs
     # in its graph's T(B(n)), which can be cheaper (decode_large), so it is left out with compiled batch sizes
-    if want_bound and problem.cost.shared_batch_time and problem.windowing is None \
-            and problem.cost.batch_buckets is None \
-            and cells <= options.lp_price_max_cells and cells * LP_PRICE_S_PER_CELL <= 0.25 * deadline.left():
-        lp_price = whole_trace_bound(problem, deadline.share(options.lp_price_share))
+    priceable = want_bound and problem.cost.shared_batch_time and problem.windowing is None \
+        and problem.cost.batch_buckets is None and cells <= options.lp_price_max_cells
+    lp_cut, lp_s, lp_again = False, 0.0, False
+    if priceable and cells * LP_PRICE_S_PER_CELL <= 0.25 * deadline.left():
+        # with P95 limits, the same bound with each limit priced by a Lagrangian (``limit_bound``)
+        lp_until, t_lp = deadline.share(options.lp_price_share), time.perf_counter()
+        priced = p95_bound(problem, lp_until)
+        lp_price, lp_lams = priced.bound, priced.lams
+        lp_cut, lp_s = lp_until.expired(), time.perf_counter() - t_lp  # cut: some shapes priced by floors only
     until = deadline
     model, blocks, result = solve_levels(problem, fine, bms, plan_levels, solver, until, warm,
                                          spikes=True, options=options)
+    if lp_cut and result.stalled and deadline.left() >= 2.0 * lp_s:
+        # the MIP gave time back that the bound's share lacked (a loaded host): the bound again, with all of it
+        again, lp_again = p95_bound(problem, deadline), True
+        if again.bound > lp_price:
+            lp_price, lp_lams = again.bound, again.lams
     graphs = problem.cost.batch_buckets
     notes = [f"{problem.cost.name} mode: flow model over {len(plan_levels[0].ts)} shape levels and "
              f"{', '.join(str(len(lv.gs)) for lv in plan_levels)} gen levels"
              + (f"; graphs: one size class per batch bucket ({', '.join(map(str, graphs))}) at its graph's time, "
                 "a compile per graph" + (f", at most {problem.graph_cap} graphs" if problem.graph_cap else "")
                 if graphs is not None else "")]
-    bound = -np.inf
+    bound, by = -np.inf, ""
     if want_bound:
-        bound = max((relaxation or shape_relaxation(problem, fine)).bound, lp_price)
+        relaxed = (relaxation or shape_relaxation(problem, fine)).bound
+        bound = max(relaxed, lp_price)
+        by = ("LP-price bound" + (" with the P95 limits priced by a Lagrangian" if any(lp_lams) else "")
+              if lp_price > relaxed else "shape relaxation" if np.isfinite(relaxed) else "")
         notes.append("the bound is the largest of the shape relaxation (every request at its own gen in a full "
                      "batch under the best K shapes), the LP-price bound (set-partitioning duals per shape, the "
                      "best K shapes by DP) and the flow model's own bound where that one is certified"
@@ -343,16 +361,24 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
                      "gen in a full graph under the best K shapes, a compile per shape) and the flow model's own "
                      "bound where that one is certified (every shape and gen a level); the LP-price bound prices "
                      "the free batch and is left out")
-        if exact and result.bound is not None and not any(reserves or ()) and problem.cost.shared_batch_time:
-            bound = max(bound, result.bound)
+        if lp_again:
+            notes.append("the time limit cut the LP-price bound's share before the flow MIP; it was priced again "
+                         "with the time the MIP gave back")
+        if any(lp_lams):
+            notes.append("the LP-price bound prices each P95 limit by a Lagrangian: every member of a batch over "
+                         "the limit pays " + ", ".join(f"{lam:.4g} ms" for lam in lp_lams)
+                         + " (per bucket), less that times the members the limit lets over")
+        if exact and result.bound is not None and not any(reserves or ()) and problem.cost.shared_batch_time \
+                and result.bound > bound:
+            bound, by = result.bound, "the flow MIP's dual bound"
     whole = exact and not any(reserves or ()) and problem.cost.shared_batch_time
     if not result.has_solution:
         return SearchOutcome(None, None, bound, None, result.status, result.backend, result.version, tuple(notes),
-                             whole, result.native)
+                             whole, result.native, bound_by=by, stalled=result.stalled)
     used = served(result.x, blocks)
     ts = plan_levels[0].ts
     batchings = tuple(flow_batching(problem, b, h, ts, lv.gs, u)
                       for b, (h, lv, u) in enumerate(zip(fine, plan_levels, used, strict=True)))
     return SearchOutcome(batchings, result.objective, bound, None, result.status, result.backend, result.version,
-                         tuple(notes), whole)
+                         tuple(notes), whole, bound_by=by, stalled=result.stalled)
 

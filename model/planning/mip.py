@@ -339,8 +339,10 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
         said.append(replace(passed, notes=tuple(notes)))
     # the backend asked for, whichever candidate won (the notes say when it is not the MIP's plan): the last
     # search's own record may name the LP backend column generation used instead
+    start_cost = (start.name, judged_greedy.cost) if judged_greedy is not None and judged_greedy.acceptable else None
     chosen, report = select(Candidates(tuple(said), first.bound, solver.name, solver.version(), t0, clock,
-                                       outcome.status, first.bucket_bounds, tuple(first.notes)))
+                                       outcome.status, first.bucket_bounds, tuple(first.notes),
+                                       bound_by=first.bound_by, stalled=outcome.stalled, start=start_cost))
     return Planned(chosen.batchings, report, chosen.plans, chosen.evaluation)
 
 

@@ -82,6 +82,9 @@ class PlannerOptions:
         behind, a child killed): kept back, but never more than this share of the whole limit, which a short
         run needs for its search and bound.
       match_s_per_cell: device mode: the flow solution's matching to requests (0.48 s on 68k cells).
+      flow_stall_s, flow_stall_share: device mode's flow MIP gives its time back once it has found no
+        better incumbent for the larger of these (seconds; share of the time it was given), counted from its
+        start: on the embedded default it never beats the exact-runs start and ran 58 s for nothing.
     """
 
     max_gen_values: int = 2048
@@ -117,3 +120,5 @@ class PlannerOptions:
     solver_stop_s: float = 0.5
     solver_stop_share: float = 0.1
     match_s_per_cell: float = 7e-6
+    flow_stall_s: float = 2.0
+    flow_stall_share: float = 0.05

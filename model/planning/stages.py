@@ -76,6 +76,8 @@ class SearchOutcome:
     exact: bool = False
     native: str = ""  # the last MIP's status in the solver's own words
     runs: tuple[CellRuns, ...] | None = None  # the plan by cells (None with no plan); ``batchings`` needs requests
+    bound_by: str = ""  # the method whose bound is ``bound``
+    stalled: bool = False  # the last MIP ended by finding nothing better for a while (time given back)
 
     @property
     def proven_infeasible(self) -> bool:
@@ -219,8 +221,10 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
             if floor.total > bound:
                 bound, per = floor.total, floor.per_bucket
                 notes.append("the bound is the own-box floor (still valid)")
+        by = "own-box floor" if per is not None else "shape relaxation" if np.isfinite(bound) else ""
         return SearchOutcome(None, None, bound, per, exc.result.status, lp_solver.name, lp_solver.version(),
-                             tuple(notes), native=f"its first LP relaxation gave no duals ({exc.result.native})")
+                             tuple(notes), native=f"its first LP relaxation gave no duals ({exc.result.native})",
+                             bound_by=by)
     if cg.cut:
         notes.append(f"the time limit cut column generation's pricing short: its bound is from "
                      f"{f'{cg.rounds} complete round(s)' if cg.rounds else 'the own-box floor'} (still valid)")
@@ -263,6 +267,7 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
     else:
         exact = False  # the whole model was not searched
     bound, bucket_bounds = setup.bound, None
+    by = "shape relaxation" if np.isfinite(bound) else ""
     if setup.covers_all:
         lag, complete = cg.bound, True
         if later:
@@ -272,15 +277,16 @@ def search(problem: Problem, fine: list[Histogram], setup: ShapeSetup, greedy, s
                          "exact-histogram bound short: the bound is the own-box floor on the exact histogram")
         if lag.total > bound:
             bound, bucket_bounds = lag.total, lag.per_bucket
+            by = "column generation's Lagrangian" if cg.rounds and complete else "own-box floor"
     if best is None:
         return SearchOutcome(None, None, bound, bucket_bounds, last.result.status, solver.name, solver.version(),
-                             tuple(notes), exact, last.result.native)
+                             tuple(notes), exact, last.result.native, bound_by=by)
     runs = tuple(runs_of(problem, b, h, bm, g, a, setup) for b, (h, bm, g, a)
                  in enumerate(zip(fine, bms, grids, best.assignment, strict=True)))
     batchings = tuple(batching_of_runs(h.cell_of, r) for h, r in zip(fine, runs, strict=True)) \
         if all(h.cell_of is not None for h in fine) else None
     return SearchOutcome(batchings, best.objective, bound, bucket_bounds, best.result.status,
-                         best.result.backend, best.result.version, tuple(notes), exact, runs=runs)
+                         best.result.backend, best.result.version, tuple(notes), exact, runs=runs, bound_by=by)
 
 
 def runs_of(problem: Problem, b: int, fine: Histogram, bm: BucketModel, grid: Grid, a: Assignment,

@@ -12,6 +12,7 @@ from model.domain.schema import BucketResult, Evaluation, Violation
 from model.report.tables import fmt
 
 HEADER = f"  {'planner':<18}{'cost':>12}{'ratio':>8}{'pad':>8}{'p95 ms':>12}{'seq ms':>12}  limits met"
+UNITS = "cost in the cost model's unit (device-ms in device mode), pad = pad/real tokens"
 
 
 def failures(result: BucketResult, global_problems: list[Violation]) -> list[str]:
@@ -41,7 +42,7 @@ def compare_table(results: tuple[BucketResult, ...], chosen_solver_name: str,
     lines = []
     for i, chosen in enumerate(results):
         reference = chosen.metrics.cost if chosen.metrics else None
-        lines += [f"comparison, bucket {chosen.name} (ratio = cost / cost of {chosen_solver_name})", HEADER,
+        lines += [f"comparison, bucket {chosen.name} (ratio = cost / cost of {chosen_solver_name}; {UNITS})", HEADER,
                   row(f"{chosen_solver_name} (chosen)", chosen, [], reference)]
         for name, outcome in others.items():
             if isinstance(outcome, str):

@@ -82,6 +82,11 @@ def _quantile_text(q: Fraction) -> str:
 
 def summary_json(s: ReplaySummary, settings: ServerSettings, graphs: GraphSet) -> str:
     """The summary as JSON: floats as Python writes them (they read back exactly), keys in a fixed order."""
+    return json.dumps(summary_doc(s, settings, graphs), indent=2, allow_nan=False) + "\n"
+
+
+def summary_doc(s: ReplaySummary, settings: ServerSettings, graphs: GraphSet) -> dict:
+    """The replay's numbers as a JSON object (the replay's own keys of docs/json.md)."""
 
     def quant(q: Quantiles) -> dict:
         return {"p50": q.p50, "p95": q.p95, "p99": q.p99}
@@ -109,7 +114,16 @@ def summary_json(s: ReplaySummary, settings: ServerSettings, graphs: GraphSet) -
         doc["slo"] = {"ttft_ms": r.slo.ttft_ms, "tpot_ms": r.slo.tpot_ms, "quantile": float(r.slo.quantile),
                       "goodput": r.goodput, "ttft_at_quantile": r.ttft_at_quantile,
                       "tpot_at_quantile": r.tpot_at_quantile, "ttft_met": r.ttft_met, "tpot_met": r.tpot_met}
-    return json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    return doc
+
+
+def latency_table(s: ReplaySummary):
+    """TTFT, TPOT and end-to-end latency percentiles as a table with units (--json)."""
+    from model.report.json_doc import DataTable
+
+    return DataTable(("metric", "p50", "p95", "p99"), ("", "ms", "ms", "ms"),
+                     tuple((name, q.p50, q.p95, q.p99) for name, q in (("ttft", s.ttft), ("tpot", s.tpot),
+                                                                         ("e2e", s.e2e))))
 
 
 def _graph_lists(graphs: GraphSet) -> dict:
@@ -118,3 +132,13 @@ def _graph_lists(graphs: GraphSet) -> dict:
         return {"prompt": [list(g) for g in graphs.prompt], "decode": [list(g) for g in graphs.decode],
                 "unused": graphs.unused}
     return {"context": list(graphs.context), "token_generation": list(graphs.token_generation)}
+
+
+def graph_set_json(graphs: GraphSet) -> str:
+    """The graph set as the replay's ``json`` format reads it (``--shapes-format json``): replayed as given."""
+    doc: dict = {"stack": graphs.stack}
+    if graphs.stack == "gaudi":
+        doc.update(prompt=[list(g) for g in graphs.prompt], decode=[list(g) for g in graphs.decode])
+    else:
+        doc.update(context=list(graphs.context), token_generation=list(graphs.token_generation))
+    return json.dumps(doc, indent=1) + "\n"

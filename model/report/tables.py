@@ -8,6 +8,12 @@ from model.cost.model import CostModel
 from model.domain.schema import BucketResult, Violation, Windowing
 
 METRIC_ROWS = ("cost", "pad_ratio", "p95_latency_ms", "sequential_ms")
+METRIC_UNITS = {"pad_ratio": "pad/real", "p95_latency_ms": "ms", "sequential_ms": "ms"}  # cost: the mode's unit
+
+
+def cost_unit_text(cost: CostModel | None) -> str:
+    """The unit a cost is in: device-ms in device mode; the analytic modes' cost has no physical unit."""
+    return "device-ms" if cost is not None and cost.device_time else "cost units"
 
 
 def fmt(value: float | None, name: str = "") -> str:
@@ -78,17 +84,19 @@ def bucket_table(result: BucketResult, extra: dict[str, str] | None = None,
         lines[0] += (f": {m.n_requests} requests, {m.n_batches} batches, {len(m.shapes)} shapes "
                      f"[{', '.join(map(str, m.shapes))}], {graph_summary(m.graphs, cost)}")
         checks = {c.metric: c for c in result.checks}
-        lines.append(f"  {'metric':<16}{'value':>14}{'limit':>14}{'margin':>14}  ok")
+        unit = cost_unit_text(cost)
+        lines.append(f"  {'metric':<16}{'unit':<14}{'value':>14}{'limit':>14}{'margin':>14}  ok")
         for name in METRIC_ROWS:
             c = checks.get(name)
             value = m.value(name)
+            head = f"  {name:<16}{unit if name == 'cost' else METRIC_UNITS[name]:<14}"
             if c is None:
-                lines.append(f"  {name:<16}{fmt(value, name):>14}{'-':>14}{'-':>14}  -")
+                lines.append(f"{head}{fmt(value, name):>14}{'-':>14}{'-':>14}  -")
             else:
                 sign = "+" if c.margin >= 0 else ""
-                lines.append(f"  {name:<16}{fmt(value, name):>14}{fmt(c.limit, name):>14}"
+                lines.append(f"{head}{fmt(value, name):>14}{fmt(c.limit, name):>14}"
                              f"{sign + fmt(c.margin, name):>14}  {'yes' if c.ok else 'NO'}")
-        lines.append(f"  breakdown: prefill {fmt(m.prefill_cost)}, decode {fmt(m.decode_cost)}, "
+        lines.append(f"  breakdown ({unit}): prefill {fmt(m.prefill_cost)}, decode {fmt(m.decode_cost)}, "
                      f"overhead {fmt(m.overhead_cost)}, compile {fmt(m.compile_cost)}")
         lines.append(graph_line(m, cost))
         units = device_units(m.cost, cost)

@@ -1,7 +1,8 @@
 """What a set of plans runs, per shape: the batch sizes declared at it and, with requests, their contexts.
 
-A plan's batch of n requests at shape s runs the graph (n, s); its decode reaches s
-plus the longest generation among its members.  The export writes one graph per
+A plan's batch of n requests at shape s runs the graph (n, s) -- or, on a stack that
+compiles batch buckets, (B, s) with B the smallest bucket >= n (``model.cost.device.graph_batch``);
+its decode reaches s plus the longest generation among its members.  The export writes one graph per
 distinct (n, s) the plans run, so it keeps, per shape, the batch sizes and the
 longest context of each (model.serving.spec.ShapeUse).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from model.base.errors import InputError
+from model.cost.device import graph_batch
 from model.cost.metrics import batch_index
 from model.domain.schema import Bucket, Plan
 from model.evaluation.validate import plan_rows
@@ -45,14 +47,21 @@ def plan_batches(plan: Plan, bucket: Bucket | None) -> tuple[np.ndarray, np.ndar
     return shape, size, shape + g_max
 
 
-def shape_uses(plans: list[Plan] | tuple[Plan, ...], buckets: list[Bucket | None] | tuple[Bucket | None, ...]
-               ) -> tuple[ShapeUse, ...]:
-    """Per shape across all plans: the batch sizes used at it, the longest context of each, and the shape's."""
+def shape_uses(plans: list[Plan] | tuple[Plan, ...], buckets: list[Bucket | None] | tuple[Bucket | None, ...],
+               batch_buckets: tuple[int, ...] | None = None) -> tuple[ShapeUse, ...]:
+    """Per shape across all plans: the batch sizes of the graphs run at it (with ``batch_buckets`` each batch's
+    bucket, else its size), the longest context of each, and the shape's.  A batch above the largest bucket
+    fits no graph: an InputError naming its plan."""
     context: dict[tuple[int, int], int] = {}
     sizes: dict[int, set[int]] = {}
     known = all(b is not None for b in buckets)
     for plan, bucket in zip(plans, buckets, strict=True):
         shape, size, ctx = plan_batches(plan, bucket)
+        if batch_buckets is not None:
+            if len(size) and int(size.max()) > batch_buckets[-1]:
+                raise InputError(plan.source, None, "batch_id", f"a batch of {int(size.max())} requests is larger "
+                                 f"than every batch bucket (largest {batch_buckets[-1]})")
+            size = graph_batch(size, batch_buckets)
         for k, s in enumerate(shape.tolist()):
             n = int(size[k])
             sizes.setdefault(s, set()).add(n)

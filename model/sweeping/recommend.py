@@ -1,4 +1,4 @@
-"""What to compile: the smallest K near the cheapest, and what it saves over the best fixed rule."""
+"""What to compile: the smallest K near the cheapest, and what it saves over the rule a stack uses (pow2)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from model.sweeping.grid import SweepPoint, base_factor
 from model.sweeping.runner import MIP, SweepRow
 from model.sweeping.table import PlannerTotal, planner_totals
+
+STACK_RULE = "pow2"  # the power-of-two buckets Neuron and JetStream compile by default: what a stack runs today
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,13 @@ class Recommendation:
     tolerance: float
     rule: PlannerTotal | None
     same_k_rule: PlannerTotal | None
+    stack_rule: PlannerTotal | None = None  # pow2 (a stack's default rule) at the recommended K, limits met or not
+    stack_rule_best: PlannerTotal | None = None  # pow2 at its cheapest K meeting every limit
+
+    @property
+    def stack_savings(self) -> float | None:
+        """1 - cost / cost of the stack's default rule (pow2) at the same K."""
+        return _saving(self.cost, self.stack_rule)
 
     @property
     def savings(self) -> float | None:
@@ -71,5 +80,7 @@ def recommend(rows: Sequence[SweepRow], tolerance: float = 0.005) -> Recommendat
     rules = [t for t in at_base if t.planner != chosen]
     rule = min(rules, key=lambda t: (t.cost, t.point.k), default=None)
     same = min((t for t in rules if t.point.k == pick.point.k), key=lambda t: t.cost, default=None)
+    stack = next((t for t in totals if t.planner == STACK_RULE and t.point == pick.point), None)
+    stack_best = min((t for t in rules if t.planner == STACK_RULE), key=lambda t: (t.cost, t.point.k), default=None)
     return Recommendation(chosen, pick.point, pick.cost, pick.bound, pick.gap, pick.shapes, cheapest.point.k,
-                          cheapest.cost, mine[-1].point.k, tolerance, rule, same)
+                          cheapest.cost, mine[-1].point.k, tolerance, rule, same, stack, stack_best)

@@ -1,7 +1,8 @@
 """The sweep report: report.md and a self-contained report.html built from the sweep's rows.
 
 The first screen is the recommendation and why: which K, what it costs, what it saves
-over the best fixed rule, and which limits hold each bucket's cost up.  The blocks and
+over the rule a stack compiles by default (pow2, at the same K), and which limits hold
+each bucket's cost up.  The blocks and
 their renderings are ``model.report.document``'s.
 """
 
@@ -50,27 +51,37 @@ def settings_table(settings: SweepSettings) -> Table:
     return Table(("setting", "value"), tuple(rows))
 
 
-def recommendation_paragraphs(rec: Recommendation) -> list[Paragraph]:
+def with_unit(value: float | None, unit: str) -> str:
+    """A cost with its unit, and device-hours beside device-ms ("" unit: the number alone)."""
+    if value is None or not unit:
+        return fmt(value)
+    hours = f" = {value / 3.6e6:,.4g} device-hours" if unit == "device-ms" else ""
+    return f"{fmt(value)} {unit}{hours}"
+
+
+def recommendation_paragraphs(rec: Recommendation, unit: str = "") -> list[Paragraph]:
     """The first screen: what to compile, what it costs, what it saves, how sure the bound makes us."""
     if rec.point is None:
         return [Paragraph("no planner met every limit at any K of the sweep; loosen a limit or widen the K range.",
                           "No recommendation: ")]
     limits = f" at {rec.point.limit} x{rec.point.factor:g}" if rec.point.limit else ""
     text = (f"compile K = {rec.point.k} shapes ({', '.join(map(str, rec.shapes))}) with the {rec.planner} "
-            f"plan{limits}. Expected total cost {fmt(rec.cost)}")
+            f"plan{limits}. Expected total cost {with_unit(rec.cost, unit)}")
     if rec.bound is not None:
         text += f" (certified lower bound {fmt(rec.bound)}, gap {rec.gap:.2%})"
     text += ". Every limit is met."
     out = [Paragraph(text, "Recommendation: ")]
+    out.append(Paragraph(stack_saving_text(rec), "Savings: "))
     if rec.rule is not None:
-        saving = (f"{rec.savings:.1%} cheaper than the best fixed rule, {rec.rule.planner} at its best K = "
-                  f"{rec.rule.point.k} (cost {fmt(rec.rule.cost)})")
+        saving = (f"the best of every packer, {rec.rule.planner} at its best K = {rec.rule.point.k} (cost "
+                  f"{fmt(rec.rule.cost)}), is {rec.savings:.1%} dearer than the recommendation")
         if rec.same_k_rule is not None and rec.same_k_rule is not rec.rule:
-            saving += (f", and {rec.same_k_savings:.1%} cheaper than the best fixed rule at K = {rec.point.k} "
-                       f"({rec.same_k_rule.planner}, cost {fmt(rec.same_k_rule.cost)})")
-        out.append(Paragraph(saving + ".", "Savings: "))
+            saving += (f"; at K = {rec.point.k} the best packer ({rec.same_k_rule.planner}, cost "
+                       f"{fmt(rec.same_k_rule.cost)}) is {rec.same_k_savings:.1%} dearer")
+        out.append(Paragraph(saving + " (shapeplan's own packers: no stack runs them; they show what a good "
+                             "fixed rule could do).", "Packers: "))
     else:
-        out.append(Paragraph("no fixed rule (packer) meets every limit at any K of the sweep.", "Savings: "))
+        out.append(Paragraph("no packer meets every limit at any K of the sweep.", "Packers: "))
     if rec.cost <= rec.cheapest_cost * (1 + 1e-9):
         why_k = (f"K = {rec.point.k} is the cheapest shape cap of the sweep; the larger caps swept (up to K = "
                  f"{rec.largest_k}) do not lower the cost." if rec.point.k < rec.largest_k else
@@ -82,6 +93,28 @@ def recommendation_paragraphs(rec: Recommendation) -> list[Paragraph]:
                  "lower); more shapes buy less than that.")
     out.append(Paragraph(why_k, "Why this K: "))
     return out
+
+
+def stack_saving_text(rec: Recommendation) -> str:
+    """The saving against the rule a stack uses by default (pow2), at the same K and at pow2's best K."""
+    t = rec.stack_rule
+    if t is None:
+        return ("pow2, the power-of-two rule stacks compile by default, was not swept (add pow2 to --solvers) "
+                "or has no plan at this K.")
+    if t.cost is None:
+        return f"pow2, the power-of-two rule stacks compile by default, has no plan at K = {rec.point.k} ({t.status})."
+    share = rec.stack_savings
+    word = "-" if share is None else f"{share:.1%} cheaper" if share >= 0 else f"{-share:.1%} dearer"
+    text = (f"{word} than pow2, the power-of-two rule stacks (Neuron, JetStream) compile by default, at the same "
+            f"K = {rec.point.k} (cost {fmt(t.cost)}"
+            + ("" if t.limits_met else ", but pow2 breaks a limit there: its plan is not one to run") + ")")
+    best = rec.stack_rule_best
+    if best is not None and best.point != t.point:
+        text += (f"; pow2 at its best K = {best.point.k} meeting every limit costs {fmt(best.cost)} "
+                 f"({1 - rec.cost / best.cost:.1%} dearer)" if best.cost else "")
+    elif best is None:
+        text += "; pow2 meets every limit at no K of the sweep"
+    return text + "."
 
 
 def row_checks(row: SweepRow) -> list[LimitCheck]:
@@ -123,7 +156,7 @@ def binding_paragraph(row: SweepRow, threshold: float) -> Paragraph:
     return Paragraph("; ".join(parts) + ".", lead)
 
 
-def k_table(totals: Sequence[PlannerTotal], factor: float) -> Table:
+def k_table(totals: Sequence[PlannerTotal], factor: float, unit: str = "") -> Table:
     """Per K at one factor: the MIP's cost, bound and gap, then every packer's cost ratio to the MIP.
 
     A ratio is starred when that plan breaks a limit, and "-" means no plan.
@@ -140,6 +173,8 @@ def k_table(totals: Sequence[PlannerTotal], factor: float) -> Table:
             met = ("yes" if mip.limits_met else "NO") if mip and mip.cost is not None else mip.status if mip else "-"
             cells += [fmt(mip.cost) if mip else "-", fmt(mip.bound) if mip else "-",
                       f"{mip.gap:.2%}" if mip and mip.gap is not None else "-", met]
+            if unit == "device-ms":
+                cells.insert(2, f"{mip.cost / 3.6e6:,.4g}" if mip and mip.cost is not None else "-")
         for p in packers:
             t = by.get((k, p))
             if t is None or t.cost is None:
@@ -149,11 +184,13 @@ def k_table(totals: Sequence[PlannerTotal], factor: float) -> Table:
             else:
                 cells.append(fmt(t.cost) + ("" if t.limits_met else "*"))
         rows.append(tuple(cells))
-    head = ("K", "MIP cost", "MIP bound", "gap", "limits met") if MIP in planners else ("K",)
+    u = f" ({unit})" if unit else ""
+    head = ("K", f"MIP cost{u}", *(("MIP device-hours",) if unit == "device-ms" else ()), f"MIP bound{u}", "gap",
+            "limits met") if MIP in planners else ("K",)
     return Table((*head, *packers), tuple(rows))
 
 
-def bucket_table_at(rows: Sequence[SweepRow], point: SweepPoint) -> Table:
+def bucket_table_at(rows: Sequence[SweepRow], point: SweepPoint, unit: str = "") -> Table:
     """Every planner and bucket at one point: cost, ratio to the MIP, pad, P95, sequential time, limits."""
     out = []
     for r in rows:
@@ -163,17 +200,24 @@ def bucket_table_at(rows: Sequence[SweepRow], point: SweepPoint) -> Table:
         out.append((r.bucket, r.planner, fmt(r.cost), f"{r.ratio_to_mip:.3f}" if r.ratio_to_mip else "-",
                     fmt(r.pad_ratio, "pad_ratio"), fmt(r.p95_latency_ms), fmt(r.sequential_ms),
                     str(r.n_batches) if r.n_batches is not None else "-", r.shapes or "-", met))
-    return Table(("bucket", "planner", "cost", "ratio to MIP", "pad ratio", "P95 ms", "sequential ms", "batches",
+    return Table(("bucket", "planner", f"cost ({unit})" if unit else "cost", "ratio to MIP", "pad ratio", "P95 ms",
+                  "sequential ms", "batches",
                   "shapes", "limits met"), tuple(out))
 
 
-def limit_table(rows: Sequence[SweepRow], k: int, planner: str) -> Table:
+def limit_table(rows: Sequence[SweepRow], k: int, planner: str, unit: str = "") -> Table:
     """Along the limit sweep at one K: each bucket's limit value, the plan's sequential time and cost."""
     out = [(f"{r.factor:g}", r.bucket, fmt(r.limit_value), fmt(r.sequential_ms), fmt(r.cost),
             "yes" if r.limits_met else r.status if r.cost is None else "NO")
            for r in rows if r.k == k and r.planner == planner and r.sweep_limit]
     name = next((r.sweep_limit for r in rows if r.sweep_limit), "limit")
-    return Table(("factor", "bucket", name, "sequential ms", "cost", "limits met"), tuple(out))
+    return Table(("factor", "bucket", name, "sequential ms", f"cost ({unit})" if unit else "cost", "limits met"),
+                 tuple(out))
+
+
+def mode_unit(mode: str) -> str:
+    """The unit of a cost mode's costs (device mode: device-ms; the analytic modes have none)."""
+    return "device-ms" if mode == "device" else "cost units"
 
 
 def report_point(rec: Recommendation, totals: Sequence[PlannerTotal]) -> SweepPoint:
@@ -218,7 +262,8 @@ def report_blocks(problem: Problem, hists: Sequence[Histogram], result: SweepRes
     rec = recommend(result.rows, settings.tolerance)
     totals = planner_totals(result.rows)
     factor = base_factor(t.point for t in totals)
-    blocks: list[Block] = [Heading(f"Shape plan sweep: {settings.source}", 1), *recommendation_paragraphs(rec)]
+    blocks: list[Block] = [Heading(f"Shape plan sweep: {settings.source}", 1),
+                           *recommendation_paragraphs(rec, mode_unit(settings.mode))]
     if rec.point is not None:
         blocks.append(Heading("Which limits bind, per bucket"))
         blocks += [binding_paragraph(r, settings.bind_threshold) for r in result.rows
@@ -227,12 +272,13 @@ def report_blocks(problem: Problem, hists: Sequence[Histogram], result: SweepRes
                Heading("Settings"), settings_table(settings),
                Heading(f"Cost by shape cap{f' ({settings.sweep_limit} x{factor:g})' if settings.sweep_limit else ''}"),
                Paragraph("packer columns are cost / MIP cost over all buckets; * = the plan breaks a limit."),
-               k_table(totals, factor)]
+               k_table(totals, factor, mode_unit(settings.mode))]
     point = report_point(rec, totals)
-    blocks += [Heading(f"Every planner per bucket at {point.label()}"), bucket_table_at(result.rows, point)]
+    unit = mode_unit(settings.mode)
+    blocks += [Heading(f"Every planner per bucket at {point.label()}"), bucket_table_at(result.rows, point, unit)]
     if settings.sweep_limit:
         blocks += [Heading(f"Limit sweep at K = {point.k} ({rec.planner or MIP})"),
-                   limit_table(result.rows, point.k, rec.planner or MIP)]
+                   limit_table(result.rows, point.k, rec.planner or MIP, unit)]
     blocks += [Heading("Pictures"), *images[1:]]
     return blocks
 

@@ -35,6 +35,7 @@ PRESOLVE_MAX_COLS = 20_000
 STOP_GRACE_S = 0.5  # a run still going this long after its time limit is left behind (see run_native)
 CHILD_MIN_COLS = PRESOLVE_MAX_COLS  # MIPs above this run in a child process (see solve_in_child) ...
 KILL_GRACE_S = 0.25  # ... their HiGHS limit this much (and their start) short of the call's, killed at the call's
+STALL_REL = 1e-9  # an incumbent counts as better (restarting the stall clock) by at least this share
 # Starting a child costs about half a second (interpreter, numpy, highspy) plus sending the model through a
 # pipe (about 50 MB/s measured: 0.75 s for a 415k-column flow model).  With less time than that the call
 # could only overrun its deadline, so it returns the warm start (or nothing) instead.
@@ -126,7 +127,7 @@ class Highs:
 
     name = "highs"
     features = frozenset({Feature.LP, Feature.MIP, Feature.LP_DUALS, Feature.LOWER_BOUND, Feature.WARM_START,
-                          Feature.TIME_LIMIT, Feature.INTERRUPT, Feature.PROGRESS})
+                          Feature.TIME_LIMIT, Feature.INTERRUPT, Feature.PROGRESS, Feature.STALL})
 
     def version(self) -> str:
         return version()
@@ -148,10 +149,11 @@ class Highs:
             return BackendResult(Status.TIME_LIMIT_NO_SOLUTION, None, None, None, None, time.perf_counter() - t0,
                                  self.name, version(), "time limit reached while passing the model")
         incumbent = [options.warm_start] if options.warm_start is not None and not options.relax else [None]
+        stall = None if options.relax or options.stall_s is None else Stall(float(options.stall_s), t0)
         if not options.relax:
-            _subscribe_progress(h, model, options.on_progress, incumbent)
+            _subscribe_progress(h, model, options.on_progress, incumbent, stall)
         stop = threading.Event()
-        _subscribe_interrupt(h, t0 + float(options.time_limit), stop)
+        _subscribe_interrupt(h, t0 + float(options.time_limit), stop, stall)
         # HiGHS counts its limit from run(): give it what passing the model left
         h.setOptionValue("time_limit", max(0.01, float(options.time_limit) - (time.perf_counter() - t0)))
         run = run_native(h.run, stop.set, until=t0 + float(options.time_limit), grace_s=STOP_GRACE_S,
@@ -161,6 +163,8 @@ class Highs:
                                  version(), "interrupted")
         if run.abandoned:  # it polled no interrupt in time: what it had found (or the start) is the answer
             return _incumbent_result(model, incumbent[0], t0, "did not stop at its time limit; left behind")
+        if stall is not None and stall.hit:
+            return stalled_result(model, incumbent[0], t0, stall.seconds)
         return read_result(h, model, options.relax, t0)
 
 
@@ -222,6 +226,13 @@ def _incumbent_result(model: MipArrays, x, t0: float, native: str) -> BackendRes
     return BackendResult(status, x, None, objective, None, time.perf_counter() - t0, "highs", version(), native)
 
 
+def stalled_result(model: MipArrays, x, t0: float, stall_s: float) -> BackendResult:
+    """A MIP we ended because it found no better incumbent for ``stall_s`` seconds: its best (or the start) as a
+    FEASIBLE result -- it stopped by its own rule, not the clock -- and no solution where it has none."""
+    got = _incumbent_result(model, x, t0, f"stalled: no better incumbent in {stall_s:.1f} s; time given back")
+    return replace(got, status=Status.FEASIBLE if got.x is not None else got.status, stalled=True)
+
+
 def child_start_s(model: MipArrays) -> float:
     """Seconds a child process needs before HiGHS even starts on ``model`` (see CHILD_START_S)."""
     size = sum(a.nbytes for a in (model.c, model.lb, model.ub, model.rows, model.cols, model.vals, model.row_lo,
@@ -256,6 +267,7 @@ def solve_in_child(model: MipArrays, options: SolveOptions) -> BackendResult:
     reader.start()
     incumbent = options.warm_start
     until = t0 + max(float(options.time_limit), own + KILL_GRACE_S)
+    best, improved = np.inf, t0  # the stall clock runs from the call's start (a start it never beats counts)
     try:
         with shielded():
             try:
@@ -272,6 +284,8 @@ def solve_in_child(model: MipArrays, options: SolveOptions) -> BackendResult:
                     return replace(data[0], time_s=time.perf_counter() - t0)
                 if kind == "incumbent":
                     incumbent = data[2]
+                    if data[0] < best * (1 - STALL_REL):
+                        best, improved = data[0], time.perf_counter()
                     if options.on_progress is not None:
                         options.on_progress(data[0], data[1])
                     continue
@@ -283,6 +297,8 @@ def solve_in_child(model: MipArrays, options: SolveOptions) -> BackendResult:
                                          "highs", version(), "interrupted")
                 if time.perf_counter() > until:
                     return _incumbent_result(model, incumbent, t0, "did not stop at its time limit; stopped")
+                if options.stall_s is not None and time.perf_counter() - improved > options.stall_s:
+                    return stalled_result(model, incumbent, t0, options.stall_s)
     finally:
         with shielded():
             if child.poll() is None:
@@ -337,7 +353,25 @@ def satisfies(model: MipArrays, x: np.ndarray, tol: float = 1e-6) -> bool:
     return bool(((act >= model.row_lo - tol * scale) & (act <= model.row_hi + tol * scale)).all())
 
 
-def _subscribe_interrupt(h, until: float, stop: threading.Event) -> None:
+class Stall:
+    """The stall clock of one MIP run in this process: when it last found a better incumbent (from the call's
+    start), and whether it was stopped for finding none for ``seconds``."""
+
+    def __init__(self, seconds: float, t0: float):
+        self.seconds, self.improved, self.best, self.hit = seconds, t0, np.inf, False
+
+    def found(self, objective: float) -> None:
+        """An incumbent of this objective came: a better one restarts the clock."""
+        if objective < self.best * (1 - STALL_REL):
+            self.best, self.improved = objective, time.perf_counter()
+
+    def due(self) -> bool:
+        """Whether the run has gone ``seconds`` without a better incumbent (then it is marked as stalled)."""
+        self.hit = self.hit or time.perf_counter() - self.improved > self.seconds
+        return self.hit
+
+
+def _subscribe_interrupt(h, until: float, stop: threading.Event, stall: Stall | None = None) -> None:
     """Interrupt HiGHS from its own callbacks once the wall-clock budget is spent or ``stop`` is set.
 
     HiGHS's time_limit option is not honoured everywhere: proving a large MIP
@@ -346,7 +380,7 @@ def _subscribe_interrupt(h, until: float, stop: threading.Event) -> None:
     main thread on a signal (see ``model.base.runtime.run_native``).
     """
     def check(event) -> None:
-        if stop.is_set() or time.perf_counter() > until:
+        if stop.is_set() or time.perf_counter() > until or (stall is not None and stall.due()):
             event.interrupt()
 
     for name in ("cbMipInterrupt", "cbSimplexInterrupt", "cbIpmInterrupt"):
@@ -355,11 +389,14 @@ def _subscribe_interrupt(h, until: float, stop: threading.Event) -> None:
             hook.subscribe(check)
 
 
-def _subscribe_progress(h, model: MipArrays, report, incumbent: list) -> None:
-    """Keep each improved incumbent in ``incumbent[0]`` and forward it (with the bound) to ``report``."""
+def _subscribe_progress(h, model: MipArrays, report, incumbent: list, stall: Stall | None = None) -> None:
+    """Keep each improved incumbent in ``incumbent[0]`` and forward it (with the bound) to ``report`` (and to the
+    stall clock)."""
     def on_improve(event):
         data = event.data_out
         incumbent[0] = np.array(data.mip_solution, dtype=np.float64)
+        if stall is not None:
+            stall.found(float(data.objective_function_value) * model.scale)
         if report is not None:
             report(float(data.objective_function_value) * model.scale, float(data.mip_dual_bound) * model.scale)
 

@@ -62,6 +62,7 @@ class Feature(enum.Enum):
     TIME_LIMIT = "time_limit"  # honours SolveOptions.time_limit
     INTERRUPT = "interrupt"  # stops promptly on a signal (returns Status.INTERRUPTED)
     PROGRESS = "progress"  # reports improving incumbents through SolveOptions.on_progress
+    STALL = "stall"  # ends a MIP that stalls (SolveOptions.stall_s) and says so
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,9 @@ class SolveOptions:
     threads: int = 2
     seed: int = 0
     on_progress: Callable[[float, float | None], None] | None = None  # (incumbent, bound), unscaled
+    # give the time back once this many seconds pass without a better incumbent (counted from the call's start,
+    # so a MIP that never beats its start ends too): the result is FEASIBLE, not a time limit (Feature.STALL)
+    stall_s: float | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,6 +99,7 @@ class BackendResult:
     backend: str
     version: str
     native: str = ""
+    stalled: bool = False  # ended by SolveOptions.stall_s: no better incumbent for that long, time given back
 
     @property
     def has_solution(self) -> bool:
