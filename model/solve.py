@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -95,8 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    from model.solve_serving import main_serving, serving_requested
 
+    if serving_requested(sys.argv[1:] if argv is None else argv):  # its own flags: model/solve_serving.py
+        return main_serving(argv)
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
     args = build_parser().parse_args(argv)
     check_engine_flags(args, DASK_UNSUPPORTED)
     if args.plan_from is not None and args.engine != "dask":
