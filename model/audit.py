@@ -13,7 +13,8 @@ time and the number of compiled shapes side by side, and the saving.  With --hol
 the optimised shapes are chosen on the first part of the traffic and both sides are
 judged on the held-out part.  With --window SECONDS both sides batch only within arrival
 windows (the P95 then includes each member's wait).  --report DIR writes report.md, report.html and
-heatmap.png together (all or none).  Exit status: 0 both plans valid and within
+heatmap.png together (all or none).  --time-limit bounds the whole audit (its planner runs share it).
+Exit status: 0 both plans valid and within
 their limits; 1 a plan breaks a rule or limit; 2 bad input (e.g. a config whose
 largest shape is shorter than a prompt: the request is named); 3 infeasible.
 
@@ -39,9 +40,17 @@ import logging
 import sys
 from pathlib import Path
 
-from model.base.errors import InputError, NoPlanFound
+from model.base.errors import InputError, NoPlanFound, unknown_name
 from model.base.numbers import float_flag, int_flag
-from model.cli_common import add_input_args, add_limit_args, build_problem, given_inputs, run_main
+from model.cli_common import (
+    CommandParser,
+    add_input_args,
+    add_limit_args,
+    build_problem,
+    check_time_limit,
+    given_inputs,
+    run_main,
+)
 from model.cli_json import JsonOut, add_json_arg, cost_flag_given, input_words, json_output, json_targets
 from model.load.outputs import Target, check_targets, files_in, write_together
 
@@ -51,24 +60,29 @@ def build_parser() -> argparse.ArgumentParser:
     from model.deploy.flags import add_holdout_args, add_server_settings_arg, add_window_args
     from model.serving.formats import READERS
 
-    parser = argparse.ArgumentParser(prog="python -m model.audit", description=__doc__.split("\n")[0])
-    parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each (or --scenario)")
+    parser = CommandParser("model.audit", __doc__)
+    parser.add_argument("requests", nargs="*", type=Path, help="request files (JSONL, CSV, Parquet), one bucket "
+                                                               "each, e.g. chat.jsonl trace.csv (or --scenario)")
     add_input_args(parser)
     add_limit_args(parser)
     parser.add_argument("--shapes-from", dest="config", type=Path, required=True,
-                        help="the serving config whose shapes are today's")
-    parser.add_argument("--shapes-format", dest="config_format", default="list",
-                        help=f"format of the config: {', '.join(READERS)} (default list)")
+                        help="the serving config whose shapes are today's, e.g. --shapes-from neuron.json")
+    parser.add_argument("--shapes-format", dest="config_format", default=None,
+                        help=f"format of the config: {', '.join(READERS)}, e.g. --shapes-format nxdi "
+                             "(default list)")
     add_server_settings_arg(parser, "config_settings")
     add_holdout_args(parser)
     add_window_args(parser)
-    parser.add_argument("--solver", default=pipeline.MIP, help=f"planner: {', '.join(pipeline.solver_names())}")
-    parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
-    parser.add_argument("--time-limit", type=float_flag("--time-limit"),
-                        default=60.0, help="seconds per MIP solve (default 60)")
+    parser.add_argument("--solver", default=pipeline.MIP,
+                        help=f"planner: {', '.join(pipeline.solver_names())}, e.g. --solver dpfill")
+    parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp, e.g. --backend cpsat")
+    parser.add_argument("--time-limit", type=float_flag("--time-limit"), default=60.0,
+                        help="seconds for the whole audit, shared by its planner runs (today's shapes, the free "
+                             "choice; with --holdout the check's runs too), e.g. --time-limit 120 (default 60)")
     parser.add_argument("--max-batch-size", type=int_flag("--max-batch-size"),
-                        default=None, help="at most this many requests per batch")
-    parser.add_argument("--report", type=Path, help="folder for report.md, report.html and heatmap.png")
+                        default=None, help="at most this many requests per batch, e.g. --max-batch-size 16")
+    parser.add_argument("--report", type=Path, help="folder for report.md, report.html and heatmap.png, e.g. "
+                                                    "--report audit/")
     parser.add_argument("--quiet", action="store_true", help="no progress log")
     add_json_arg(parser)
     return parser
@@ -87,7 +101,7 @@ def run_audit(args: argparse.Namespace, sink: JsonOut) -> int:
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
     from model import pipeline
     from model.deploy.auditing import audit
-    from model.deploy.flags import import_config, parse_fraction, warning_text
+    from model.deploy.flags import DEFAULT_SHAPES_FORMAT, import_config, parse_fraction, warning_text
     from model.deploy.present import AUDIT_REPORT_FILES, audit_blocks, audit_report_files, audit_tables
     from model.deploy.summaries import audit_summary
     from model.report.document import to_text
@@ -96,13 +110,11 @@ def run_audit(args: argparse.Namespace, sink: JsonOut) -> int:
 
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="[%(relativeCreated)6.0f ms] %(message)s")
-    if not args.time_limit > 0:
-        raise InputError("--time-limit", None, None, f"must be positive, got {args.time_limit}")
+    check_time_limit(args.time_limit)
     if args.max_batch_size is not None and args.max_batch_size < 1:
         raise InputError("--max-batch-size", None, None, f"must be a positive integer, got {args.max_batch_size}")
     if args.solver not in pipeline.solver_names():
-        raise InputError("--solver", None, None,
-                         f"unknown solver {args.solver!r} ({', '.join(pipeline.solver_names())})")
+        raise InputError("--solver", None, None, unknown_name("solver", args.solver, pipeline.solver_names()))
     fraction = parse_fraction(args.holdout)
     targets = [Target("--report", args.report, "folder", "give a folder for report.md, report.html and heatmap.png"),
                *files_in("--report", args.report, AUDIT_REPORT_FILES)] if args.report else []
@@ -117,7 +129,8 @@ def run_audit(args: argparse.Namespace, sink: JsonOut) -> int:
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
     print(mode_note(problem.cost, scenario is not None, cost_flag_given(args)))
     result = audit(problem, config, args.limit_shapes, args.solver, args.backend, args.time_limit, fraction,
-                   args.config_format, None if imported.graphs is None else len(imported.graphs))
+                   args.config_format or DEFAULT_SHAPES_FORMAT,
+                   None if imported.graphs is None else len(imported.graphs))
     print(to_text(audit_blocks(result, source, str(args.config))))
     if not result.ok:
         print("FAIL: a plan breaks a rule or a limit")
@@ -147,8 +160,9 @@ def serving_mode(argv: list[str]) -> bool:
 def serving_parser() -> argparse.ArgumentParser:
     from model.deploy.serving_flags import add_capacity_args, add_server_args, add_trace_args
 
-    p = argparse.ArgumentParser(prog="python -m model.audit --cost-model serving",
-                                description="Replay today's serving config (and planned graphs) on the same trace")
+    p = CommandParser("model.audit", __doc__)
+    p.prog = f"{p.prog} --cost-model serving"  # its own flags: the usage line says how this parser is reached
+    p.description = "Replay today's serving config (and planned graphs) on the same trace"
     p.add_argument("requests", nargs="+", type=Path, help="request files with arrival times (JSONL, CSV, Parquet)")
     p.add_argument("--cost-model", choices=(SERVING,), required=True, help="serving: continuous batching replayed")
     p.add_argument("--device-profile", type=Path, required=True, help="profile TOML: [device] and [server] tables")

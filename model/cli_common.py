@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model.base.errors import InfeasibleError, InputError, NoPlanFound
+from model.base.errors import InfeasibleError, InputError, NoPlanFound, closest
 from model.base.numbers import float_flag, int_flag
 from model.base.runtime import Interrupted, leave, shielded, signal_handlers
 from model.load.files import recorded_inputs
@@ -28,34 +28,158 @@ if TYPE_CHECKING:
 ABANDONED_WAIT_S = 5.0  # at exit, a solver left behind gets this long to end before the process leaves anyway
 
 
+PACKAGE = "shapeplan"  # the distribution whose metadata gives --version (pyproject's [project] name)
+SCRIPT_PREFIX = "shapeplan-"  # pyproject's [project.scripts]: shapeplan-solve runs model.solve:entry
+
+
+def program_name(module: str, argv0: str | None = None) -> str:
+    """The program as the user invoked it, for usage lines, errors and examples: ``shapeplan-solve`` when the
+    console script ran (``sys.argv[0]`` names it), else ``python -m model.solve``."""
+    script = SCRIPT_PREFIX + module.rsplit(".", 1)[-1]
+    name = Path(sys.argv[0] if argv0 is None else argv0).name
+    # pip's Windows launchers are shapeplan-solve.exe (and -script.py)
+    return script if name in (script, f"{script}.exe", f"{script}-script.py") else f"python -m {module}"
+
+
+def package_version() -> str:
+    """The installed package's version (its metadata, so it is the version pip installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(PACKAGE)
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e . in the repository)"
+
+
+def help_texts(doc: str, module: str, prog: str) -> tuple[str, str]:
+    """The description (the docstring's first line) and the epilog (its examples and the rest of its text) of a
+    command, with ``python -m model.X`` replaced by the program as invoked."""
+    first, _, rest = doc.strip().partition("\n")
+    invoked = f"python -m {module}"
+    description = first.replace(f"``{invoked}``: ", "").replace("``", "")
+    body = rest.strip("\n").replace(invoked, prog).replace("``", "")
+    examples, _, prose = body.partition("\n\n")
+    return description, "examples:\n" + examples + ("\n\n" + prose if prose else "")
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser: errors as one line with a hint (not 22 lines of usage), "did you mean" for a misspelt
+    flag or choice, ``--version``, a usage line naming the program as invoked, and examples in the epilog.
+
+    Every error still exits 2, as argparse's own do and as bad input does (README, "Exit statuses").
+    """
+
+    def __init__(self, module: str, doc: str, **kwargs) -> None:
+        prog = program_name(module)
+        description, epilog = help_texts(doc, module, prog)
+        super().__init__(prog=prog, description=description, epilog=epilog,
+                         formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+        self.add_argument("--version", action="version", version=f"%(prog)s {package_version()}",
+                          help="print the program's version and exit, e.g. --version")
+
+    def error(self, message: str):
+        """One line on stderr, then exit 2: the message, and where the full list of flags is."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but an unknown flag is named with the closest known one, and before a missing required
+        flag is (``--shapes-frm X``: the typo is the news, not the missing --shapes-from)."""
+        argv = list(sys.argv[1:] if args is None else args)
+        flags = list(self._option_string_actions)
+        typos = unknown_flags(argv, flags)
+        if typos:
+            self.error(unknown_arguments(typos, flags))
+        parsed, extras = self.parse_known_args(argv, namespace)
+        if extras:
+            self.error(unknown_arguments(extras, flags))
+        return parsed
+
+    def parse_intermixed_args(self, args=None, namespace=None):
+        """As argparse's (positionals may follow flags), with the same "did you mean" for a misspelt flag."""
+        argv = list(sys.argv[1:] if args is None else args)
+        flags = list(self._option_string_actions)
+        typos = unknown_flags(argv, flags)
+        if typos:
+            self.error(unknown_arguments(typos, flags))
+        return super().parse_intermixed_args(argv, namespace)
+
+    def _check_value(self, action, value):  # argparse's hook for choices=
+        if action.choices is not None and value not in action.choices:
+            near = closest(str(value), action.choices)
+            hint = f"; did you mean {near!r}?" if near is not None else ""
+            raise argparse.ArgumentError(action, f"invalid choice {value!r}{hint} (choose from "
+                                                 f"{', '.join(map(str, action.choices))})")
+
+
+def unknown_flags(argv: list[str], flags: list[str]) -> list[str]:
+    """The tokens before ``--`` that look like long flags and match no flag, not even as an abbreviation."""
+    out = []
+    for arg in argv:
+        if arg == "--":
+            break
+        flag = arg.partition("=")[0]
+        if flag.startswith("--") and len(flag) > 2 and " " not in flag and not any(f.startswith(flag) for f in flags):
+            out.append(arg)
+    return out
+
+
+def unknown_arguments(extras: list[str], flags: list[str]) -> str:
+    """The message for arguments no option takes: the first unknown flag with its closest known spelling."""
+    for arg in extras:
+        if arg.startswith("-") and len(arg) > 1:
+            flag = arg.partition("=")[0]
+            near = closest(flag, [f for f in flags if f.startswith("--")])
+            more = f" (and {len(extras) - 1} more unrecognised argument{'s' if len(extras) > 2 else ''})" \
+                if len(extras) > 1 else ""
+            return f"unknown flag {flag}" + (f"; did you mean {near}?" if near else "") + more
+    return f"unrecognised argument{'s' if len(extras) > 1 else ''}: {' '.join(extras)}"
+
+
+
+
 def add_input_args(parser: argparse.ArgumentParser) -> None:
     """Options that say what to plan or judge and under which cost model."""
     from model.cost.common import MODES
     from model.deploy.flags import add_batch_buckets_arg, add_graph_cap_args
 
-    parser.add_argument("--scenario", type=Path, help="scenario.toml (request paths relative to it)")
-    parser.add_argument("--columns", help="column mapping: 'azure' or PROMPT,GEN[,ID] (CSV/Parquet inputs)")
-    parser.add_argument("--format", choices=("jsonl", "csv", "parquet"), help="input format (default: by suffix)")
+    parser.add_argument("--scenario", type=Path,
+                        help="scenario TOML naming the request files (paths relative to it), their limits and cost "
+                             "model, e.g. --scenario data/default/scenario.toml")
+    parser.add_argument("--columns",
+                        help="which columns hold the lengths (and the id): 'azure' or PROMPT,GEN[,ID], e.g. "
+                             "--columns input_tokens,output_tokens,id (without an ID the rows are numbered)")
+    parser.add_argument("--format", choices=("jsonl", "csv", "parquet"),
+                        help="request file format, e.g. --format csv (default: by suffix)")
     parser.add_argument("--cost-model", choices=MODES, default=None,
                         help="reference (default), strict (declared shape is paid for) or device "
-                             "(measured step times of --device-profile)")
+                             "(measured step times of --device-profile), e.g. --cost-model strict")
     parser.add_argument("--device-profile", type=Path,
-                        help="device profile TOML ([device] table, see data/profiles/): device mode")
-    parser.add_argument("--cost-params", type=Path, help="TOML file overriding cost-model coefficients")
+                        help="device profile TOML ([device] table of measured step times): device mode, e.g. "
+                             "--device-profile data/profiles/opt13b-a100-tp1.toml")
+    parser.add_argument("--cost-params", type=Path,
+                        help="TOML file overriding cost-model coefficients, e.g. --cost-params params.toml")
     parser.add_argument("--limit-shapes", type=int_flag("--limit-shapes"),
-                        default=None, help="at most K shapes across all buckets")
+                        default=None, help="at most K shapes across all buckets, e.g. --limit-shapes 8")
     parser.add_argument("--max-seq-len", type=int_flag("--max-seq-len"),
-                        default=None, help="largest shape the accelerator allows")
+                        default=None, help="largest shape (tokens) the accelerator allows, a multiple of 64, e.g. "
+                                           "--max-seq-len 16384")
     add_batch_buckets_arg(parser)
     add_graph_cap_args(parser)
 
 
 def add_limit_args(parser: argparse.ArgumentParser) -> None:
     """Per-bucket limits given on the command line (they apply to every request file)."""
-    parser.add_argument("--max-cost", type=float_flag("--max-cost"))
-    parser.add_argument("--max-pad-ratio", type=float_flag("--max-pad-ratio"))
-    parser.add_argument("--max-p95-latency-ms", type=float_flag("--max-p95-latency-ms"))
-    parser.add_argument("--max-sequential-ms", type=float_flag("--max-sequential-ms"))
+    parser.add_argument("--max-cost", type=float_flag("--max-cost"),
+                        help="each bucket's cost at most this, in the cost model's unit (device mode: device-ms), "
+                             "e.g. --max-cost 2e6")
+    parser.add_argument("--max-pad-ratio", type=float_flag("--max-pad-ratio"),
+                        help="each bucket's padded tokens at most this share of its tokens, e.g. --max-pad-ratio 0.2")
+    parser.add_argument("--max-p95-latency-ms", type=float_flag("--max-p95-latency-ms"),
+                        help="each bucket's 95th-percentile request latency at most this many ms, e.g. "
+                             "--max-p95-latency-ms 5000")
+    parser.add_argument("--max-sequential-ms", type=float_flag("--max-sequential-ms"),
+                        help="each bucket's batches run one after another in at most this many ms, e.g. "
+                             "--max-sequential-ms 600000")
 
 
 def cli_limits(args: argparse.Namespace) -> Limits:
@@ -139,9 +263,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=ENGINES, default="memory",
                         help="memory (default: files loaded into this process) or dask (each input a folder or glob "
                              "of Parquet/CSV/JSONL partitions, planned and judged on a Dask cluster; "
-                             "pip install -e '.[dask]')")
+                             "pip install -e '.[dask]'), e.g. --engine dask")
     parser.add_argument("--scheduler", metavar="ADDRESS",
-                        help="with --engine dask: join this Dask scheduler (default: a local cluster for the run)")
+                        help="with --engine dask: join this Dask scheduler, e.g. --scheduler tcp://10.0.0.5:8786 "
+                             "(default: a local cluster for the run)")
 
 
 def check_engine_flags(args: argparse.Namespace, unsupported: tuple[str, ...]) -> None:

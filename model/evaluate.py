@@ -16,6 +16,7 @@ from pathlib import Path
 
 from model.base.errors import InputError
 from model.cli_common import (
+    CommandParser,
     add_engine_args,
     add_input_args,
     add_limit_args,
@@ -30,20 +31,25 @@ from model.cli_json import JsonOut, add_json_arg, cost_flag_given, input_words, 
 from model.load.outputs import check_targets, write_together
 
 
-def main(argv: list[str] | None = None) -> int:
-    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+def build_parser() -> argparse.ArgumentParser:
+    """The evaluate command's flags (heavy modules imported here run after run_main's signal handlers are set)."""
     from model.deploy.flags import add_shape_args, add_window_args
 
-    parser = argparse.ArgumentParser(prog="python -m model.evaluate", description=__doc__.split("\n")[0])
-    parser.add_argument("pairs", nargs="*", type=Path, help="REQUESTS PLAN pairs")
-    parser.add_argument("--plans", type=Path, help="with --scenario: folder of plan_<bucket>.jsonl")
+    parser = CommandParser("model.evaluate", __doc__)
+    parser.add_argument("pairs", nargs="*", type=Path, help="REQUESTS PLAN pairs, e.g. chat.jsonl out/plan_chat.jsonl")
+    parser.add_argument("--plans", type=Path, help="with --scenario: folder of plan_<bucket>.jsonl, e.g. --plans out/")
     add_input_args(parser)
     add_limit_args(parser)
     add_shape_args(parser)
     add_window_args(parser, time_column=True)
     add_engine_args(parser)
     add_json_arg(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    args = build_parser().parse_args(argv)
     check_engine_flags(args, DASK_UNSUPPORTED)
     check_targets(json_targets(args.json), given_inputs(args) + [Path(p) for p in [args.plans] if p])
     with json_output(args.json) as sink:
@@ -86,6 +92,8 @@ def evaluate_in_memory(args: argparse.Namespace, sink: JsonOut) -> int:
         pipeline.check_finite_metrics(Evaluation((result,), ()), str(f))
     print(f"cost model: {problem.cost.name}; shape cap K = {problem.max_shapes} per bucket and across all buckets")
     print(mode_note(problem.cost, args.scenario is not None, cost_flag_given(args)))
+    if args.scenario is None and args.cost_model is None and args.device_profile is None:
+        print(f"note: {REFERENCE_DEFAULT}")
     if problem.windowing is not None:
         w = problem.windowing
         print(f"arrival windows of {w.seconds:g} s from the first arrival, {time_text(w.origin_s)}: a batch must not "
@@ -113,6 +121,10 @@ def finish(sink: JsonOut, data: bytes) -> None:
     sink.emit(data)
 
 
+# plan files hold records only, not the cost model they were made under: say which one judges them
+REFERENCE_DEFAULT = ("judged by the reference cost model (no --cost-model or --device-profile given); a plan made for "
+                     "a device (model.solve --device-profile P.toml) is judged as it was planned only with the same "
+                     "--device-profile P.toml")
 DASK_UNSUPPORTED = ("--scenario", "--plans", "--window", "--time-column", "--shapes", "--shapes-from")
 
 
@@ -152,6 +164,8 @@ def main_dask(args: argparse.Namespace, sink: JsonOut) -> int:
                                       settings.max_shapes)
     print(f"cost model: {settings.cost.name}; shape cap K = {settings.max_shapes} per bucket and across all buckets; "
           "engine dask (partition-wise, exact metrics)")
+    if args.cost_model is None and args.device_profile is None:
+        print(f"note: {REFERENCE_DEFAULT}")
     for result, (_, plan_src) in zip(results, pairs, strict=True):
         print(bucket_table(result, {"plan": plan_src.given}, settings.cost, None))
     print(verdict(results, global_problems))

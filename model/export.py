@@ -42,9 +42,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model.base.errors import InputError
+from model.base.errors import InputError, unknown_name
 from model.base.numbers import int_flag
-from model.cli_common import run_main
+from model.cli_common import CommandParser, run_main
 from model.cli_json import JsonOut, add_json_arg, json_output, json_targets
 from model.load.outputs import Target, check_targets, write_together
 
@@ -221,34 +221,42 @@ def check_summary(result, args: argparse.Namespace, compile_ms: float | None):
                    None if compile_ms is None else device_cost(n * compile_ms, None), None,
                    Certainty("evaluation", detail="the graphs listed by the stack's own rules from the file"),
                    None, None, None, nxt)
+def build_parser() -> argparse.ArgumentParser:
+    """The export command's flags (heavy modules imported here run after run_main's signal handlers are set)."""
+    from model.serving.formats import WRITERS
+    from model.serving.spec import DEFAULT_BLOCK_SIZE
+
+    parser = CommandParser("model.export", __doc__)
+    parser.add_argument("--plans", type=Path, help="folder of plan_*.jsonl, e.g. --plans out/")
+    parser.add_argument("--format", required=True, help=f"output format: {', '.join(WRITERS)}, e.g. --format nxdi")
+    parser.add_argument("--out", type=Path, help="file to write (atomically), e.g. --out neuron.json")
+    parser.add_argument("--check", type=Path, metavar="FILE", help="list the graphs FILE makes its stack compile "
+                        "(and, with --plans, compare them with the plans'); writes nothing, e.g. "
+                        "--check buckets.txt")
+    parser.add_argument("--block-size", type=int_flag("--block-size"), default=None,
+                        help=f"KV block size for Gaudi decode buckets, e.g. --block-size 256 "
+                             f"(default {DEFAULT_BLOCK_SIZE})")
+    parser.add_argument("--max-model-len", type=int_flag("--max-model-len"), default=None,
+                        help="the server's max model length, e.g. --max-model-len 16384")
+    parser.add_argument("--scenario", type=Path, help="scenario.toml of the plans (gives generation lengths), "
+                                                           "e.g. --scenario data/default/scenario.toml")
+    parser.add_argument("--requests", type=Path, nargs="+", default=[],
+                        help="request files of the plans, <name>.jsonl for plan_<name>.jsonl, e.g. --requests "
+                             "chat.jsonl short.jsonl")
+    parser.add_argument("--device-profile", type=Path, help="device profile TOML: warm-up = graphs x its compile_ms, "
+                                                                 "e.g. --device-profile P.toml")
+    parser.add_argument("--batch-buckets", help="the batch buckets the plans were made with (a batch of n runs in "
+                        "graph (B, shape), B the smallest bucket >= n), e.g. --batch-buckets 1,4,16; default: the "
+                        "device profile's, else each batch's own size")
+    parser.add_argument("--server-settings", help="with --check: settings the config does not state, e.g. "
+                        "max_num_batched_tokens=8192,max_num_seqs=64")
+    add_json_arg(parser)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
-    from model.serving.formats import WRITERS
-    from model.serving.spec import DEFAULT_BLOCK_SIZE
-
-    parser = argparse.ArgumentParser(prog="python -m model.export", description=__doc__.split("\n")[0])
-    parser.add_argument("--plans", type=Path, help="folder of plan_*.jsonl")
-    parser.add_argument("--format", required=True, help=f"output format: {', '.join(WRITERS)}")
-    parser.add_argument("--out", type=Path, help="file to write (atomically)")
-    parser.add_argument("--check", type=Path, metavar="FILE", help="list the graphs FILE makes its stack compile "
-                        "(and, with --plans, compare them with the plans'); writes nothing")
-    parser.add_argument("--block-size", type=int_flag("--block-size"), default=None,
-                        help=f"KV block size for Gaudi decode buckets (default {DEFAULT_BLOCK_SIZE})")
-    parser.add_argument("--max-model-len", type=int_flag("--max-model-len"), default=None,
-                        help="the server's max model length")
-    parser.add_argument("--scenario", type=Path, help="scenario.toml of the plans (gives generation lengths)")
-    parser.add_argument("--requests", type=Path, nargs="+", default=[],
-                        help="request files of the plans, <name>.jsonl for plan_<name>.jsonl")
-    parser.add_argument("--device-profile", type=Path, help="device profile TOML: warm-up = graphs x its compile_ms")
-    parser.add_argument("--batch-buckets", help="the batch buckets the plans were made with (a batch of n runs in "
-                        "graph (B, shape), B the smallest bucket >= n); default: the device profile's, else each "
-                        "batch's own size")
-    parser.add_argument("--server-settings", help="with --check: settings the config does not state, e.g. "
-                        "max_num_batched_tokens=8192,max_num_seqs=64")
-    add_json_arg(parser)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     with json_output(args.json) as sink:
         return run_export(args, sink)
 
@@ -265,7 +273,7 @@ def run_export(args: argparse.Namespace, sink: JsonOut) -> int:
     from model.serving.spec import DEFAULT_BLOCK_SIZE, ExportSpec
 
     if args.format not in WRITERS:
-        raise InputError("--format", None, None, f"unknown format {args.format!r} ({', '.join(WRITERS)})")
+        raise InputError("--format", None, None, unknown_name("format", args.format, WRITERS))
     block_size = positive_option("--block-size", args.block_size)
     max_model_len = positive_option("--max-model-len", args.max_model_len)
     compile_ms, batch_buckets = device_settings(args.device_profile, args.scenario, args.batch_buckets)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from model.base.errors import InfeasibleError, InputError, NoPlanFound
+from model.base.errors import InfeasibleError, InputError, NoPlanFound, unknown_name
 from model.base.runtime import Deadline
 from model.cost.analytic import CostParams
 from model.cost.common import Mode, align
@@ -255,7 +255,7 @@ def plan_fixed(problem: Problem, solver: str, backend: str, time_limit: float) -
             return plan_windowed(problem, backend=backend, time_limit=time_limit, judge=judge)
         return plan_mip(problem, backend=backend, time_limit=time_limit, judge=judge)
     if solver not in PACKERS:
-        raise InputError("--solver", None, None, f"unknown solver {solver!r} ({', '.join(solver_names())})")
+        raise InputError("--solver", None, None, unknown_name("solver", solver, solver_names()))
     t0 = time.perf_counter()
     chosen, report = select(Candidates((judge(problem, solver, PACKERS[solver](problem)),), None,
                                        f"packer:{solver}", "1", t0, Deadline.never()))

@@ -1,10 +1,12 @@
 """``python -m model.replay``: replay a trace through a serving stack's continuous batching on compiled graphs.
 
-    python -m model.replay REQUESTS... --device-profile P.toml --graphs CONFIG --shapes-format F
-        [--replicas R] [--rate-scale X] [--slo-ttft-ms T --slo-tpot-ms U --slo-quantile 0.95]
-        [--json FILE | --json -] [--report DIR] [--time-limit S]
-    python -m model.replay ... --replicas auto --rate-scale 1 2 4 --slo-ttft-ms T [--slo-tpot-ms U]
-        [--max-replicas N] [--json FILE]
+    python -m model.replay data/examples/serving/trace.csv --device-profile data/examples/serving/profile.toml \\
+        --graphs data/examples/serving/gaudi-buckets.txt --shapes-format gaudi-file
+    python -m model.replay trace.csv --device-profile P.toml --graphs neuron.json --shapes-format nxdi --replicas 4
+    python -m model.replay trace.csv --device-profile P.toml --graphs g.json --slo-ttft-ms 2000 --slo-tpot-ms 100 \\
+        --rate-scale 2 --json - --report replay/ --time-limit 120
+    python -m model.replay trace.csv --device-profile P.toml --graphs g.json --replicas auto --rate-scale 1 2 4 \\
+        --slo-ttft-ms 2000 --slo-tpot-ms 200 --max-replicas 64
 
 The scheduler and its numbers are ``shared/serving_model.md``'s: every step admits
 waiting requests first come first served, runs a prompt graph and a decode graph, and
@@ -36,9 +38,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from model.base.errors import InputError, NoPlanFound
-from model.base.numbers import float_flag
+from model.base.numbers import counted, float_flag
 from model.base.runtime import Deadline, DeadlineExceeded
-from model.cli_common import check_time_limit, run_main
+from model.cli_common import CommandParser, check_time_limit, run_main
 from model.deploy.serving_flags import (
     AUTO,
     SCAN_BELOW,
@@ -60,26 +62,31 @@ if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are i
 
 __all__ = ["SERVER_KEYS", "main", "parse_slo", "parser"]  # SERVER_KEYS and parse_slo: the tests read them here
 
+DEFAULT_GRAPH_FORMAT = "json"
 GRAPH_FORMATS = ("json", "gaudi-file", "gaudi-env", "nxdi")  # model.serving.replay_graphs.GRAPH_FORMATS
 REPORT_FILES = ("timeline.png", "latency.png")  # model.report.serving_plots
 SHOWN_NOTES = 10  # warnings about the graph config shown; the rest are counted
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m model.replay", description=__doc__.split("\n")[0])
-    p.add_argument("requests", nargs="+", type=Path, help="request files with arrival times (JSONL, CSV, Parquet)")
-    p.add_argument("--device-profile", type=Path, required=True, help="profile TOML: [device] and [server] tables")
-    p.add_argument("--graphs", type=Path, required=True, help="the compiled graph set (a serving config)")
-    p.add_argument("--shapes-format", default="json", help=f"format of --graphs: {', '.join(GRAPH_FORMATS)} "
-                                                           "(default json)")
+    p = CommandParser("model.replay", __doc__)
+    p.add_argument("requests", nargs="+", type=Path,
+                   help="request files with arrival times (JSONL, CSV, Parquet), e.g. trace.csv")
+    p.add_argument("--device-profile", type=Path, required=True,
+                   help="profile TOML: [device] and [server] tables, e.g. "
+                        "--device-profile data/examples/serving/profile.toml")
+    p.add_argument("--graphs", type=Path, required=True, help="the compiled graph set (a serving config), e.g. "
+                                                              "--graphs buckets.txt --shapes-format gaudi-file")
+    p.add_argument("--shapes-format", default=None, help=f"format of --graphs: {', '.join(GRAPH_FORMATS)}, "
+                                                           "e.g. --shapes-format nxdi (default json)")
     add_trace_args(p)
     add_server_args(p)
     add_capacity_args(p)
-    p.add_argument("--json", help="write the numbers as JSON to this file ('-': stdout)")
+    p.add_argument("--json", help="write the numbers as JSON to this file ('-': stdout), e.g. --json replay.json")
     p.add_argument("--report", type=Path, help="folder for report pictures (running requests and step graphs over "
-                                               "time, TTFT and TPOT distributions)")
+                                               "time, TTFT and TPOT distributions), e.g. --report replay/")
     p.add_argument("--time-limit", type=float_flag("--time-limit"),
-                   help="seconds for the whole run (default: no limit)")
+                   help="seconds for the whole run, e.g. --time-limit 120 (default: no limit)")
     return p
 
 
@@ -117,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     from model.report.summary import summary_lines
     from model.serving.replay_graphs import read_graph_set
     from model.serving.settings import parse_flag
+    from model.serving.sniff import with_format_hint
 
     args = parser().parse_args(argv)
     plan = parse_capacity(args)
@@ -128,8 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     targets = output_targets(args)
     check_targets(targets, [*args.requests, args.device_profile, args.graphs])  # before anything is read
     profile, settings = server_from_args(args, args.device_profile)
-    imported = read_graph_set(args.graphs, args.shapes_format, settings,
-                              f"[server] of {args.device_profile} (or its flag)", parse_flag(args.server_settings))
+    graph_format = args.shapes_format or DEFAULT_GRAPH_FORMAT
+    try:
+        imported = read_graph_set(args.graphs, graph_format, settings,
+                                  f"[server] of {args.device_profile} (or its flag)", parse_flag(args.server_settings))
+    except InputError as exc:
+        if exc.file != str(args.graphs):
+            raise
+        raise with_format_hint(exc, args.graphs, graph_format, args.shapes_format is None) from None
     graphs = imported.graphs
     trace = trace_of(load_buckets(args), 1.0 if plan.auto else plan.rate_scales[0])
     check_targets(targets)  # against every file the loaders read (a bucket file a gaudi-env names, say)
@@ -138,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in graph_warnings(imported, settings, SHOWN_NOTES):
         print(f"warning: {line}", file=sys.stderr)
     cost = ServingCost(profile)
-    head = (f"{len(trace)} requests from {', '.join(map(str, args.requests))}; {settings_text(settings, graphs)}; "
-            f"graphs from {args.graphs} ({args.shapes_format})")
+    head = (f"{counted(len(trace), 'request')} from {', '.join(map(str, args.requests))}; "
+            f"{settings_text(settings, graphs)}; graphs from {args.graphs} ({graph_format})")
     if plan.auto:
         return capacity_main(args, plan, trace, settings, graphs, cost, deadline, head, out)
     try:
@@ -147,9 +161,10 @@ def main(argv: list[str] | None = None) -> int:
                         tick=lambda: deadline.tick("replay"))
     except DeadlineExceeded:
         raise NoPlanFound(f"the replay did not finish within --time-limit {args.time_limit:g} s "
-                          f"({len(trace)} requests, {plan.replicas} replicas); nothing written") from None
+                          f"({counted(len(trace), 'request')}, {counted(plan.replicas, 'replica')}); nothing "
+                          "written") from None
     summary = summarize(result, cost, plan.slo)
-    print(f"replay: {head}; {plan.replicas} replica{'s' if plan.replicas > 1 else ''}", file=out)
+    print(f"replay: {head}; {counted(plan.replicas, 'replica')}", file=out)
     print("\n".join(replay_lines(summary, graphs)), file=out)
     files: dict[Path, list[bytes]] = {}
     closing = replay_summary(summary, replay_words(args))

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 from model.base.errors import InfeasibleError, InputError
-from model.base.numbers import float_flag, int_flag
+from model.base.numbers import counted, float_flag, int_flag
 from model.cli_common import (
+    CommandParser,
     add_engine_args,
     add_input_args,
     add_limit_args,
@@ -55,26 +57,31 @@ def run_account(rep) -> list[str]:
     return [f"{label}: {text}" for label, text in pairs if text]
 
 
-def main(argv: list[str] | None = None) -> int:
-    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+def build_parser() -> argparse.ArgumentParser:
+    """The solve command's flags (heavy modules imported here run after run_main's signal handlers are set)."""
     from model import pipeline
     from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args
 
-    parser = argparse.ArgumentParser(prog="python -m model.solve", description=__doc__.split("\n")[0])
-    parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each")
+    parser = CommandParser("model.solve", __doc__)
+    parser.add_argument("requests", nargs="*", type=Path, help="request files (JSONL, CSV, Parquet), one bucket "
+                                                               "each, e.g. chat.jsonl trace.csv (default: the "
+                                                               "embedded scenario)")
     add_input_args(parser)
     add_limit_args(parser)
-    parser.add_argument("--solver", default="mip", help=f"planner: {', '.join(pipeline.solver_names())}")
-    parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
+    parser.add_argument("--solver", default="mip",
+                        help=f"planner: {', '.join(pipeline.solver_names())}, e.g. --solver dpfill")
+    parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp, e.g. --backend cpsat")
     parser.add_argument("--time-limit", type=float_flag("--time-limit"), default=60.0,
-                        help="seconds for planning: the whole run apart from loading and writing (default 60)")
+                        help="seconds for planning: the whole run apart from loading and writing, e.g. "
+                             "--time-limit 300 (default 60)")
     parser.add_argument("--max-batch-size", type=int_flag("--max-batch-size"),
-                        default=None, help="at most this many requests per batch")
-    parser.add_argument("--out", type=Path, default=Path("out"), help="folder for plan_<bucket>.jsonl (default out/)")
+                        default=None, help="at most this many requests per batch, e.g. --max-batch-size 16")
+    parser.add_argument("--out", type=Path, default=Path("out"),
+                        help="folder for plan_<bucket>.jsonl, e.g. --out plans/ (default out/)")
     parser.add_argument("--compare", action="store_true", help="also run every heuristic packer and compare")
     parser.add_argument("--quiet", action="store_true", help="no progress log")
     parser.add_argument("--report", type=Path, help="with --window in device mode: folder for report.md, "
-                                                    "report.html, devices.png and devices.csv")
+                                                    "report.html, devices.png and devices.csv, e.g. --report rep/")
     add_shape_args(parser)
     add_holdout_args(parser)
     add_window_args(parser)
@@ -84,8 +91,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --engine dask: plan from every request's lengths (the in-memory planner, its "
                              "plan exactly), or from the group-by histogram alone (the MIP on cells; no request "
                              "reaches this process, for 10^8 requests); auto (default) takes the histogram above "
-                             "2*10^7 requests in the reference and strict modes")
-    args = parser.parse_args(argv)
+                             "2*10^7 requests in the reference and strict modes), e.g. --plan-from histogram")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from model.solve_serving import main_serving, serving_requested
+
+    if serving_requested(sys.argv[1:] if argv is None else argv):  # its own flags: model/solve_serving.py
+        return main_serving(argv)
+    # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
+    args = build_parser().parse_args(argv)
     check_engine_flags(args, DASK_UNSUPPORTED)
     if args.plan_from is not None and args.engine != "dask":
         raise InputError("--plan-from", None, None, "needs --engine dask")
@@ -123,8 +139,9 @@ def solve_in_memory(args: argparse.Namespace, sink: JsonOut) -> int:
     if args.report is not None and not devices:
         raise InputError("--report", None, None, "draws devices needed per window: it needs --window and device mode "
                                                  "(--device-profile)")
-    print(f"input: {source}; {len(problem.buckets)} buckets, "
-          f"{sum(len(b) for b in problem.buckets)} requests; K = {problem.max_shapes}; cost model {problem.cost.name}"
+    print(f"input: {source}; {counted(len(problem.buckets), 'bucket')}, "
+          f"{counted(sum(len(b) for b in problem.buckets), 'request')}; K = {problem.max_shapes}; "
+          f"cost model {problem.cost.name}"
           + (f"; allowed shapes {' '.join(map(str, problem.allowed_shapes))}" if problem.allowed_shapes else "")
           + (f"; arrival windows of {problem.windowing.seconds:g} s from the first arrival, "
              f"{time_text(problem.windowing.origin_s)}" if problem.windowing else ""))
@@ -288,10 +305,11 @@ def main_dask(args: argparse.Namespace, sink: JsonOut) -> int:
         loaded = load(client, sources, settings)
         problem = loaded.problem
         hist_cells = sum(h.n_cells for h in loaded.hists)
-        print(f"input: {', '.join(s.given for s in sources)}; {len(problem.buckets)} buckets, "
-              f"{sum(len(s.files) for s in sources)} partitions, {sum(loaded.n_requests)} requests, "
-              f"{hist_cells} cells; K = {problem.max_shapes}; cost model {problem.cost.name}; engine dask "
-              f"({len(client.scheduler_info().get('workers', {}))} workers), planned from "
+        print(f"input: {', '.join(s.given for s in sources)}; {counted(len(problem.buckets), 'bucket')}, "
+              f"{counted(sum(len(s.files) for s in sources), 'partition')}, "
+              f"{counted(sum(loaded.n_requests), 'request')}, {counted(hist_cells, 'cell')}; K = {problem.max_shapes}; "
+              f"cost model {problem.cost.name}; engine dask "
+              f"({counted(len(client.scheduler_info().get('workers', {})), 'worker')}), planned from "
               f"{'the histogram' if loaded.cells is not None else 'requests'}")
         run = solve(loaded, args.solver, args.backend, args.time_limit)
         source = ", ".join(s.given for s in sources)

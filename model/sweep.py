@@ -2,7 +2,7 @@
 
     python -m model.sweep --scenario S.toml --report DIR
     python -m model.sweep --scenario S.toml --k 1-8 --sweep-limit max_sequential_ms --factors 0.8,0.9,1.0,1.1
-    python -m model.sweep a.csv b.csv --columns azure --cost-model strict --k 1-16 --time-limit 20 --out sweep.csv
+    python -m model.sweep a.csv b.csv --columns azure --cost-model strict --k 1-16 --time-limit 300 --out sweep.csv
     python -m model.sweep trace.csv --columns azure --device-profile P.toml --k 8 --windows 10,30,60,300 --report DIR
 
 Loads and aggregates the input once, solves it for each K (and each factor on one
@@ -11,7 +11,8 @@ planner) and, with --report, report.md / report.html with pictures.  With --wind
 every point is planned in arrival windows; --windows sweeps the window length (one
 row set per length, a table of what a longer window buys).  Infeasible points are
 rows with status "infeasible" (proven) or "no_plan" (none found in time), never a
-crash.  Exit status: 0 done; 2 bad input; 130 / 143 interrupted.
+crash.  --time-limit bounds the whole sweep: its MIP solves share it.  Exit status: 0 done;
+2 bad input; 130 / 143 interrupted.
 """
 
 from __future__ import annotations
@@ -24,9 +25,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model.base.errors import InputError
-from model.base.numbers import float_flag, int_flag
-from model.cli_common import add_input_args, add_limit_args, build_problem, check_time_limit, given_inputs, run_main
+from model.base.errors import InputError, unknown_name
+from model.base.numbers import counted, float_flag, int_flag
+from model.base.runtime import Deadline, RunBudget
+from model.cli_common import (
+    CommandParser,
+    add_input_args,
+    add_limit_args,
+    build_problem,
+    check_time_limit,
+    given_inputs,
+    run_main,
+)
 from model.cli_json import JsonOut, add_json_arg, cost_flag_given, input_words, json_output, json_targets
 from model.load.outputs import Target, check_targets, files_in, write_together
 
@@ -36,6 +46,7 @@ if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are i
 
 log = logging.getLogger("shapeplan")
 DEFAULT_FACTORS = "0.8,0.9,1.0,1.1"
+DEFAULT_TIME_LIMIT_S = 300.0  # the whole sweep: 16 K values share it (each MIP had 20 s of its own before)
 
 
 def parse_solvers(spec: str | None) -> tuple[str, ...]:
@@ -48,8 +59,8 @@ def parse_solvers(spec: str | None) -> tuple[str, ...]:
     wanted = [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in known]
     if unknown or not wanted:
-        raise InputError("--solvers", None, None, f"unknown planner(s) {', '.join(unknown) or '(none)'}; "
-                         f"choose from {', '.join(known)}")
+        raise InputError("--solvers", None, None, unknown_name("planner", unknown[0], known) if unknown
+                         else f"no planner named; choose from {', '.join(known)}")
     return tuple(s for s in known if s in wanted)
 
 
@@ -59,29 +70,52 @@ def build_parser() -> argparse.ArgumentParser:
     from model.deploy.flags import add_holdout_args, add_shape_args, add_window_args
     from model.load.scenario import LIMIT_KEYS
 
-    parser = argparse.ArgumentParser(prog="python -m model.sweep", description=__doc__.split("\n")[0])
-    parser.add_argument("requests", nargs="*", type=Path, help="request files, one bucket each (or --scenario)")
+    parser = CommandParser("model.sweep", __doc__)
+    parser.add_argument("requests", nargs="*", type=Path, help="request files (JSONL, CSV, Parquet), one bucket "
+                                                               "each, e.g. chat.jsonl trace.csv (or --scenario)")
     add_input_args(parser)
     add_limit_args(parser)
     parser.add_argument("--k", help="shape caps to sweep, e.g. 1-16 or 2,4,8 (default 1-16, or --limit-shapes)")
-    parser.add_argument("--sweep-limit", choices=LIMIT_KEYS, help="also sweep this limit, scaled by --factors")
-    parser.add_argument("--factors", help=f"scale factors for --sweep-limit (default {DEFAULT_FACTORS})")
-    parser.add_argument("--solvers", help=f"comma list of planners (default all: {', '.join(pipeline.solver_names())})")
-    parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp")
-    parser.add_argument("--time-limit", type=float_flag("--time-limit"),
-                        default=20.0, help="seconds per MIP solve (default 20)")
+    parser.add_argument("--sweep-limit", choices=LIMIT_KEYS, help="also sweep this limit, scaled by --factors, e.g. "
+                                                                  "--sweep-limit max_p95_latency_ms")
+    parser.add_argument("--factors", help=f"scale factors for --sweep-limit, e.g. --factors 0.5,1,2 (default "
+                                                 f"{DEFAULT_FACTORS})")
+    parser.add_argument("--solvers", help=f"comma list of planners, e.g. --solvers mip,pow2 (default all: "
+                                                 f"{', '.join(pipeline.solver_names())})")
+    parser.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp, e.g. --backend cpsat")
+    parser.add_argument("--time-limit", type=float_flag("--time-limit"), default=DEFAULT_TIME_LIMIT_S,
+                        help="seconds for the whole sweep, shared by its MIP solves (each gets an equal share of "
+                             "what is left; one that ends early leaves its time to the next), e.g. --time-limit 600 "
+                             f"(default {DEFAULT_TIME_LIMIT_S:g})")
     parser.add_argument("--max-batch-size", type=int_flag("--max-batch-size"),
-                        default=None, help="at most this many requests per batch")
+                        default=None, help="at most this many requests per batch, e.g. --max-batch-size 16")
     parser.add_argument("--tolerance", type=float_flag("--tolerance"), default=0.005,
-                        help="recommend the smallest K within this share of the cheapest (default 0.005)")
-    parser.add_argument("--out", type=Path, help="CSV path (default DIR/sweep.csv with --report, else sweep.csv)")
-    parser.add_argument("--report", type=Path, help="folder for report.md, report.html and the PNGs")
+                        help="recommend the smallest K within this share of the cheapest, e.g. --tolerance 0.02 "
+                             "(default 0.005)")
+    parser.add_argument("--out", type=Path,
+                        help="CSV path, e.g. --out k.csv (default DIR/sweep.csv with --report, else sweep.csv)")
+    parser.add_argument("--report", type=Path, help="folder for report.md, report.html and the PNGs, e.g. "
+                                                    "--report sweep/")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_json_arg(parser)
     add_shape_args(parser)
     add_holdout_args(parser)
     add_window_args(parser, sweep=True)
     return parser
+
+
+def sweep_budget(time_limit: float, points: int, solvers: tuple[str, ...], holdout_ks: int) -> RunBudget:
+    """One deadline for the whole sweep (from now: loading is done), shared by every MIP run to come: one per
+    point (each window length's points counted), and two per hold-out check (one per K)."""
+    from model import pipeline
+
+    mips = points + 2 * holdout_ks if pipeline.MIP in solvers else 0
+    return RunBudget(Deadline.after(time_limit), mips)
+
+
+def time_left(budget: RunBudget | None, limit: float) -> str:
+    """The progress bar's note of the one time limit: ``, 212 s of 300 s left``."""
+    return "" if budget is None else f", {budget.deadline.left():.0f} s of {limit:g} s left"
 
 
 def csv_path(args: argparse.Namespace) -> Path:
@@ -175,8 +209,9 @@ def run(args: argparse.Namespace, sink: JsonOut) -> int:
     source = str(scenario.path) if scenario else ", ".join(map(str, args.requests))
     settings = SweepSettings(source, problem.cost.name, ks, args.sweep_limit or "", factors, solvers, args.backend,
                              args.time_limit, args.tolerance)
-    print(f"input: {source}; {len(problem.buckets)} buckets, {sum(len(b) for b in problem.buckets)} requests, "
-          f"{sum(len(h) for h in hists)} cells; cost model {problem.cost.name}")
+    print(f"input: {source}; {counted(len(problem.buckets), 'bucket')}, "
+          f"{counted(sum(len(b) for b in problem.buckets), 'request')}, {counted(sum(len(h) for h in hists), 'cell')}; "
+          f"cost model {problem.cost.name}")
     print(mode_note(problem.cost, scenario is not None, cost_flag_given(args)))
     points = sweep_points(ks, settings.sweep_limit, factors)
     windows = parse_windows(args.windows)
@@ -184,20 +219,22 @@ def run(args: argparse.Namespace, sink: JsonOut) -> int:
         windowed(problem, w, "--windows")
     out = csv_path(args)
     check_targets(output_targets(args))  # against every file the loaders read (a scenario's requests too)
+    budget = sweep_budget(args.time_limit, len(points) * len(windows or (None,)), solvers,
+                          len(ks) if part is not None else 0)
     if windows is not None:
-        return window_sweep(problem, windows, points, solvers, args, out, source, sink)
+        return window_sweep(problem, windows, points, solvers, args, out, source, sink, budget)
     with tqdm(total=len(points) * len(solvers), disable=args.quiet, unit="solve", dynamic_ncols=True) as bar:
         def step(point, name) -> None:
-            bar.set_postfix_str(f"{point.label()} {name}", refresh=False)
+            bar.set_postfix_str(f"{point.label()} {name}{time_left(budget, args.time_limit)}", refresh=False)
             bar.update()
 
-        result = run_sweep(problem, points, solvers, args.backend, args.time_limit, step)
+        result = run_sweep(problem, points, solvers, args.backend, args.time_limit, step, budget)
     totals = planner_totals(result.rows)
     rec = recommend(result.rows, args.tolerance)
     text = to_text([k_table(totals, base_factor(t.point for t in totals), cost_unit(problem.cost)),
                     *recommendation_paragraphs(rec, cost_unit(problem.cost))])
     print(text)
-    extra = sweep_holdout_blocks(holdout_checks(part, result, args)) if part is not None else []
+    extra = sweep_holdout_blocks(holdout_checks(part, result, args, budget)) if part is not None else []
     summary = sweep_summary(rec, rec.stack_rule, problem, input_words(args), point_status(totals, rec))
     data = document_bytes(document("sweep", summary, {"points": sweep_rows_table(result.rows, problem.cost)}))
     # the CSV, the report and its pictures: every file made in memory first, then all put down together
@@ -239,7 +276,7 @@ def sweep_rows_table(rows, cost):
 
 
 def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str, ...], args: argparse.Namespace,
-                 out: Path, source: str, sink: JsonOut) -> int:
+                 out: Path, source: str, sink: JsonOut, budget: RunBudget | None = None) -> int:
     """The sweep once per window length: all rows in one CSV, each length's K table, and what a longer
     window buys (cost, P95 with the wait, devices needed)."""
     from tqdm import tqdm
@@ -261,13 +298,15 @@ def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str
               dynamic_ncols=True) as bar:
         for w in windows:
             def step(point, name, w=w) -> None:
-                bar.set_postfix_str(f"window {w:g} s {point.label()} {name}", refresh=False)
+                bar.set_postfix_str(f"window {w:g} s {point.label()} {name}{time_left(budget, args.time_limit)}",
+                                    refresh=False)
                 bar.update()
 
             by_window[w] = run_sweep(windowed(problem, w, "--windows"), points, solvers, args.backend, args.time_limit,
-                                     step).rows
+                                     step, budget).rows
     if args.report:
-        files = window_report(args.report, by_window, args.tolerance, f"Batching window sweep: {source}", out)
+        files = window_report(args.report, by_window, args.tolerance, f"Batching window sweep: {source}", out,
+                              device=problem.cost.device_time)
     else:
         files = {out: csv_bytes([r for rows in by_window.values() for r in rows])}
     # the window whose recommendation costs least is the summary's choice (each length's limits hold)
@@ -296,7 +335,8 @@ def window_sweep(problem, windows: tuple[float, ...], points, solvers: tuple[str
     return 0
 
 
-def holdout_checks(part: Split, result: SweepResult, args: argparse.Namespace) -> list[Holdout]:
+def holdout_checks(part: Split, result: SweepResult, args: argparse.Namespace,
+                   budget: RunBudget | None = None) -> list[Holdout]:
     """Each K's MIP shapes (chosen on the first part, at the base limits) checked on the held-out part."""
     from tqdm import tqdm
 
@@ -313,7 +353,7 @@ def holdout_checks(part: Split, result: SweepResult, args: argparse.Namespace) -
     chosen = [(t.point.k, tuple(sorted({int(s) for bt in result.mip_batchings[t.point] for s in bt.shape_of})), t.cost)
               for t in totals if t.point.factor == base and t.point in result.mip_batchings]
     with tqdm(total=len(chosen), disable=args.quiet, unit="K", dynamic_ncols=True, desc="hold-out") as bar:
-        return sweep_checks(part, chosen, args.backend, args.time_limit, lambda k: bar.update())
+        return sweep_checks(part, chosen, args.backend, args.time_limit, lambda k: bar.update(), budget)
 
 
 def entry() -> None:

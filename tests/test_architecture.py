@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("model", "solvers")
 CLI_MODULES = {"model.solve", "model.evaluate", "model.sweep", "model.calibrate", "model.audit", "model.export",
-               "model.replay",
+               "model.replay", "model.solve_serving",
                "model.cli_common", "model.cli_json"}
 
 
@@ -93,7 +93,7 @@ def test_nothing_imports_a_command_line_module():
 # run's clock, the solvers' contract, the cost model, the domain records, windowing and shape sets) lie below
 # them, the pipeline and what drives it above, and the command lines on top.
 LAYERS = ("base", "solvers.backends", "cost", "domain", "load", "calibration", "histogram", "formulation",
-          "packers", "planning", "expand", "evaluation", "serving", "report", "pipeline", "sweeping",
+          "packers", "planning", "expand", "evaluation", "serving", "serveplan", "report", "pipeline", "sweeping",
           "distributed", "deploy", "commands")
 COMMANDS = {"model", *CLI_MODULES}
 

@@ -165,9 +165,11 @@ CASES = [
     Case("missing-file", {}, ("nope.jsonl", "--solver", "cells", "--out", "out"),
          "nope.jsonl: cannot read: No such file or directory", bucket="nope"),
     Case("unreadable-file-is-a-folder", {"dir.jsonl/x": "x"}, ("dir.jsonl", "--solver", "cells", "--out", "out"),
-         "dir.jsonl: cannot read: Is a directory", bucket="dir"),
+         "dir.jsonl: is a folder, not a request file; name the files in it (e.g. dir.jsonl/*.jsonl), one bucket each",
+         bucket="dir"),
     solve_case("unknown-suffix", "req.txt", GOOD,
-               "req.txt: cannot tell the format from suffix '.txt'; use .jsonl, .csv or .parquet"),
+               "req.txt: cannot tell the format from suffix '.txt'; use .jsonl, .csv or .parquet, or say it with --format "
+               "jsonl|csv|parquet"),
     # CSV and Parquet
     solve_case("csv-non-numeric-cell", "bad.csv", "request_id,prompt_len,gen_len\na,10,5\nb,x,5\n",
                "bad.csv:3: field 'prompt_len': expected an integer, got 'x'"),
@@ -176,7 +178,9 @@ CASES = [
     solve_case("csv-ragged-row", "bad.csv", "request_id,prompt_len,gen_len\na,10,5\nb,10\n",
                "bad.csv:3: malformed CSV: expected 3 fields, got 2"),
     solve_case("csv-missing-column", "bad.csv", "request_id,prompt_len\na,10\n",
-               "bad.csv:2: field 'gen_len': missing"),
+               "bad.csv:1: field 'gen_len': no such column (the file has: request_id, prompt_len); map yours with "
+               "--columns PROMPT,GEN[,ID], e.g. --columns input_tokens,output_tokens,id (or --columns azure for the "
+               "Azure traces)"),
     solve_case("csv-header-only", "bad.csv", "request_id,prompt_len,gen_len\n", "bad.csv: no requests (only a header)"),
     solve_case("parquet-that-is-not", "bad.parquet", b"request_id,prompt_len\n",
                "bad.parquet: not a Parquet file (no PAR1 magic bytes)"),

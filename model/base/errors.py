@@ -43,3 +43,22 @@ class NoPlanFound(Exception):
     A time limit without a solution or a solver failure ends here (exit status 4),
     never as an InfeasibleError: only a proof may say the limits cannot be met.
     """
+
+
+def closest(word: str, options) -> str | None:
+    """The option most like ``word`` (a misspelt flag, planner or format name), or None when none is close.
+
+    difflib's ratio with its usual 0.6 cut: ``--limt-shapes`` finds ``--limit-shapes``, ``devce`` finds
+    ``device``, and an unrelated word finds nothing rather than a wild guess.
+    """
+    import difflib
+
+    found = difflib.get_close_matches(word, [str(o) for o in options], n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def unknown_name(what: str, word: str, options) -> str:
+    """One line for a name that is not among ``options``: the closest one, then all of them."""
+    near = closest(word, options)
+    hint = f"; did you mean {near!r}?" if near is not None else ""
+    return f"unknown {what} {word!r}{hint} (choose from {', '.join(map(str, options))})"

@@ -171,3 +171,9 @@ def int_flag(flag: str) -> Callable[[str], int]:
 
     parse.__name__ = "integer"
     return parse
+
+
+def counted(n: int, word: str, many: str | None = None) -> str:
+    """``1 bucket``, ``2 buckets``: a count with its noun agreeing (``many`` for an irregular plural,
+    e.g. counted(n, "batch", "batches"))."""
+    return f"{n} {word if n == 1 else many or word + 's'}"

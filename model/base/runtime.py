@@ -173,7 +173,36 @@ class Deadline:
             raise DeadlineExceeded(phase)
         if now - _last_progress[0] >= PROGRESS_S:
             _last_progress[0] = now
-            log.info("%s: " + (progress or "working") + " (%.1f s left)", phase, *args, self.left())
+            log.info("%s: " + (progress or "working") + "%s", phase, *args, self.left_text())
+
+    def left_text(self) -> str:
+        """`` (12.5 s left)`` for a progress line, or nothing without a deadline (not "inf s left")."""
+        return f" ({self.left():.1f} s left)" if math.isfinite(self.at) else ""
+
+
+MIN_RUN_S = 1e-3  # a run is granted at least this (a positive limit); past the deadline it returns at once
+
+
+class RunBudget:
+    """One ``--time-limit`` for a whole run of many MIP solves (a sweep, its hold-out checks, an audit).
+
+    Each MIP run gets an equal share of the time left among the MIP runs still to come, so one that ends early
+    leaves its time to the next, and the last ends by the deadline; a packer (milliseconds) may use what is
+    left.  Before, every sweep point's MIP had the whole limit (``--time-limit 20`` with K = 1-16: 320 s).
+    Mutable on purpose: it counts the runs as they are handed out, in the one thread that runs them.
+    """
+
+    def __init__(self, deadline: Deadline, mip_runs: int) -> None:
+        self.deadline, self.mip_runs_left = deadline, max(0, mip_runs)
+
+    def next_limit(self, mip: bool = True) -> float:
+        """The limit of the next planner run (a MIP run is counted off)."""
+        left = self.deadline.left()
+        if not mip:
+            return max(MIN_RUN_S, left)
+        share = left / max(1, self.mip_runs_left)
+        self.mip_runs_left = max(0, self.mip_runs_left - 1)
+        return max(MIN_RUN_S, share)
 
 
 class BuildClock:
@@ -194,14 +223,25 @@ class BuildClock:
         projected = self.start + (now - self.start) / max(done, 1) * self.total * (1.0 + self.then)
         if now > self.until or (done >= self.total // 10 and projected > self.until):
             raise DeadlineExceeded(self.what)
-        still_running(f"{self.what} ({done} of {self.total} rows)", self.start)
+        still_running(f"{self.what} ({done} of {self.total} rows)", self.start, self.until,
+                      projected if done else None)
 
 
-def still_running(what: str, since: float) -> None:
-    """A progress line for a call that cannot tick itself (a native solve), at most every PROGRESS_S."""
+def still_running(what: str, since: float, until: float = math.inf, ends: float | None = None) -> None:
+    """A progress line for a call that cannot tick itself (a native solve), at most every PROGRESS_S: how long it
+    has run of the time it was given, and when it should end where that is known."""
     now = time.perf_counter()
     if now - _last_progress[0] >= PROGRESS_S:
-        log.info("%s: still running (%.0f s)", what, now - since)
+        log.info("%s: %s", what, running_text(now - since, until - since, None if ends is None else ends - now))
+
+
+def running_text(elapsed: float, limit: float = math.inf, eta: float | None = None) -> str:
+    """``still running (12 s of 60 s, about 20 s to go)``: elapsed of the limit (when there is one) and the
+    estimated time to the end (when one is known)."""
+    parts = [f"{elapsed:.0f} s" + (f" of {limit:.0f} s" if math.isfinite(limit) else "")]
+    if eta is not None and math.isfinite(eta):
+        parts.append(f"about {max(0.0, eta):.0f} s to go")
+    return f"still running ({', '.join(parts)})"
 
 
 @dataclass(frozen=True)
@@ -250,7 +290,7 @@ def run_native(call: Callable[[], T], stop: Callable[[], None], until: float = m
                 worker.join(0.05)
             except KeyboardInterrupt:  # no handler of ours installed (library use): the same as a signal
                 request_interrupt(signal.SIGINT)
-            still_running(what, started)
+            still_running(what, started, until)
             if stopped_at is None and (interrupt_signal() is not None or time.perf_counter() >= until):
                 stopped_at = time.perf_counter()
                 stop()

@@ -1,6 +1,6 @@
 """Fit a device profile's step-time coefficients to measurements.
 
-Models (``shared/cost_model.md``, "Device mode"), one row = one timed step:
+Models (``docs/cost_model.md``, "Device mode"), one row = one timed step:
 
 - prefill of n members padded to s:  ``p0 + p1*(n*s) + p2*(n*s^2)``, features [1, n*s, n*s^2];
 - one decode step of n members at context c:  ``d0 + d1*(n*c) + d2*n``, features [1, n*c, n].

@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 
 from model import pipeline
 from model.base.errors import InfeasibleError, InputError
-from model.deploy.holdout import Holdout, holdout
+from model.base.runtime import Deadline, RunBudget
+from model.deploy.holdout import PLANNER_RUNS, Holdout, holdout
 from model.domain.schema import Problem
 from model.domain.shapeset import check_fits, checked
 from model.serving.formats import planned
@@ -139,13 +140,16 @@ def audit(problem: Problem, allowed: tuple[int, ...], k: int | None = None, solv
     base = replace(problem, max_shapes=k, allowed_shapes=None)
     today_problem = replace(base, allowed_shapes=config)
     check_fits(today_problem)
+    # one deadline for the whole audit: each planner run gets its share of what is left (it was the whole
+    # limit each, so --time-limit 60 took two minutes)
+    budget = RunBudget(Deadline.after(time_limit), 2 if holdout_fraction is None else PLANNER_RUNS + 1)
     if holdout_fraction is None:
-        today = pipeline.run(today_problem, solver, backend, time_limit)
-        optimised = pipeline.run(base, solver, backend, time_limit)
+        today = pipeline.run(today_problem, solver, backend, budget.next_limit())
+        optimised = pipeline.run(base, solver, backend, budget.next_limit())
         return AuditResult(base, config, k, solver, today, optimised, None, fmt, config_graphs)
-    check, _ = holdout(base, holdout_fraction, solver, backend, time_limit)
+    check, _ = holdout(base, holdout_fraction, solver, backend, time_limit, budget)
     if check.fixed is None or check.compared is None:
         raise InfeasibleError("hold-out: the shapes chosen on the first part cannot plan the held-out part: "
                               + "; ".join(check.messages))
-    today = pipeline.run(replace(check.compared, allowed_shapes=config), solver, backend, time_limit)
+    today = pipeline.run(replace(check.compared, allowed_shapes=config), solver, backend, budget.next_limit())
     return AuditResult(check.compared, config, k, solver, today, check.fixed, check, fmt, config_graphs)

@@ -18,6 +18,7 @@ from model.serving.formats import READERS, read_shapes
 from model.serving.graphs import ShapeImport
 from model.serving.settings import FLAG as SETTINGS_FLAG
 from model.serving.settings import parse_flag
+from model.serving.sniff import with_format_hint
 
 DEFAULT_SHAPES_FORMAT = "list"
 
@@ -26,7 +27,8 @@ def add_shape_args(parser: argparse.ArgumentParser) -> None:
     """``--shapes`` / ``--shapes-from FILE [--shapes-format F]``: plan only with these shapes."""
     parser.add_argument("--shapes", help="plan only with these shapes, e.g. 128,256,512 (multiples of 64; "
                                          "the shape cap K still applies)")
-    parser.add_argument("--shapes-from", type=Path, help="plan only with the shapes a serving config compiles")
+    parser.add_argument("--shapes-from", type=Path, help="plan only with the shapes a serving config compiles, e.g. "
+                                                         "--shapes-from neuron.json --shapes-format nxdi")
     add_shapes_format_arg(parser)
     add_server_settings_arg(parser)
 
@@ -41,7 +43,8 @@ def add_server_settings_arg(parser: argparse.ArgumentParser, dest: str = "server
 def add_shapes_format_arg(parser: argparse.ArgumentParser) -> None:
     """``--shapes-format F``: how to read the shapes file (default ``list``)."""
     parser.add_argument("--shapes-format", default=None,
-                        help=f"format of the shapes file: {', '.join(READERS)} (default {DEFAULT_SHAPES_FORMAT})")
+                        help=f"format of the shapes file: {', '.join(READERS)}, e.g. --shapes-format gaudi-file "
+                             f"(default {DEFAULT_SHAPES_FORMAT})")
 
 
 def add_batch_buckets_arg(parser: argparse.ArgumentParser) -> None:
@@ -54,9 +57,11 @@ def add_batch_buckets_arg(parser: argparse.ArgumentParser) -> None:
 def add_graph_cap_args(parser: argparse.ArgumentParser) -> None:
     """``--limit-graphs N`` and ``--max-warmup-s S``: caps on what a plan compiles, across all buckets."""
     parser.add_argument("--limit-graphs", type=int, default=None,
-                        help="with batch buckets: at most N distinct graphs (batch bucket, shape) across all buckets")
+                        help="with batch buckets: at most N distinct graphs (batch bucket, shape) across all "
+                             "buckets, e.g. --limit-graphs 24")
     parser.add_argument("--max-warmup-s", type=float, default=None,
-                        help="with batch buckets: warm-up (compile time x distinct graphs) at most S seconds")
+                        help="with batch buckets: warm-up (compile time x distinct graphs) at most S seconds, e.g. "
+                             "--max-warmup-s 600")
 
 
 MAX_BATCH_BUCKET = 2**31 - 1  # as max_batch_size: a larger batch is a typo, not a plan
@@ -99,21 +104,21 @@ def add_holdout_args(parser: argparse.ArgumentParser) -> None:
     """``--holdout FRACTION`` and ``--time-column NAME``."""
     parser.add_argument("--holdout", help="hold out this fraction (0 < f < 1) of each bucket, the latest arrivals "
                                           "(else the last in file order): choose shapes on the rest and check them "
-                                          "on it")
+                                          "on it, e.g. --holdout 0.3")
     parser.add_argument("--time-column", help="arrival-time column (seconds or ISO 8601; Azure's TIMESTAMP is read "
-                                              "by itself)")
+                                              "by itself), e.g. --time-column arrival_s")
 
 
 def add_window_args(parser: argparse.ArgumentParser, time_column: bool = False, sweep: bool = False) -> None:
     """``--window SECONDS`` (and ``--time-column NAME`` where the command has no hold-out flags; ``--windows``
     on the sweep)."""
     parser.add_argument("--window", help="batch only requests that arrive in the same window of this many seconds "
-                                         "(needs arrival times: Azure's TIMESTAMP, or --time-column)")
+                                         "(needs arrival times: Azure's TIMESTAMP, or --time-column), e.g. --window 60")
     if sweep:
         parser.add_argument("--windows", help="sweep the window length: seconds as a comma list, e.g. 10,30,60,300")
     if time_column:
         parser.add_argument("--time-column", help="arrival-time column (seconds or ISO 8601; Azure's TIMESTAMP is "
-                                                  "read by itself)")
+                                                  "read by itself), e.g. --time-column arrival_s")
 
 
 def parse_windows(text: str | None) -> tuple[float, ...] | None:
@@ -127,8 +132,16 @@ def parse_windows(text: str | None) -> tuple[float, ...] | None:
 
 
 def import_config(path: Path, fmt: str | None, settings: str | None = None) -> ShapeImport:
-    """A serving config read by its stack's rules: its shapes, its graphs and the warnings to show."""
-    return read_shapes(path, fmt or DEFAULT_SHAPES_FORMAT, settings=parse_flag(settings))
+    """A serving config read by its stack's rules: its shapes, its graphs and the warnings to show.  A file that
+    does not read in the format given (or the default, ``list``) is refused with the format its content suggests,
+    never read in a guessed one."""
+    chosen = fmt or DEFAULT_SHAPES_FORMAT
+    try:
+        return read_shapes(path, chosen, settings=parse_flag(settings))
+    except InputError as exc:
+        if exc.file != str(path):  # a bad flag or another file (a bucket file an env names): not this file's format
+            raise
+        raise with_format_hint(exc, path, chosen, fmt is None) from None
 
 
 def warning_text(imported: ShapeImport) -> str | None:

@@ -29,14 +29,14 @@ import numpy as np
 
 from model import pipeline
 from model.base.errors import InfeasibleError, InputError
-from model.base.runtime import Deadline
+from model.base.numbers import counted
+from model.base.runtime import Deadline, RunBudget
 from model.cost.common import align
 from model.domain.schema import Bucket, Limits, Problem
 from model.planning.bucket_choice import with_buckets
 
 POW2 = "pow2"
 PLANNER_RUNS = 3  # a hold-out plans with the solver three times: the first part, under the chosen shapes, its own
-MIN_RUN_S = 1e-3  # a planner run is granted at least this (a positive limit); past the deadline it returns fast
 SCALED = ("max_cost", "max_sequential_ms")  # limits that grow with the number of requests
 
 
@@ -53,7 +53,7 @@ class Split:
         n_train = sum(len(b) for b in self.train.buckets)
         n_test = sum(len(b) for b in self.test.buckets)
         return (f"the last {self.fraction:.0%} of each bucket by {self.by} held out: shapes chosen on "
-                f"{n_train} requests, checked on {n_test}")
+                f"{counted(n_train, 'request')}, checked on {n_test}")
 
 
 def subset(bucket: Bucket, rows: np.ndarray) -> Bucket:
@@ -175,13 +175,10 @@ def _excess(cost: float | None, reference: float | None) -> float | None:
     return cost / reference - 1
 
 
-def run_limit(deadline: Deadline | None, runs_left: int, time_limit: float) -> float:
-    """The time limit of the next planner run: with one ``deadline`` for the whole check, an equal share of what
-    is left among the ``runs_left`` runs still to come (one that ends early leaves its time to the next); without,
-    ``time_limit`` itself (the sweep gives each point its own)."""
-    if deadline is None:
-        return time_limit
-    return max(MIN_RUN_S, deadline.left() / max(1, runs_left))
+def run_limit(budget: RunBudget | None, time_limit: float, mip: bool = True) -> float:
+    """The time limit of the next planner run: with one ``budget`` for the whole run, its share of what is left
+    (``RunBudget``); without, ``time_limit`` itself (library use)."""
+    return time_limit if budget is None else budget.next_limit(mip)
 
 
 def _attempt(problem: Problem, solver: str, backend: str, time_limit: float,
@@ -195,12 +192,13 @@ def _attempt(problem: Problem, solver: str, backend: str, time_limit: float,
 
 def check_shapes(split_: Split, shapes: tuple[int, ...], in_sample: float | None, solver: str = pipeline.MIP,
                  backend: str = "highs", time_limit: float = 60.0, pow2_in_sample: float | None = None,
-                 k: int | None = None, deadline: Deadline | None = None,
+                 k: int | None = None, budget: RunBudget | None = None,
                  buckets: tuple[int, ...] | None = None) -> Holdout:
     """Plan the held-out part under ``shapes`` (chosen on the first part), under its own choice, and with pow2,
-    all with at most ``k`` shapes (default: the split's K).  With ``deadline`` the two planner runs share it
-    (``run_limit``); without, each gets ``time_limit``.  ``buckets``: the batch buckets chosen on the first
-    part (``--batch-buckets auto``), which the deployed config compiles with the shapes."""
+    all with at most ``k`` shapes (default: the split's K).  With ``budget`` the two planner runs take their
+    shares of the run's one deadline (``run_limit``); without, each gets ``time_limit``.  ``buckets``: the batch
+    buckets chosen on the first part (``--batch-buckets auto``), which the deployed config compiles with the
+    shapes."""
     k = split_.test.max_shapes if k is None else k
     messages: list[str] = []
     compared, uncovered = covered(split_.test.with_shapes(k), max(shapes)) if shapes else (None, 0)
@@ -211,11 +209,12 @@ def check_shapes(split_: Split, shapes: tuple[int, ...], in_sample: float | None
                         "and cannot run under the chosen shapes; the held-out plans cover the others")
     # the own run and pow2 keep the problem's own allowed set (if any): hindsight, under the same rules
     deployed = compared if buckets is None else with_buckets(compared, buckets)
-    fixed = _attempt(replace(deployed, allowed_shapes=shapes), solver, backend, run_limit(deadline, 2, time_limit),
+    fixed = _attempt(replace(deployed, allowed_shapes=shapes), solver, backend, run_limit(budget, time_limit),
                      messages, "held-out part under the chosen shapes")
-    own = _attempt(compared, solver, backend, run_limit(deadline, 1, time_limit), messages,
+    own = _attempt(compared, solver, backend, run_limit(budget, time_limit), messages,
                    "held-out part, its own shapes")
-    pow2 = _attempt(compared, POW2, backend, time_limit, messages, "pow2, held-out part")
+    pow2 = _attempt(compared, POW2, backend, run_limit(budget, time_limit, mip=False), messages,
+                    "pow2, held-out part")
     return Holdout(split_, solver, k, shapes, in_sample, pow2_in_sample, compared, fixed, own, pow2, uncovered,
                    tuple(messages))
 
@@ -243,28 +242,31 @@ def pow2_cost(problem: Problem) -> float | None:
 
 
 def sweep_checks(split_: Split, chosen: Sequence[tuple[int, tuple[int, ...], float | None]], backend: str = "highs",
-                 time_limit: float = 60.0, progress: Callable[[int], None] | None = None) -> list[Holdout]:
-    """The check for each (K, MIP shapes chosen on the first part at that K, their in-sample cost) of a sweep."""
+                 time_limit: float = 60.0, progress: Callable[[int], None] | None = None,
+                 budget: RunBudget | None = None) -> list[Holdout]:
+    """The check for each (K, MIP shapes chosen on the first part at that K, their in-sample cost) of a sweep;
+    with ``budget`` (the sweep's one deadline) their MIP runs share what the sweep left."""
     out = []
     for k, shapes, cost in chosen:
         out.append(check_shapes(split_, shapes, cost, pipeline.MIP, backend, time_limit,
-                                pow2_cost(split_.train.with_shapes(k)), k))
+                                pow2_cost(split_.train.with_shapes(k)), k, budget))
         if progress is not None:
             progress(k)
     return out
 
 
 def holdout(problem: Problem, fraction: float, solver: str = pipeline.MIP, backend: str = "highs",
-            time_limit: float = 60.0) -> tuple[Holdout, pipeline.Run]:
+            time_limit: float = 60.0, budget: RunBudget | None = None) -> tuple[Holdout, pipeline.Run]:
     """Split, plan the first part (its shapes are the choice), and check them on the held-out part.
 
     Returns the check and the first part's run.  The first part's limits must be
     met (an InfeasibleError otherwise, as for any plan).  ``time_limit`` bounds the whole check: its three
-    planner runs share one deadline (each had the whole limit, so --time-limit 5 took 15 s).
+    planner runs share one deadline (each had the whole limit, so --time-limit 5 took 15 s); ``budget`` is a
+    deadline shared with more runs (the audit plans today's shapes after the check).
     """
-    deadline = Deadline.after(time_limit)
+    budget = RunBudget(Deadline.after(time_limit), PLANNER_RUNS) if budget is None else budget
     part = split(problem, fraction)
-    train = pipeline.run(part.train, solver, backend, run_limit(deadline, PLANNER_RUNS, time_limit))
+    train = pipeline.run(part.train, solver, backend, run_limit(budget, time_limit))
     check = check_shapes(part, used_shapes(train), train.evaluation.total_cost, solver, backend, time_limit,
-                         pow2_cost(part.train), deadline=deadline, buckets=train.planned.chosen_buckets)
+                         pow2_cost(part.train), budget=budget, buckets=train.planned.chosen_buckets)
     return check, train

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from model.base.numbers import counted
 from model.cost.device import device_hours
 from model.deploy.auditing import NEUTRAL_FORMATS, AuditResult, Side
 from model.deploy.holdout import Holdout
@@ -141,7 +142,8 @@ def audit_blocks(result: AuditResult, source: str, config_source: str) -> list[B
     blocks: list[Block] = [
         Heading(f"Shape audit: {source}", 1),
         Paragraph(saving_sentence(result), lead="Saving: "),
-        Paragraph(f"{n} requests in {len(result.problem.buckets)} bucket(s), cost model {result.problem.cost.name}, "
+        Paragraph(f"{counted(n, 'request')} in {counted(len(result.problem.buckets), 'bucket')}, "
+                  f"cost model {result.problem.cost.name}, "
                   f"planner {result.solver}, at most K = {result.k} shapes on both sides; today's shapes from "
                   f"{config_source} ({len(result.config)}: {shapes_text(result.config)}), both judged on {where}."),
         Table(tuple(head), (side_cells(today, result.device, result.compile_ms),
@@ -159,13 +161,14 @@ def saving_sentence(result: AuditResult) -> str:
     unit = f" device-ms ({device_units(abs(result.saving), result.problem.cost)})" if result.device else " cost units"
     verb = "save" if result.saving >= 0 else "cost"
     return (f"{opt.label} would {verb} {fmt(abs(result.saving))}{unit}, {abs(result.saving_share or 0):.2%} of "
-            f"today's cost {fmt(today.cost)}, with {opt.n_shapes} compiled shapes{graphs_note(opt)} against today's "
+            f"today's cost {fmt(today.cost)}, with {counted(opt.n_shapes, 'compiled shape')}{graphs_note(opt)} against "
+            "today's "
             f"{today.n_shapes}{graphs_note(today)}.")
 
 
 def graphs_note(side: Side) -> str:
     """" (12 graphs)" beside a side's shape count, or nothing when its graphs are not counted."""
-    return "" if side.graphs is None else f" ({side.graphs} graphs)"
+    return "" if side.graphs is None else f" ({counted(side.graphs, 'graph')})"
 
 
 AUDIT_REPORT_FILES = ("report.md", "report.html", "heatmap.png")
@@ -197,7 +200,8 @@ def audit_report_files(folder: Path, result: AuditResult, source: str, config_so
     """report.md, report.html and heatmap.png (both shape sets over the traffic) as bytes, to write together."""
     today, opt = result.sides
     hists = [build_histogram(b) for b in result.problem.buckets]
-    fig = heatmap_figure(result.problem, hists, None, ((today.label, result.config), (opt.label, opt.shapes)))
+    used = today.shapes if today.cost is not None else None  # the legend counts what today's plan uses too
+    fig = heatmap_figure(result.problem, hists, None, ((today.label, result.config, used), (opt.label, opt.shapes)))
     png = folder / "heatmap.png"
     image = Image(png, f"Requests over (aligned prompt, gen_len), log counts; lines: today's shapes (from "
                        f"{config_source}) and the {opt.label}.", png_bytes(fig))

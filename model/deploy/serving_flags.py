@@ -36,12 +36,19 @@ SERVER_KEYS = ("stack", "max_num_seqs", "max_num_batched_tokens", "block_size", 
                "ctx_batch_size")
 
 
+# one example value per [server] flag, for the commands' help texts
+SERVER_EXAMPLES = {"stack": "--stack gaudi", "max_num_seqs": "--max-num-seqs 64",
+                   "max_num_batched_tokens": "--max-num-batched-tokens 8192", "block_size": "--block-size 128",
+                   "max_prefill_seqs": "--max-prefill-seqs 4", "ctx_batch_size": "--ctx-batch-size 1"}
+
 def add_trace_args(p: argparse.ArgumentParser) -> None:
     """How the request files are read (their arrival times above all)."""
-    p.add_argument("--columns", help="column mapping: 'azure' or PROMPT,GEN[,ID] (CSV/Parquet inputs)")
-    p.add_argument("--format", choices=("jsonl", "csv", "parquet"), help="input format (default: by suffix)")
+    p.add_argument("--columns", help="which columns hold the lengths (and the id): 'azure' or PROMPT,GEN[,ID], "
+                                     "e.g. --columns input_tokens,output_tokens,id")
+    p.add_argument("--format", choices=("jsonl", "csv", "parquet"),
+                   help="request file format, e.g. --format csv (default: by suffix)")
     p.add_argument("--time-column", help=f"arrival-time column (seconds or ISO 8601; default: {DEFAULT_TIME_FIELD} "
-                                         "when present, Azure's TIMESTAMP with --columns azure)")
+                                         "when present, Azure's TIMESTAMP with --columns azure), e.g. --time-column t")
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
@@ -51,21 +58,26 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     for key in SERVER_KEYS:
         flag = "--" + key.replace("_", "-")
         p.add_argument(flag, type=str if key == "stack" else int_flag(flag), default=None,
-                       help=f"replaces [server] {key}")
+                       help=f"replaces [server] {key}, e.g. {SERVER_EXAMPLES[key]}")
 
 
 def add_capacity_args(p: argparse.ArgumentParser) -> None:
     """Replicas (a count or ``auto``), rate scales and SLOs."""
     p.add_argument("--replicas", default="1", help="replicas serving the trace, dealt round-robin; 'auto': the "
-                                                   "fewest meeting the SLOs at each --rate-scale (a table)")
+                                                   "fewest meeting the SLOs at each --rate-scale (a table), "
+                                                   "e.g. --replicas 4 or --replicas auto")
     p.add_argument("--rate-scale", nargs="+", action="extend", type=float_flag("--rate-scale"), default=None,
                    help="divide arrival times by this (2: twice the rate, default 1); with --replicas auto, several "
-                        "(the flag given twice adds to the list)")
+                        "(the flag given twice adds to the list), e.g. --rate-scale 1 2 4")
     p.add_argument("--max-replicas", type=int_flag("--max-replicas"), default=None,
-                   help=f"with --replicas auto: try at most this many (default {DEFAULT_MAX_REPLICAS})")
-    p.add_argument("--slo-ttft-ms", type=float_flag("--slo-ttft-ms"), help="TTFT objective (ms)")
-    p.add_argument("--slo-tpot-ms", type=float_flag("--slo-tpot-ms"), help="TPOT objective (ms)")
-    p.add_argument("--slo-quantile", help="the quantile the objectives are judged at (default 0.95)")
+                   help=f"with --replicas auto: try at most this many, e.g. --max-replicas 64 (default "
+                        f"{DEFAULT_MAX_REPLICAS})")
+    p.add_argument("--slo-ttft-ms", type=float_flag("--slo-ttft-ms"),
+                   help="TTFT objective (ms), e.g. --slo-ttft-ms 2000")
+    p.add_argument("--slo-tpot-ms", type=float_flag("--slo-tpot-ms"),
+                   help="TPOT objective (ms), e.g. --slo-tpot-ms 100")
+    p.add_argument("--slo-quantile",
+                   help="the quantile the objectives are judged at, e.g. --slo-quantile 0.99 (default 0.95)")
 
 
 def positive_number(flag: str, value: float, most: float = math.inf) -> float:

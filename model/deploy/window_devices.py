@@ -56,6 +56,12 @@ def summary_table(uses: Sequence[DeviceUse]) -> Table:
                   "utilisation"), tuple(rows))
 
 
+def shapes_table(uses: Sequence[DeviceUse]) -> Table:
+    """The shapes each planner's plan compiles: what the devices above would run (the config to deploy)."""
+    return Table(("planner", "shapes", "shape list (tokens)"),
+                 tuple((use.planner, str(len(use.shapes)), " ".join(map(str, use.shapes)) or "-") for use in uses))
+
+
 def window_table(uses: Sequence[DeviceUse]) -> Table:
     """Every window holding requests with its pooled device-ms, devices needed and utilisation, planners side by
     side (the others need no device)."""
@@ -84,26 +90,41 @@ def explain(uses: Sequence[DeviceUse]) -> Paragraph:
                      lead="Devices needed: ")
 
 
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D")
+
+
 def devices_figure(uses: Sequence[DeviceUse]) -> Figure:
-    """Devices needed over time, one step line per planner, each planner's peak marked."""
-    fig = new_figure(9, 4.5)
+    """Devices needed over time, one step line per planner, each planner's peak marked.
+
+    Planners often need the same devices in a window, so their step lines coincide: the first planner (the
+    chosen one) is drawn last, on top, thin and solid; the others beneath it wider and dashed or dotted, so
+    where they agree every line still shows.  The legend sits under the picture, off the data."""
+    fig = new_figure(9, 5)
     ax = fig.add_subplot()
-    for use in uses:
+    count = len(uses)
+    for i, use in reversed(list(enumerate(uses))):
         edges, d = use.steps(use.total_devices)  # empty windows step down to 0, without a point each
         minutes = edges * use.window_s / 60.0
-        (line,) = ax.step(minutes, d, where="post",
-                          label=f"{use.planner} (peak {use.peak()}, mean {use.mean():.2f})", gid=LINE_GID + use.planner)
+        (line,) = ax.step(minutes, d, where="post", ls=LINE_STYLES[i % len(LINE_STYLES)], color=f"C{i % 10}",
+                          lw=1.4 + 1.4 * (count - 1 - i) if i else 1.4, zorder=3 + count - i,
+                          label=f"{use.planner} (peak {use.peak()}, mean {use.mean():.2f}, {len(use.shapes)} shapes)",
+                          gid=LINE_GID + use.planner)
         at, peak = use.peak_window() * use.window_s / 60.0, use.peak()
-        ax.scatter([at], [peak], marker="v", s=70, color=line.get_color(), zorder=5, gid=PEAK_GID + use.planner)
-        ax.annotate(f"peak {peak}", (at, peak), textcoords="offset points", xytext=(4, 6),
+        ax.scatter([at], [peak], marker=MARKERS[i % len(MARKERS)], s=60, color=line.get_color(), zorder=10,
+                   gid=PEAK_GID + use.planner)
+        ax.annotate(f"{use.planner} peak {peak}", (at, peak), textcoords="offset points", xytext=(4, 4 + 9 * i),
                     fontsize=8, color=line.get_color())
     first = uses[0]
     ax.set_xlabel(f"minutes since the first arrival ({opens(first.origin_s)}); windows of {first.window_s:g} s")
-    ax.set_ylabel("devices needed")
-    ax.set_ylim(bottom=0)
+    ax.set_ylabel("devices needed (devices)")
+    top = max(use.peak() for use in uses)
+    ax.set_ylim(0, top + max(1, 0.15 * top))
     ax.set_title("Devices needed per window")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()  # drawn last to first: list them first to last
+    ax.legend(handles[::-1], labels[::-1], loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=len(uses),
+              fontsize=8, frameon=False)
     return fig
 
 
@@ -136,9 +157,10 @@ def devices_report(folder: Path, uses: Sequence[DeviceUse], title: str, lead: Se
     """report.md, report.html, devices.png and devices.csv for ``folder`` as bytes, in that order: the command
     writes them together with the plans they describe (all of them or none)."""
     png = folder / "devices.png"
-    image = Image(png, "Devices needed per window, one line per planner; the triangle marks each planner's peak.",
-                  png_bytes(devices_figure(uses)))
-    blocks = [Heading(title, 1), *lead, *device_blocks(uses), image, Heading("Every window"), window_table(uses)]
+    image = Image(png, "Devices needed per window, one line per planner (the chosen one solid, on top); a marker "
+                       "shows each planner's peak.", png_bytes(devices_figure(uses)))
+    blocks = [Heading(title, 1), *lead, *device_blocks(uses), Heading("Chosen shapes"), shapes_table(uses), image,
+              Heading("Every window"), window_table(uses)]
     return {folder / "report.md": to_markdown(blocks, folder).encode("utf-8"),
             folder / "report.html": to_html(blocks, title).encode("utf-8"),
             png: image.data, folder / "devices.csv": devices_csv(uses)}

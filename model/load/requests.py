@@ -25,7 +25,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from model.base.errors import InputError
+from model.base.errors import InputError, unknown_name
 from model.base.numbers import DECIMAL_TEXT, NONFINITE_TEXT, as_float
 from model.base.numbers import shown as spelled
 from model.domain.schema import Bucket
@@ -93,13 +93,21 @@ def detect_format(path: Path, fmt: str | None = None) -> str:
     """The file format, from an explicit name or the file's suffix."""
     if fmt:
         if fmt not in set(FORMATS.values()):
-            raise InputError(str(path), None, None, f"unknown format {fmt!r} (jsonl, csv, parquet)")
+            raise InputError(str(path), None, None, unknown_name("format", fmt, ("jsonl", "csv", "parquet")))
         return fmt
     try:
         return FORMATS[path.suffix.lower()]
     except KeyError:
-        raise InputError(str(path), None, None,
-                         f"cannot tell the format from suffix {path.suffix!r}; use .jsonl, .csv or .parquet") from None
+        raise InputError(str(path), None, None, f"cannot tell the format from suffix {path.suffix!r}; use .jsonl, "
+                         ".csv or .parquet, or say it with --format jsonl|csv|parquet") from None
+
+
+def _is_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder (a name the file system refuses is not one)."""
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def load_requests(path: str | Path, name: str | None = None, columns: Columns | None = None,
@@ -116,6 +124,9 @@ def load_requests(path: str | Path, name: str | None = None, columns: Columns | 
     path = Path(path)
     if name is None:  # the bucket is named after the file, and the name becomes a plan file's name
         name = check_name(path.stem, str(path), None, None, derived=True)
+    if _is_folder(path):  # before the suffix: "cannot tell the format from suffix ''" said nothing useful
+        raise InputError(str(path), None, None, f"is a folder, not a request file; name the files in it (e.g. "
+                         f"{path / '*.jsonl'}), one bucket each")
     kind = detect_format(path, fmt)
     raw = _read_bytes(path)
     if kind == "jsonl":
@@ -155,6 +166,38 @@ def _auto_columns(names: list[str]) -> Columns:
     if "ContextTokens" in names and "GeneratedTokens" in names and "prompt_len" not in names:
         return PRESETS["azure"]
     return Columns()
+
+
+ROLE_WORDS = (("prompt", "input", "context", "ctx", "query"), ("gen", "output", "completion", "response", "decode"),
+              ("id",))  # what a column holding the prompt length, the generation length or the id tends to be called
+
+
+def check_columns_present(path: Path, found: list[str], columns: Columns, line: int | None, what: str = "column"
+                          ) -> None:
+    """A mapped column the file does not have at all is named at once, with the columns it has and the flag that
+    maps them (``field 'request_id': missing`` on line 2 said neither)."""
+    absent = [c for c in (columns.request_id, columns.prompt_len, columns.gen_len) if c and c not in found]
+    if not absent:
+        return
+    shown_found = ", ".join(found[:12]) + (f", ... ({len(found)} in all)" if len(found) > 12 else "")
+    raise InputError(str(path), line, absent[0], f"no such {what} (the file has: {shown_found or 'none'}); "
+                     f"map yours with --columns PROMPT,GEN[,ID], e.g. --columns {column_guess(found)}"
+                     " (or --columns azure for the Azure traces)")
+
+
+def column_guess(found: list[str]) -> str:
+    """An example ``--columns`` value built from the file's own column names: by what they say they hold, else
+    the first columns in file order (only an example: the message says "e.g.")."""
+    ident = next((name for name in found if any(w in name.lower() for w in ROLE_WORDS[2])), None)
+    rest = [name for name in found if name != ident]
+    picked: list[str] = []
+    for words in ROLE_WORDS[:2]:
+        hit = next((n for n in rest if n not in picked and any(w in n.lower() for w in words)), None)
+        hit = hit if hit is not None else next((n for n in rest if n not in picked), None)
+        if hit is None:
+            return "input_tokens,output_tokens,id"  # too few columns to build one from: the form, spelt out
+        picked.append(hit)
+    return ",".join(picked + ([ident] if ident else []))
 
 
 def _csv_header(raw: bytes) -> list[str]:
@@ -205,6 +248,7 @@ def _read_jsonl(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame,
         table = json_table(pa.BufferReader(raw))
         # A float column may hold 1e3 (refused) or 12.0 (accepted): only the text tells them apart.
         floats = any(pa.types.is_floating(table.column(c).type) for c in columns.wanted() if c in table.column_names)
+        check_columns_present(path, table.column_names, columns, None, "key in any line")
         if table.num_rows == len(lines) and not floats:
             return _project(table, columns), lines, None
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
@@ -318,6 +362,7 @@ def _read_csv(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame, n
         raise InputError(str(path), None, None, "no requests (empty file)" if len(lines) == 0
                          else "no requests (only a header)")
     check_utf8(path, raw)
+    check_columns_present(path, _csv_header(raw), columns, 1)
     types = {c: pa.string() for c in columns.wanted()}  # ids stay text ("007"); lengths are checked as text below
     try:
         table = pacsv.read_csv(pa.BufferReader(raw), convert_options=pacsv.ConvertOptions(
@@ -393,6 +438,7 @@ def _read_parquet(path: Path, raw: bytes, columns: Columns | None, time_column: 
     try:
         source = pq.ParquetFile(pa.BufferReader(raw))
         columns = _with_time(columns or _auto_columns(source.schema_arrow.names), time_column, time_default)
+        check_columns_present(path, list(source.schema_arrow.names), columns, None)
         present = [c for c in columns.wanted() if c in source.schema_arrow.names]
         table = source.read(columns=present)
     except (OSError, pa.ArrowException) as exc:

@@ -53,6 +53,7 @@ class DeviceUse:
     windows: np.ndarray  # the windows holding requests, ascending
     device_ms: np.ndarray  # (buckets, len(windows))
     n_windows: int
+    shapes: tuple[int, ...] = ()  # the shapes the planner's plan compiles (every bucket), for the report
 
     @property
     def window_ms(self) -> float:
@@ -133,5 +134,6 @@ def device_use(problem: Problem, batchings: Sequence[Batching], planner: str) ->
         batch_win[np.asarray(bt.batch_of, dtype=np.int64)] = np.searchsorted(windows, w_b)
         ms[b] = np.bincount(batch_win, weights=batch_device_ms(problem, b, bt), minlength=len(windows))
     w = problem.windowing
+    shapes = tuple(sorted({int(s) for bt in batchings for s in np.unique(bt.shape_of)}))
     return DeviceUse(planner, w.seconds, w.origin_s, tuple(b.name for b in problem.buckets), windows, ms,
-                     n_windows(problem))
+                     n_windows(problem), shapes)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from model.base.axes import plain_log_axis
 from model.evaluation.replay import StepRuns
 from model.evaluation.replay_metrics import Quantiles, ReplaySummary, request_metrics
 from model.evaluation.replay_run import ReplayResult
@@ -68,43 +69,65 @@ def timeline_figure(runs: StepRuns, stack: str, replicas: int) -> Figure:
     keep = _thin(runs)
     t = runs.start_ms[keep] / 1000.0
     top.step(*_busy_line(runs, keep), where="post", lw=0.8, gid="running")
-    top.set(ylabel="requests decoding", title="replica 0 of " + str(replicas) if replicas > 1 else "the replica")
+    top.set(ylabel="requests decoding (requests)",
+            title=f"replica 0 of {replicas}" if replicas > 1 else "the replica")
     decode = runs.decode_x[keep] > 0
     prompt = runs.prompt_x[keep] > 0
-    unit = "KV blocks" if stack == "gaudi" else "bucket length"
-    bottom.scatter(t[decode], runs.decode_x[keep][decode], s=3, label=f"decode graph ({unit})", gid="decode")
-    bottom.scatter(t[prompt], runs.prompt_x[keep][prompt], s=3, label="prompt graph (query length)", gid="prompt")
+    unit = "KV blocks" if stack == "gaudi" else "tokens, bucket length"
+    bottom.scatter(t[decode], runs.decode_x[keep][decode], s=4, marker="o", label=f"decode graph ({unit})",
+                   gid="decode")
+    bottom.scatter(t[prompt], runs.prompt_x[keep][prompt], s=6, marker="^", label="prompt graph (tokens, query "
+                   "length)", gid="prompt")
     compiled = runs.compiles[keep] > 0
     if compiled.any():
         for x in t[compiled]:
             bottom.axvline(x, color="red", lw=0.6, alpha=0.6)
         bottom.plot([], [], color="red", lw=0.6, label="run-time compile")
-    bottom.set(xlabel="time since the first arrival (s)", ylabel="graph size", yscale="log")
-    bottom.legend(fontsize=8, loc="upper right")
+    sizes = np.concatenate([runs.decode_x[keep][decode], runs.prompt_x[keep][prompt]])
+    what = "KV blocks or tokens" if stack == "gaudi" else "tokens"
+    bottom.set(xlabel="time since the first arrival (s)", ylabel=f"graph size ({what}, log scale)", yscale="log")
+    if sizes.size:
+        plain_log_axis(bottom.yaxis, float(sizes.min()) / 1.2, float(sizes.max()) * 1.2, most=11)
+        bottom.set_ylim(float(sizes.min()) / 1.2, float(sizes.max()) * 1.2)
+    bottom.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=3, frameon=False)
     return fig
 
 
-def _cdf(ax: Axes, values: np.ndarray, q: Quantiles, name: str) -> None:
+QUANTILE_STYLES = (("p50", ":"), ("p95", "--"), ("p99", "-."))
+
+
+def _cdf(ax: Axes, values: np.ndarray, q: Quantiles, name: str, slo: float | None = None) -> None:
+    """The cumulative distribution of one metric, its quantiles marked, and the SLO when one was given."""
     if values.size == 0:
         ax.set(title=f"{name}: no values")
         return
     ordered = np.sort(values)
     share = np.arange(1, ordered.size + 1) / ordered.size
     keep = np.unique(np.linspace(0, ordered.size - 1, min(ordered.size, MAX_POINTS)).astype(np.int64))
-    ax.step(np.maximum(ordered[keep], 1e-3), share[keep], where="post", gid=name)
-    for label, value in (("p50", q.p50), ("p95", q.p95), ("p99", q.p99)):
+    ax.step(np.maximum(ordered[keep], 1e-3), share[keep], where="post", gid=name, lw=1.6,
+            label=f"{name} of {ordered.size} requests")
+    for (label, ls), value in zip(QUANTILE_STYLES, (q.p50, q.p95, q.p99), strict=True):
         if value is not None:
-            ax.axvline(max(value, 1e-3), color="0.4", ls="--", lw=0.8)
-            ax.annotate(f"{label} {value:.4g} ms", (max(value, 1e-3), 0.02), rotation=90, fontsize=7)
-    ax.set(xscale="log", xlabel=f"{name} (ms)", ylabel="share of requests", ylim=(0, 1.01))
+            ax.axvline(max(value, 1e-3), color="0.35", ls=ls, lw=1, label=f"{label} {value:.4g} ms")
+    if slo is not None:
+        met = float((values <= slo).mean())
+        ax.axvline(slo, color="red", lw=1.6, gid=f"slo-{name}", label=f"SLO {slo:g} ms: {met:.1%} of requests within")
+    lo = max(float(ordered[0]), 1e-3)
+    hi = max(float(ordered[-1]), lo * 1.01, slo or 0.0)
+    ax.set(xscale="log", xlabel=f"{name} (ms, log scale)", ylabel="share of requests", ylim=(0, 1.01),
+           xlim=(lo / 1.15, hi * 1.15))
+    plain_log_axis(ax.xaxis, lo / 1.15, hi * 1.15, twos=False)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 
 
 def latency_figure(result: ReplayResult, summary: ReplaySummary) -> Figure:
     """TTFT and TPOT distributions (cumulative) over every request of every replica."""
     ttft, tpot, _ = request_metrics(result)
     fig, (left, right) = _figure(2)
-    _cdf(left, ttft, summary.ttft, "TTFT")
-    _cdf(right, tpot, summary.tpot, "TPOT")
+    slo = summary.slo.slo if summary.slo is not None else None
+    _cdf(left, ttft, summary.ttft, "TTFT", slo.ttft_ms if slo is not None else None)
+    _cdf(right, tpot, summary.tpot, "TPOT", slo.tpot_ms if slo is not None else None)
     return fig
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from model.base.numbers import counted
 from model.cost.device import device_hours
 from model.cost.metrics import Metrics
 from model.cost.model import CostModel
@@ -81,7 +82,8 @@ def bucket_table(result: BucketResult, extra: dict[str, str] | None = None,
     lines = [f"bucket {result.name}"]
     m = result.metrics
     if m is not None:
-        lines[0] += (f": {m.n_requests} requests, {m.n_batches} batches, {len(m.shapes)} shapes "
+        lines[0] += (f": {counted(m.n_requests, 'request')}, {counted(m.n_batches, 'batch', 'batches')}, "
+                     f"{counted(len(m.shapes), 'shape')} "
                      f"[{', '.join(map(str, m.shapes))}], {graph_summary(m.graphs, cost)}")
         checks = {c.metric: c for c in result.checks}
         unit = cost_unit_text(cost)

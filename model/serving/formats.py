@@ -52,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from model.base.errors import InputError
+from model.base.errors import InputError, unknown_name
 from model.cost.common import GRANULARITY
 from model.serving import gaudi_read, gaudi_write, lists, neuron, tpu
 from model.serving.graphs import Compiled, Graph, ShapeImport
@@ -97,7 +97,7 @@ PLANNED: dict[str, Planner] = {
 
 def check_format(fmt: str, flag: str) -> None:
     if fmt not in READERS:
-        raise InputError(flag, None, None, f"unknown format {fmt!r} ({', '.join(READERS)})")
+        raise InputError(flag, None, None, unknown_name("format", fmt, READERS))
 
 
 def compile_config(path: str | Path, fmt: str, settings: Settings | None = None, text: str | None = None) -> Compiled:

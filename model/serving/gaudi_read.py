@@ -222,8 +222,29 @@ def compile_gaudi_env(path: Path, text: str, settings: Settings) -> Compiled:
             notes.append(f"{src}:{v.line}: the exp strategy overwrites {name} (ignored)")
     server = server_of(settings, env, src)
     if strategy == "exp":
-        return exp_graphs(env, server, settings, src, notes)
+        unread = _lin_only(env) if "VLLM_BUCKETING_STRATEGY" not in env and legacy_note is None else []
+        if unread:
+            notes.append(f"{src}: {strategy_hint(unread)}")
+        try:
+            return exp_graphs(env, server, settings, src, notes)
+        except InputError as exc:  # the setting exp needs is not what the user meant: they wrote a lin config
+            if not unread:
+                raise
+            raise InputError(exc.file, exc.line, exc.field, f"{exc.message}; {strategy_hint(unread)}") from None
     return lin_graphs(env, server, settings, src, notes)
+
+
+def _lin_only(env: dict[str, EnvValue]) -> list[str]:
+    """The ladder variables only lin reads (exp, vllm-gaudi's default, overwrites them), in file order."""
+    return [name for name in env if name in _READ and name not in _EXP_KEEPS]
+
+
+def strategy_hint(unread: list[str]) -> str:
+    """What a config with lin ladder values and no strategy runs, and the line that makes them count."""
+    more = f" and {len(unread) - 1} more" if len(unread) > 1 else ""
+    return (f"no VLLM_BUCKETING_STRATEGY is set, so vllm-gaudi runs its default exp, which overwrites "
+            f"{unread[0]}{more}; for the lin ladder these values describe add VLLM_BUCKETING_STRATEGY=lin "
+            "(or the deprecated VLLM_EXPONENTIAL_BUCKETING=false)")
 
 
 def gaudi_strategy(env: dict[str, EnvValue], src: str) -> tuple[str, str | None]:

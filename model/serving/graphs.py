@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from model.base.numbers import counted
 from model.cost.common import GRANULARITY
 from model.serving.spec import Given
 
@@ -82,11 +83,12 @@ def kinds_text(graphs: Iterable[Graph]) -> str:
 def warmup_text(count: int, compile_ms: float | None) -> str:
     """The warm-up estimate: graphs x compile_ms with a device profile, else the count alone (and why)."""
     if compile_ms is None:
-        return f"warm-up: {count} graphs to compile (give --device-profile for the time: graphs x compile_ms)"
+        return (f"warm-up: {counted(count, 'graph')} to compile (give --device-profile for the time: "
+                "graphs x compile_ms)")
     total = count * compile_ms
     if not math.isfinite(total):
-        return f"warm-up: {count} graphs x {compile_ms:g} ms"
-    return f"warm-up ~ {total / 1000:.4g} s ({count} graphs x {compile_ms:g} ms compile_ms)"
+        return f"warm-up: {counted(count, 'graph')} x {compile_ms:g} ms"
+    return f"warm-up ~ {total / 1000:.4g} s ({counted(count, 'graph')} x {compile_ms:g} ms compile_ms)"
 
 
 FREE_BATCH_NOTE = ("without a device profile the plans' cost mode (reference or strict) leaves the batch free, so "
@@ -96,7 +98,8 @@ FREE_BATCH_NOTE = ("without a device profile the plans' cost mode (reference or 
 def count_text(graphs: tuple[Graph, ...], compile_ms: float | None) -> str:
     """"12 graphs (7 prompt, 5 decode); warm-up ~ ...": the line an export's header and result show."""
     kinds = kinds_text(graphs)
-    return f"{len(graphs)} graphs" + (f" ({kinds})" if kinds else "") + f"; {warmup_text(len(graphs), compile_ms)}"
+    return (counted(len(graphs), "graph") + (f" ({kinds})" if kinds else "")
+            + f"; {warmup_text(len(graphs), compile_ms)}")
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.base.errors import InputError
+from model.base.errors import InputError, unknown_name
 from model.domain.server import Graph, GraphSet, ServerSettings
 from model.serving.formats import compile_config
 from model.serving.parse import MAX_BUCKETS, check_range, read_text, shown
@@ -74,7 +74,7 @@ def read_graph_set(path: str | Path, fmt: str, server: ServerSettings, source: s
                          f"a replay runs; give the graphs as {formats}, or as --shapes-format json "
                          f"({_json_hint(stack)})")
     if fmt not in GRAPH_FORMATS:
-        raise InputError("--shapes-format", None, None, f"unknown format {fmt!r} ({', '.join(GRAPH_FORMATS)})")
+        raise InputError("--shapes-format", None, None, unknown_name("format", fmt, GRAPH_FORMATS))
     if fmt in FORMAT_STACK and FORMAT_STACK[fmt] != stack:
         raise InputError("--shapes-format", None, None, f"{fmt} holds {FORMAT_STACK[fmt]} graphs, and the stack is "
                          f"{stack} (set it with [server] stack or --stack)")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from model import pipeline
 from model.base.errors import InfeasibleError, NoPlanFound
+from model.base.runtime import RunBudget
 from model.domain.schema import Batching, BucketResult, Planned, Problem, SolveReport, Violation
 from model.report.compare import failures
 from model.report.devices import DeviceUse, device_use
@@ -255,13 +256,17 @@ def point_rows(point: SweepPoint, problem: Problem, outcomes: Sequence[PlannerOu
 
 def solve_point(problem: Problem, point: SweepPoint, solvers: Sequence[str], backend: str = "highs",
                 time_limit: float = 20.0, carried: Sequence[tuple[SweepPoint, PlannerOutcome]] = (),
-                progress: Callable[[SweepPoint, str], None] | None = None
+                progress: Callable[[SweepPoint, str], None] | None = None, budget: RunBudget | None = None
                 ) -> tuple[list[SweepRow], PlannerOutcome | None]:
-    """Every planner at one point; returns its rows and the MIP outcome to carry to looser points."""
+    """Every planner at one point; returns its rows and the MIP outcome to carry to looser points.
+
+    With ``budget`` (the sweep's one deadline) each planner's limit is its share of the time left; without,
+    each gets ``time_limit``."""
     outcomes = []
     mip_outcome = None
     for name in solvers:
-        out = run_planner(problem, name, backend, time_limit)
+        limit = time_limit if budget is None else budget.next_limit(name == MIP)
+        out = run_planner(problem, name, backend, limit)
         if name == MIP:
             again = (reevaluate(problem, o, src) for src, o in carried)
             out = best_outcome(out, (o for o in again if o is not None))
@@ -273,8 +278,12 @@ def solve_point(problem: Problem, point: SweepPoint, solvers: Sequence[str], bac
 
 
 def run_sweep(base: Problem, points: Sequence[SweepPoint], solvers: Sequence[str], backend: str = "highs",
-              time_limit: float = 20.0, progress: Callable[[SweepPoint, str], None] | None = None) -> SweepResult:
-    """Solve every point with every planner, carrying MIP plans from tighter to looser points."""
+              time_limit: float = 20.0, progress: Callable[[SweepPoint, str], None] | None = None,
+              budget: RunBudget | None = None) -> SweepResult:
+    """Solve every point with every planner, carrying MIP plans from tighter to looser points.
+
+    ``budget`` shares one deadline among every MIP run of the sweep (``RunBudget``); without it each MIP run
+    gets ``time_limit`` (library use: ``scripts/bench.py``)."""
     ks = sorted({p.k for p in points})
     factors = sorted({p.factor for p in points})
     best: dict[SweepPoint, PlannerOutcome] = {}
@@ -282,7 +291,7 @@ def run_sweep(base: Problem, points: Sequence[SweepPoint], solvers: Sequence[str
     for point in sorted(points):
         carried = [(src, best[src]) for src in tighter_neighbours(point, ks, factors) if src in best]
         point_rows_, mip = solve_point(point_problem(base, point), point, solvers, backend, time_limit, carried,
-                                       progress)
+                                       progress, budget)
         rows += point_rows_
         if mip is not None:
             best[point] = mip

@@ -45,7 +45,7 @@ def settings_table(settings: SweepSettings) -> Table:
             ("swept limit", f"{settings.sweep_limit} x {', '.join(f'{f:g}' for f in settings.factors)}"
              if settings.sweep_limit else "none (limits as given)"),
             ("planners", ", ".join(settings.solvers)),
-            ("MIP backend, time limit per point", f"{settings.backend}, {settings.time_limit:g} s"),
+            ("MIP backend, time limit for the whole sweep", f"{settings.backend}, {settings.time_limit:g} s"),
             ("K tolerance (recommend the smallest K within it)", f"{settings.tolerance:.1%}"),
             ("a limit binds when its margin is below", f"{settings.bind_threshold:.0%} of the limit")]
     return Table(("setting", "value"), tuple(rows))
@@ -241,18 +241,21 @@ def figures(folder: Path, problem: Problem, hists: Sequence[Histogram], result: 
     in memory: nothing is on disk until the whole report is)."""
     totals = planner_totals(result.rows)
     point = report_point(rec, totals)
-    images = [Image(folder / "cost_vs_k.png", "Total cost against the shape cap K; shaded: between the MIP's "
-                    "certified lower bound and its cost; red crosses: plans that break a limit.",
-                    png_bytes(plot_cost_vs_k(totals, None)))]
+    device = problem.cost.device_time
+    recommended = rec.point.k if rec.point is not None else None
+    images = [Image(folder / "cost_vs_k.png", "Total cost against the shape cap K (left) and the same as a share "
+                    "above the cheapest plan of the sweep (right); shaded: between the MIP's certified lower bound "
+                    "and its cost; dashed green: the recommended K; red crosses: plans that break a limit.",
+                    png_bytes(plot_cost_vs_k(totals, None, device=device, recommended=recommended)))]
     images.append(Image(folder / "breakdown.png", f"Where the cost goes, per planner, at {point.label()}.",
-                        png_bytes(plot_breakdown(totals, point, None))))
+                        png_bytes(plot_breakdown(totals, point, None, device=device))))
     images.append(Image(folder / "heatmap.png", "Requests over (aligned prompt, gen_len), log counts; dashed: the "
                         f"compiled shapes, crosses: each batch's (S_max, G_max), MIP plan at {point.label()}.",
                         png_bytes(heatmap_figure(problem, hists, result.mip_batchings.get(point)))))
     if any(r.sweep_limit for r in result.rows):
         images.append(Image(folder / TRADEOFF_FILE, f"Sequential time against cost as "
                             f"{point.limit or 'the limit'} is scaled, K = {point.k}.",
-                            png_bytes(plot_tradeoff(result.rows, point.k, None))))
+                            png_bytes(plot_tradeoff(result.rows, point.k, None, device=device))))
     return images
 
 

@@ -13,7 +13,8 @@ from model.report.plots import new_figure, png_bytes
 from model.report.tables import fmt
 from model.sweeping.grid import base_factor
 from model.sweeping.recommend import recommend
-from model.sweeping.runner import SweepRow
+from model.sweeping.runner import MIP, SweepRow
+from model.sweeping.sweep_plots import NEAR
 from model.sweeping.sweep_report import k_table
 from model.sweeping.table import csv_bytes, planner_totals
 
@@ -54,29 +55,54 @@ def window_table(by_window: dict[float, Sequence[SweepRow]], tolerance: float) -
                   "mean devices"), tuple(rows))
 
 
-def window_figure(by_window: dict[float, Sequence[SweepRow]], tolerance: float) -> Figure:
-    """Cost (left) and mean / peak devices needed (right) against the window length, one line per planner."""
+def window_figure(by_window: dict[float, Sequence[SweepRow]], tolerance: float, device: bool = False) -> Figure:
+    """Cost (left) and mean / peak devices needed (right) against the window length, one line per planner.
+
+    Both panels are framed by the planners that matter -- the MIP and every planner within ``NEAR`` times its
+    cost at some window length -- so a rule far dearer than the rest does not flatten the MIP and the packers it
+    is compared with; a planner above the frame is named in the legend.  Lines have their own marker and dash,
+    the MIP thick and on top; the legends sit under the panels."""
+    from model.base.axes import legend_below
+    from model.sweeping.sweep_plots import cost_unit, style
+
+    scale, unit = cost_unit(device)
     data = summary_rows(by_window, tolerance)
-    fig = new_figure(10, 4.2)
+    fig = new_figure(11, 5.2)
     cost_ax, dev_ax = fig.subplots(1, 2)
-    for planner in dict.fromkeys(r[2] for r in data):
+    mip = {r[0]: r[3] for r in data if r[2] == MIP and r[3] is not None}
+    keep = {r[2] for r in data if r[3] is not None and (not mip or (r[0] in mip and r[3] <= NEAR * mip[r[0]]))}
+    keep |= {MIP}
+    framed = [r for r in data if r[2] in keep]
+    for i, planner in enumerate(dict.fromkeys(r[2] for r in data)):
         mine = [r for r in data if r[2] == planner]
         xs = [r[0] for r in mine]
-        (line,) = cost_ax.plot(xs, [np.nan if r[3] is None else r[3] for r in mine], marker="o", label=planner,
-                               gid=WINDOW_GID + planner)
-        if all(r[7] is not None for r in mine):
-            dev_ax.plot(xs, [r[7] for r in mine], marker="o", color=line.get_color(), label=f"{planner} mean")
-            dev_ax.plot(xs, [r[6] for r in mine], marker="^", linestyle="--", color=line.get_color(),
-                        label=f"{planner} peak")
+        kw = style(i, planner)
+        note = "" if planner in keep else f" (above the frame: over {NEAR:g}x the MIP)"
+        cost_ax.plot(xs, [np.nan if r[3] is None else r[3] * scale for r in mine], label=planner + note,
+                     gid=WINDOW_GID + planner, **kw)
+        if planner in keep and all(r[7] is not None for r in mine):  # the others would only crowd the devices
+            dev_ax.plot(xs, [r[7] for r in mine], label=f"{planner} mean", **kw)
+            dev_ax.plot(xs, [r[6] for r in mine], label=f"{planner} peak", **{**kw, "ls": ":", "lw": 1.0,
+                                                                                 "marker": "^"})
+    costs = [r[3] * scale for r in framed if r[3] is not None]
+    if costs:
+        pad = (max(costs) - min(costs)) * 0.08 or max(costs) * 0.05 or 1.0
+        cost_ax.set_ylim(max(0.0, min(costs) - pad), max(costs) + pad)
+    peaks = [r[6] for r in framed if r[6] is not None]
+    if peaks:
+        dev_ax.set_ylim(0, max(peaks) * 1.15 + 0.5)
     for ax in (cost_ax, dev_ax):
         ax.set_xscale("log")
-        ax.set_xlabel("window length (s)")
+        windows = sorted(by_window)
+        ax.set_xticks(windows, [f"{w:g}" for w in windows])
+        ax.minorticks_off()
+        ax.set_xlabel("window length (s, log scale)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    cost_ax.set_ylabel("total cost")
+        legend_below(ax, columns=2, fontsize=8)
+    cost_ax.set_ylabel(f"total cost ({unit})")
     cost_ax.set_title("Cost against the batching window")
-    dev_ax.set_ylabel("devices needed")
-    dev_ax.set_title("Devices needed (mean, peak)")
+    dev_ax.set_ylabel("devices needed (devices)")
+    dev_ax.set_title("Devices needed (mean; peak dotted)")
     return fig
 
 
@@ -102,12 +128,13 @@ WINDOW_REPORT_FILES = ("report.md", "report.html", "windows.png")
 
 
 def window_report(folder: Path, by_window: dict[float, Sequence[SweepRow]], tolerance: float, title: str,
-                  csv_path: Path) -> dict[Path, bytes]:
+                  csv_path: Path, device: bool = False) -> dict[Path, bytes]:
     """Every file of a sweep over window lengths -- the CSV, report.md, report.html and windows.png -- as bytes,
     for the command to write together (all of them or none)."""
     png = folder / "windows.png"
-    image = Image(png, "Cost and devices needed against the window length, one line per planner.",
-                  png_bytes(window_figure(by_window, tolerance)))
+    image = Image(png, "Cost and devices needed against the window length, one line per planner; both panels are "
+                       f"framed by the planners within {NEAR:g}x the MIP's cost; the devices panel draws only those.",
+                  png_bytes(window_figure(by_window, tolerance, device)))
     blocks = [Heading(title, 1), *window_blocks(by_window, tolerance), image, *per_window_k_tables(by_window)]
     return {csv_path: csv_bytes([r for rows in by_window.values() for r in rows]),
             folder / "report.md": to_markdown(blocks, folder).encode("utf-8"),

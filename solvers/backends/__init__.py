@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from model.base.errors import InputError
+from model.base.errors import InputError, unknown_name
 from solvers.backends.result import BackendResult, Feature, SolveOptions
 
 if TYPE_CHECKING:
@@ -40,5 +40,5 @@ class Backend(Protocol):
 def get_backend(name: str) -> Backend:
     """The backend by name (its module is imported on demand: each pulls in its own solver)."""
     if name not in BACKEND_MODULES:
-        raise InputError("--backend", None, None, f"unknown backend {name!r} ({', '.join(BACKEND_MODULES)})")
+        raise InputError("--backend", None, None, unknown_name("backend", name, BACKEND_MODULES))
     return importlib.import_module(BACKEND_MODULES[name]).BACKEND
