@@ -114,12 +114,16 @@ def replay(trace: Trace, settings: ServerSettings, graphs: GraphSet, cost: Servi
     """Deal the trace round-robin (the k-th request in arrival order to replica k mod R) and replay each share.
 
     Each replica compiles the same graph set before serving and keeps its own run-time
-    compiles.  Call ``check_fits`` first.
+    compiles.  Call ``check_fits`` first.  ``tick`` is also called before each replica: a replica's loop
+    looks at it only every few thousand rounds, and a short share (a capacity probe of 1,024 replicas)
+    never reaches that many, so without it a search of thousands of short replays never stopped.
     """
     first = np.zeros(len(trace))
     finish = np.zeros(len(trace))
     runs = []
     for r in range(replicas):
+        if tick is not None:
+            tick()
         share = slice(r, None, replicas)
         run = replay_replica(trace.prompt[share].tolist(), trace.gen[share].tolist(),
                              trace.arrival_ms[share].tolist(), settings, graphs, cost, record, tick)
