@@ -13,6 +13,7 @@ from helpers import cli
 from replay_helpers import PROFILE_TOML, REQUESTS, write_example
 
 import model.replay as replay_cli
+from model.base.errors import InputError
 from model.evaluation import replay_run
 
 
@@ -189,6 +190,21 @@ def test_the_slo_quantile_is_exact():
     assert replay_cli.parse_slo(replay_cli.parser().parse_args(
         ["r", "--device-profile", "p", "--graphs", "g", "--slo-ttft-ms", "1", "--slo-quantile", "0.999"])).quantile \
         == Fraction(999, 1000)
+
+
+@pytest.mark.parametrize("extra, message", [
+    # int() refuses 4,300 digits and more: a ValueError traceback, and the flag's text in full on one line
+    (("--replicas", "9" * 5000), "--replicas: must be an integer from 1 to 65536 or 'auto', got '9999"),
+    (("--max-num-seqs", "9" * 5000), "--max-num-seqs: expected an integer of at most 4000 digits, got '9999"),
+    # Fraction("1e-99999999") computes 10**99999999: the run never ended
+    (("--slo-ttft-ms", "1", "--slo-quantile", "1e-99999999"), "--slo-quantile: must be in (0, 1], got '1e-99999999'"),
+    (("--slo-ttft-ms", "1", "--slo-quantile", "0." + "9" * 5000), "--slo-quantile: expected at most 100 characters"),
+])
+def test_hostile_numbers_in_flags_are_one_short_line(extra, message):
+    with pytest.raises(InputError) as caught:
+        replay_cli.parse_capacity(replay_cli.parser().parse_args(["r", "--device-profile", "p", "--graphs", "g",
+                                                                  *extra]))
+    assert str(caught.value).startswith(message) and len(str(caught.value)) < 200
 
 
 def test_the_command_lines_spell_the_shared_names_as_their_modules_do():
