@@ -199,6 +199,9 @@ def serving_main(argv: list[str] | None) -> int:
     source = ", ".join(map(str, args.requests))
     print(to_text(audit_blocks(audit, source)))
     files = output_files(audit, source, args.report, args.out)
+    if deadline.expired():  # the report's pictures take seconds (2/3 of a 2,000-request audit): bounded too
+        raise NoPlanFound(f"the serving audit and its report did not finish within --time-limit {args.time_limit:g} s "
+                          f"({len(trace)} requests); nothing written")
     if files:
         write_together(files)
         print("wrote " + ", ".join(map(str, files)))

@@ -144,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         from model.report.serving_plots import report_files
 
         files.update({args.report / name: [data] for name, data in report_files(result, summary).items()})
+        if deadline.expired():  # the pictures take as long as the replay: --time-limit bounds them too
+            raise NoPlanFound(f"the replay and its report did not finish within --time-limit {args.time_limit:g} s "
+                              f"({len(trace)} requests); nothing written")
     if files:
         write_together(files)
         print("wrote " + ", ".join(map(str, files)), file=out)

@@ -178,6 +178,23 @@ def test_a_replay_past_its_time_limit_exits_4_and_writes_nothing(example):
     assert not (example / "out.json").exists()
 
 
+def test_the_report_pictures_count_against_the_time_limit(example, monkeypatch):
+    """Drawing the pictures takes as long as the replay (in the serving audit, 2/3 of the run) and was outside
+    --time-limit: a run whose pictures end past it now exits 4 and writes nothing."""
+    import time
+
+    from model.report import serving_plots
+
+    def slow(result, summary):
+        time.sleep(0.4)
+        return {name: b"png" for name in replay_cli.REPORT_FILES}
+
+    monkeypatch.setattr(serving_plots, "report_files", slow)
+    done = run(example, "--time-limit", "0.3", "--json", "out.json", "--report", "pictures")
+    assert done.returncode == 4 and "did not finish within --time-limit 0.3 s" in done.stderr, done.stderr
+    assert not (example / "out.json").exists() and not (example / "pictures").exists()
+
+
 def test_a_trace_from_csv_with_a_named_time_column(example):
     (example / "t.csv").write_text("id,p,g,when\n" + "".join(f"{i},{p},{g},{a}\n" for i, p, g, a in REQUESTS))
     done = cli("model.replay", "t.csv", "--columns", "p,g,id", "--time-column", "when", "--device-profile",
