@@ -170,7 +170,7 @@ def serving_main(argv: list[str] | None) -> int:
     check_targets(targets, inputs)  # before anything is read
     from model.cost.serving import ServingCost
     from model.deploy.serving_audit import serving_audit
-    from model.evaluation.replay_run import check_fits, trace_of
+    from model.evaluation.replay_run import check_fits, check_span, trace_of
     from model.report.document import to_text
     from model.serving.settings import parse_flag
 
@@ -182,6 +182,7 @@ def serving_main(argv: list[str] | None) -> int:
     imported = [(label, f"{path}, {fmt}", read_side(path, fmt, flag, settings, where, extra))
                 for (label, path, fmt), flag in zip(sides, ("--shapes-format", "--graphs-format"), strict=False)]
     trace = trace_of(load_buckets(args))
+    check_span(float(trace.arrival_ms[-1]), plan.rate_scales)  # before any replay, at every rate scale
     check_targets(targets)  # against every file the loaders read
     for label, _, graphs in imported:
         check_fits(trace, settings, graphs.graphs, profile.kv_capacity_tokens)

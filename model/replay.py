@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     # heavy modules only now: run_main's signal handlers are in place (see model.cli_common)
     from model.cost.serving import ServingCost
     from model.evaluation.replay_metrics import summarize
-    from model.evaluation.replay_run import check_fits, replay, trace_of
+    from model.evaluation.replay_run import check_fits, check_span, replay, trace_of
     from model.report.serving import settings_text, summary_json, summary_lines
     from model.serving.replay_graphs import read_graph_set
     from model.serving.settings import parse_flag
@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     head = (f"{len(trace)} requests from {', '.join(map(str, args.requests))}; {settings_text(settings, graphs)}; "
             f"graphs from {args.graphs} ({args.shapes_format})")
     if plan.auto:
+        check_span(float(trace.arrival_ms[-1]), plan.rate_scales)  # trace_of checked rate 1 only
         return capacity_main(args, plan, trace, settings, graphs, cost, deadline, head, out)
     try:
         result = replay(trace, settings, graphs, cost, plan.replicas, record=args.report is not None,

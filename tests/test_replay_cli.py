@@ -121,6 +121,9 @@ def test_an_nxdi_request_beyond_the_largest_bucket(example):
     (("--replicas", "0"), "error: --replicas:"),
     (("--rate-scale", "0"), "error: --rate-scale:"),
     (("--rate-scale", "nan"), "error: --rate-scale:"),
+    # arrivals stretched past float64 ms: every TTFT was 0 (1e-300) and --json a ValueError traceback (1e-306)
+    (("--rate-scale", "1e-306"), "error: --rate-scale: at 1e-306 the trace's 20 s of arrivals span inf s"),
+    (("--rate-scale", "1e-8", "--json", "-"), "error: --rate-scale: at 1e-08 the trace's 20 s of arrivals span 2e+09 s"),
     (("--time-limit", "-1"), "error: --time-limit:"),
     (("--slo-quantile", "0.9"), "error: --slo-quantile: needs --slo-ttft-ms"),
     (("--slo-ttft-ms", "100", "--slo-quantile", "1.5"), "error: --slo-quantile: must be in (0, 1]"),
