@@ -372,6 +372,13 @@ def test_the_guard_itself(tmp_path: Path):
     check_targets([Target("--out", folder, "folder")], [folder / "p0.parquet"])  # files written into it are checked
     with pytest.raises(InputError, match=r"is also the output of --out"):
         check_targets([Target("--out", tmp_path / "a.toml"), Target("--report", tmp_path / "." / "a.toml")])
+    # replay --json R --report R: the file where the folder goes failed only when written, after the replay
+    with pytest.raises(InputError, match=r"--json: .*r is also where --report writes"):
+        check_targets([Target("--json", tmp_path / "r"), Target("--report", tmp_path / "r", "folder"),
+                       Target("--report", tmp_path / "r" / "timeline.png")])
+    with pytest.raises(InputError, match=r"is also where --report writes"):
+        check_targets([Target("--json", tmp_path / "r"), Target("--report", tmp_path / "r" / "x" / "t.png")])
+    check_targets([Target("--json", tmp_path / "r" / "x.json"), Target("--report", tmp_path / "r", "folder")])
 
 
 def test_every_file_of_a_result_is_renamed_under_its_folders_lock(tmp_path: Path, monkeypatch):

@@ -80,6 +80,14 @@ def check_targets(targets: Iterable[Target], inputs: Iterable[str | Path] = ()) 
             raise target.error(f"{target.path} is also the output of {seen[real].flag} ({seen[real].path}); "
                                "give each output its own path")
         seen[real] = target
+    for target in targets:  # a file where another output needs a folder (replay --json R --report R)
+        if target.kind != "file":
+            continue
+        real = resolved(target.path)
+        for other in targets:
+            if other is not target and (real == resolved(other.path) or real in resolved(other.path).parents):
+                raise target.error(f"{target.path} is also where {other.flag} writes ({other.path}); "
+                                   "give each output its own path")
     check_not_inputs(targets, {resolved(p) for p in inputs} | input_paths())
 
 
