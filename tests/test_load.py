@@ -193,3 +193,13 @@ def test_hostile_numbers_and_fields_are_one_line_errors(tmp_path: Path, name: st
     (tmp_path / name).write_text(text)
     with pytest.raises(InputError, match=message):
         load_requests(tmp_path / name)
+
+
+def test_a_column_named_for_two_roles_is_one_line(tmp_path: Path):
+    """pyarrow raised KeyError ('Field "prompt_len" exists 2 times in schema') for --time-column prompt_len and
+    --columns p,p."""
+    (tmp_path / "r.csv").write_text(HEAD + "a,10,5,0\n")
+    with pytest.raises(InputError, match=r"^--time-column: 'prompt_len' is already the id or a length column$"):
+        load_requests(tmp_path / "r.csv", time_column="prompt_len")
+    with pytest.raises(InputError, match=r"^--columns: a column is named twice in 'prompt_len,prompt_len'"):
+        Columns.parse("prompt_len,prompt_len")

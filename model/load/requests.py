@@ -67,6 +67,8 @@ class Columns:
         if len(parts) not in (2, 3) or not all(parts):
             raise InputError("--columns", None, None,
                              f"expected a preset ({', '.join(PRESETS)}) or PROMPT,GEN[,ID], got {spec!r}")
+        if len(set(parts)) != len(parts):  # one column read twice: pyarrow's KeyError traceback
+            raise InputError("--columns", None, None, f"a column is named twice in {spec!r}; name each role's own")
         return cls(parts[0], parts[1], parts[2] if len(parts) == 3 else None)
 
     def wanted(self) -> list[str]:
@@ -140,6 +142,8 @@ def _with_time(columns: Columns, time_column: str | None, time_default: str | No
     if time_column is not None and not time_column:
         raise InputError("--time-column", None, None, "expected a column name, got ''")
     if time_column is not None:
+        if time_column in (columns.prompt_len, columns.gen_len, columns.request_id):  # pyarrow's KeyError traceback
+            raise InputError("--time-column", None, None, f"{time_column!r} is already the id or a length column")
         return replace(columns, time=time_column)
     return replace(columns, time=time_default) if columns.time is None and time_default is not None else columns
 
