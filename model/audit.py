@@ -213,7 +213,7 @@ def run_serving_audit(args: argparse.Namespace, sink: JsonOut) -> int:
     check_targets(targets, inputs)  # before anything is read
     from model.cost.serving import ServingCost
     from model.deploy.serving_audit import serving_audit
-    from model.evaluation.replay_run import check_fits, trace_of
+    from model.evaluation.replay_run import check_fits, check_span, trace_of
     from model.report.document import to_text
     from model.serving.settings import parse_flag
 
@@ -225,6 +225,7 @@ def run_serving_audit(args: argparse.Namespace, sink: JsonOut) -> int:
     imported = [(label, f"{path}, {fmt}", read_side(path, fmt, flag, settings, where, extra))
                 for (label, path, fmt), flag in zip(sides, ("--shapes-format", "--graphs-format"), strict=False)]
     trace = trace_of(load_buckets(args))
+    check_span(float(trace.arrival_ms[-1]), plan.rate_scales)  # before any replay, at every rate scale
     check_targets(targets)  # against every file the loaders read
     for label, _, graphs in imported:
         check_fits(trace, settings, graphs.graphs, profile.kv_capacity_tokens)
@@ -253,7 +254,11 @@ def run_serving_audit(args: argparse.Namespace, sink: JsonOut) -> int:
                              d.summary.ttft.p95, d.summary.tpot.p95, len(d.summary.runtime_compiles),
                              d.summary.warmup_ms) for d in audit.sides))
     data = document_bytes(document("audit", summary, {"serving_sides": table}))
-    files = output_files(audit, source, args.report, args.out) | sink.files(data)
+    files = output_files(audit, source, args.report, args.out)
+    if deadline.expired():  # the report's pictures take seconds (2/3 of a 2,000-request audit): bounded too
+        raise NoPlanFound(f"the serving audit and its report did not finish within --time-limit {args.time_limit:g} s "
+                          f"({len(trace)} requests); nothing written")
+    files |= sink.files(data)
     if files:
         write_together(files)
         print("wrote " + ", ".join(map(str, files)))

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     from model.cost.serving import ServingCost
     from model.deploy.summaries import replay_summary
     from model.evaluation.replay_metrics import summarize
-    from model.evaluation.replay_run import check_fits, replay, trace_of
+    from model.evaluation.replay_run import check_fits, check_span, replay, trace_of
     from model.report.json_doc import document, document_bytes
     from model.report.serving import latency_table, settings_text, summary_doc
     from model.report.serving import summary_lines as replay_lines
@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     head = (f"{counted(len(trace), 'request')} from {', '.join(map(str, args.requests))}; "
             f"{settings_text(settings, graphs)}; graphs from {args.graphs} ({graph_format})")
     if plan.auto:
+        check_span(float(trace.arrival_ms[-1]), plan.rate_scales)  # trace_of checked rate 1 only
         return capacity_main(args, plan, trace, settings, graphs, cost, deadline, head, out)
     try:
         result = replay(trace, settings, graphs, cost, plan.replicas, record=args.report is not None,
@@ -177,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         from model.report.serving_plots import report_files
 
         files.update({args.report / name: [data] for name, data in report_files(result, summary).items()})
+        if deadline.expired():  # the pictures take as long as the replay: --time-limit bounds them too
+            raise NoPlanFound(f"the replay and its report did not finish within --time-limit {args.time_limit:g} s "
+                              f"({len(trace)} requests); nothing written")
     if files:
         write_together(files)
         print("wrote " + ", ".join(map(str, files)), file=out)

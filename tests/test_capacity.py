@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from replay_helpers import GAUDI, GAUDI_SERVER, PROFILE, bucket_of, example_trace
 
+from model.base.runtime import DeadlineExceeded
 from model.cost.serving import ServingCost
 from model.evaluation.capacity import Probe, capacity, fewest_replicas, replay_judge, scaled
 from model.evaluation.replay_metrics import Slo, summarize
@@ -105,6 +106,22 @@ def test_the_search_stops_where_every_request_has_a_replica_to_itself():
     alone = summarize(replay(trace, GAUDI_SERVER, GAUDI, cost, len(trace)), cost, Slo(ttft_ms=0.0)).slo
     beyond = summarize(replay(trace, GAUDI_SERVER, GAUDI, cost, 3 * len(trace)), cost, Slo(ttft_ms=0.0)).slo
     assert (alone.ttft_at_quantile, alone.tpot_at_quantile) == (beyond.ttft_at_quantile, beyond.tpot_at_quantile)
+
+
+def test_the_deadline_is_looked_at_before_every_replica_of_a_short_replay():
+    """A tiny trace never reaches a replica loop's first tick: the search must still stop at the deadline (it ran
+    every probe of --replicas auto --time-limit 0.01 to the end)."""
+    trace, cost = example_trace(), ServingCost(PROFILE)
+    calls: list[int] = []
+
+    def tick() -> None:
+        calls.append(1)
+        if len(calls) > 3:
+            raise DeadlineExceeded("capacity search")
+
+    with pytest.raises(DeadlineExceeded):
+        capacity(trace, (1.0, 2.0), GAUDI_SERVER, GAUDI, cost, Slo(ttft_ms=0.0), 1 << 16, tick)
+    assert len(calls) == 4
 
 
 def test_scaled_traces_are_the_loaders_scaled_traces():

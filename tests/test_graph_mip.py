@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import REPO, bucket, check_valid, cli, plan_mip, problem
+from test_runtime import failing_mip
 
-from model.base.errors import InfeasibleError
+from model.base.errors import InfeasibleError, NoPlanFound
 from model.cost.device import DeviceProfile
 from model.cost.model import cost_model
-from model.domain.schema import Limits
+from model.domain.schema import WARMUP_CAP_MOST, Limits, Status
 from model.packers import PACKERS
 
 TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
@@ -74,6 +75,24 @@ def test_a_graph_cap_no_plan_can_meet_is_a_proof():
                    limits=Limits(max_pad_ratio=1.0))  # b at shape 832 pads 700 of its 110 tokens
     with pytest.raises(InfeasibleError, match="within 1 graph across all buckets"):
         plan_mip(prob, time_limit=5)
+
+
+@pytest.mark.parametrize("seconds, cap", [(1.2, 3), (1e300, WARMUP_CAP_MOST), (1.7976931348623157e308, WARMUP_CAP_MOST)])
+def test_a_huge_warmup_budget_caps_nothing_and_returns(seconds, cap):
+    """--max-warmup-s 1e300 never returned: float(n + 1) == float(n) at n ~ 5e298, so the count never stopped
+    climbing; at the largest float the budget is inf and inf // 400 is nan (int() raised)."""
+    prob = problem(bucket([100], [10]), cost=cost_model("device", replace(TOY, batch_buckets=(1,))),
+                   max_warmup_s=seconds)
+    assert prob.graph_cap == cap
+
+
+def test_no_plan_names_the_graph_cap_the_greedy_plan_breaks(monkeypatch):
+    """The greedy plan breaks only the graph cap, a rule across buckets: the message said "the greedy packer's plan
+    breaks ;" (it listed the per-bucket limits alone)."""
+    failing_mip(monkeypatch, Status.TIME_LIMIT_NO_SOLUTION)
+    with pytest.raises(NoPlanFound) as stop:
+        plan_mip(medium(max_graphs=1), time_limit=5)
+    assert "the greedy packer's plan breaks *: graph-cap: " in str(stop.value) and "at most 1 allowed" in str(stop.value)
 
 
 def test_cli_solve_with_batch_buckets_writes_plans_evaluate_accepts(tmp_path: Path):

@@ -167,3 +167,39 @@ def test_any_good_file_loads_exactly(tmp_path: Path, rows, ids):
     bucket = load_requests(path)
     assert list(bucket.request_ids) == [str(i) for i in ids]
     assert bucket.prompt_len.tolist() == [p for p, _ in rows] and bucket.gen_len.tolist() == [g for _, g in rows]
+
+
+HEAD = "request_id,prompt_len,gen_len,arrival_s\n"
+
+
+@pytest.mark.parametrize("name, text, message", [
+    # 5,000 digits: past what int() converts (it raised ValueError); 10**7: pyarrow cannot place the field in a
+    # block and the csv module's field limit refused it (a _csv.Error traceback)
+    ("long.csv", HEAD + "a," + "9" * 5000 + ",5,0\n", r"long\.csv:2: field 'prompt_len': must be at most 1048576, "
+                                                      r"got '9{56}\.\.\. \(5000 digits\)$"),
+    ("neg.csv", HEAD + "a,10,5,0\nb,-" + "9" * 5000 + ".0,5,0\n", r"neg\.csv:3: field 'prompt_len': must be a "
+                                                                  r"positive integer, got '-9{55}\.\.\. \(5000 digits\)$"),
+    ("field.csv", HEAD + "a,10,5,0\nb,10," + "9" * 10**7 + ",0\n", r"field\.csv:3: malformed CSV: field larger"),
+    ("quoted.csv", HEAD + '"a\nb",10,5,0\nc,' + "9" * 200_000 + ",5,1\n", r"quoted\.csv:4: malformed CSV: field larger"),
+    # a JSON integer no float holds made pandas raise OverflowError; in a column with text, "expected an integer"
+    ("big.jsonl", '{"request_id": "a", "prompt_len": 1' + "0" * 400 + ', "gen_len": 5}\n',
+     r"big\.jsonl:1: field 'prompt_len': must be at most 1048576, got 10{56}\.\.\.$"),
+    ("mixed.jsonl", '{"request_id": "a", "prompt_len": 1' + "0" * 400 + ', "gen_len": 5}\n'
+                    '{"request_id": "b", "prompt_len": "x", "gen_len": 5}\n',
+     r"mixed\.jsonl:1: field 'prompt_len': must be at most 1048576, got 10{56}\.\.\.$"),
+    ("deep.jsonl", "[" * 100_000 + "\n", r"deep\.jsonl:1: malformed JSON: nested too deeply$"),  # RecursionError
+])
+def test_hostile_numbers_and_fields_are_one_line_errors(tmp_path: Path, name: str, text: str, message: str):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(InputError, match=message):
+        load_requests(tmp_path / name)
+
+
+def test_a_column_named_for_two_roles_is_one_line(tmp_path: Path):
+    """pyarrow raised KeyError ('Field "prompt_len" exists 2 times in schema') for --time-column prompt_len and
+    --columns p,p."""
+    (tmp_path / "r.csv").write_text(HEAD + "a,10,5,0\n")
+    with pytest.raises(InputError, match=r"^--time-column: 'prompt_len' is already the id or a length column$"):
+        load_requests(tmp_path / "r.csv", time_column="prompt_len")
+    with pytest.raises(InputError, match=r"^--columns: a column is named twice in 'prompt_len,prompt_len'"):
+        Columns.parse("prompt_len,prompt_len")

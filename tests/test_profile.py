@@ -99,6 +99,8 @@ BAD = [
         "value 3 of [p0, p1, p2] must be at most 1e+12, got 1e+300"),
     Bad("coeff-400-digits", edit(5, f"decode = [1, 1{'0' * 400}, 1]"), 5, "device.decode",
         "value 2 of [d0, d1, d2] must be a finite non-negative number, got 1000"),
+    Bad("nested-too-deeply", "a = " + "[" * 100_000 + "\n", None, None, "malformed TOML: nested too deeply"),  # was
+    # a RecursionError traceback
 ]
 
 

@@ -13,6 +13,7 @@ from helpers import cli
 from replay_helpers import PROFILE_TOML, REQUESTS, write_example
 
 import model.replay as replay_cli
+from model.base.errors import InputError
 from model.evaluation import replay_run
 
 
@@ -120,6 +121,9 @@ def test_an_nxdi_request_beyond_the_largest_bucket(example):
     (("--replicas", "0"), "error: --replicas:"),
     (("--rate-scale", "0"), "error: --rate-scale:"),
     (("--rate-scale", "nan"), "error: --rate-scale:"),
+    # arrivals stretched past float64 ms: every TTFT was 0 (1e-300) and --json a ValueError traceback (1e-306)
+    (("--rate-scale", "1e-306"), "error: --rate-scale: at 1e-306 the trace's 20 s of arrivals span inf s"),
+    (("--rate-scale", "1e-8", "--json", "-"), "error: --rate-scale: at 1e-08 the trace's 20 s of arrivals span 2e+09 s"),
     (("--time-limit", "-1"), "error: --time-limit:"),
     (("--slo-quantile", "0.9"), "error: --slo-quantile: needs --slo-ttft-ms"),
     (("--slo-ttft-ms", "100", "--slo-quantile", "1.5"), "error: --slo-quantile: must be in (0, 1]"),
@@ -177,6 +181,23 @@ def test_a_replay_past_its_time_limit_exits_4_and_writes_nothing(example):
     assert not (example / "out.json").exists()
 
 
+def test_the_report_pictures_count_against_the_time_limit(example, monkeypatch):
+    """Drawing the pictures takes as long as the replay (in the serving audit, 2/3 of the run) and was outside
+    --time-limit: a run whose pictures end past it now exits 4 and writes nothing."""
+    import time
+
+    from model.report import serving_plots
+
+    def slow(result, summary):
+        time.sleep(0.4)
+        return {name: b"png" for name in replay_cli.REPORT_FILES}
+
+    monkeypatch.setattr(serving_plots, "report_files", slow)
+    done = run(example, "--time-limit", "0.3", "--json", "out.json", "--report", "pictures")
+    assert done.returncode == 4 and "did not finish within --time-limit 0.3 s" in done.stderr, done.stderr
+    assert not (example / "out.json").exists() and not (example / "pictures").exists()
+
+
 def test_a_trace_from_csv_with_a_named_time_column(example):
     (example / "t.csv").write_text("id,p,g,when\n" + "".join(f"{i},{p},{g},{a}\n" for i, p, g, a in REQUESTS))
     done = cli("model.replay", "t.csv", "--columns", "p,g,id", "--time-column", "when", "--device-profile",
@@ -189,6 +210,21 @@ def test_the_slo_quantile_is_exact():
     assert replay_cli.parse_slo(replay_cli.parser().parse_args(
         ["r", "--device-profile", "p", "--graphs", "g", "--slo-ttft-ms", "1", "--slo-quantile", "0.999"])).quantile \
         == Fraction(999, 1000)
+
+
+@pytest.mark.parametrize("extra, message", [
+    # int() refuses 4,300 digits and more: a ValueError traceback, and the flag's text in full on one line
+    (("--replicas", "9" * 5000), "--replicas: must be an integer from 1 to 65536 or 'auto', got '9999"),
+    (("--max-num-seqs", "9" * 5000), "--max-num-seqs: expected an integer of at most 4000 digits, got '9999"),
+    # Fraction("1e-99999999") computes 10**99999999: the run never ended
+    (("--slo-ttft-ms", "1", "--slo-quantile", "1e-99999999"), "--slo-quantile: must be in (0, 1], got '1e-99999999'"),
+    (("--slo-ttft-ms", "1", "--slo-quantile", "0." + "9" * 5000), "--slo-quantile: expected at most 100 characters"),
+])
+def test_hostile_numbers_in_flags_are_one_short_line(extra, message):
+    with pytest.raises(InputError) as caught:
+        replay_cli.parse_capacity(replay_cli.parser().parse_args(["r", "--device-profile", "p", "--graphs", "g",
+                                                                  *extra]))
+    assert str(caught.value).startswith(message) and len(str(caught.value)) < 200
 
 
 def test_the_command_lines_spell_the_shared_names_as_their_modules_do():

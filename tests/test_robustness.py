@@ -372,6 +372,46 @@ def test_the_guard_itself(tmp_path: Path):
     check_targets([Target("--out", folder, "folder")], [folder / "p0.parquet"])  # files written into it are checked
     with pytest.raises(InputError, match=r"is also the output of --out"):
         check_targets([Target("--out", tmp_path / "a.toml"), Target("--report", tmp_path / "." / "a.toml")])
+    # replay --json R --report R: the file where the folder goes failed only when written, after the replay
+    with pytest.raises(InputError, match=r"--json: .*r is also where --report writes"):
+        check_targets([Target("--json", tmp_path / "r"), Target("--report", tmp_path / "r", "folder"),
+                       Target("--report", tmp_path / "r" / "timeline.png")])
+    with pytest.raises(InputError, match=r"is also where --report writes"):
+        check_targets([Target("--json", tmp_path / "r"), Target("--report", tmp_path / "r" / "x" / "t.png")])
+    check_targets([Target("--json", tmp_path / "r" / "x.json"), Target("--report", tmp_path / "r", "folder")])
+
+
+def test_every_file_of_a_result_is_renamed_under_its_folders_lock(tmp_path: Path, monkeypatch):
+    """Two runs writing one --out folder at once renamed their files in turn (one run's audit.json beside the
+    other's today-graphs.json): each rename now happens while the writer holds the folder's flock, so another
+    writer's renames wait for all of this one's."""
+    import fcntl
+
+    from model.load import outputs
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    held: list[bool] = []
+    replace = os.replace
+
+    def checked(src, dst):
+        fd = os.open(Path(dst).parent, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)  # nobody held it
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(fd)
+        replace(src, dst)
+
+    monkeypatch.setattr(outputs.os, "replace", checked)
+    outputs.write_together({tmp_path / "b" / "x.json": [b"1"], tmp_path / "a" / "y.json": [b"2"],
+                            tmp_path / "a" / "z.json": [b"3"]})
+    assert held == [True, True, True] and (tmp_path / "a" / "z.json").read_bytes() == b"3"
+    fd = os.open(tmp_path / "a", os.O_RDONLY)  # and released after
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(fd)
 
 
 # -------------------------------------------------------------- every output path checked before any work

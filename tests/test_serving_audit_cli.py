@@ -68,6 +68,23 @@ def test_the_report_holds_both_sides_pictures(example):
     assert "Headline" in (example / "rep" / "report.md").read_text() and (example / "out" / "audit.json").exists()
 
 
+def test_the_report_pictures_count_against_the_time_limit(example, monkeypatch):
+    """The four pictures were drawn after the last look at --time-limit (1.8 s of a 2.7 s audit of 2,000
+    requests under --time-limit 1): past it, exit 4 and nothing written."""
+    import time
+
+    from model.report import serving_plots
+
+    def slow(result, summary):
+        time.sleep(0.2)
+        return {"timeline.png": b"png", "latency.png": b"png"}
+
+    monkeypatch.setattr(serving_plots, "report_files", slow)
+    done = audit(example, "--report", "rep", "--out", "out", "--time-limit", "0.3")
+    assert done.returncode == 4 and "did not finish within --time-limit 0.3 s" in done.stderr, done.stderr
+    assert not (example / "rep").exists() and not (example / "out").exists()
+
+
 def test_todays_graphs_written_by_out_replay_the_same(example):
     assert audit(example, "--out", "out", planned=False).returncode == 0
     again = cli("model.replay", "requests.jsonl", "--device-profile", "profile.toml", "--graphs",

@@ -325,6 +325,8 @@ HOSTILE = [
     ("json", "[64, 128]", 1, None, "object"),
     ("json", "[" * 100_000, None, None, "nested too deeply"),
     ("list", "# only a comment\n", None, None, "no sequence lengths"),
+    # a truncated bucket file (its comments only) was replayed on run-time compiles alone, exit 0
+    ("gaudi-file", "# setting: MAX_NUM_SEQS=64\n# prompt graphs:\n", None, None, "no bucket line"),
 ]
 
 

@@ -33,6 +33,7 @@ NONFINITE_TEXT = r"[-+]?(?:nan|inf|infinity)"
 _INTEGER = re.compile(INTEGER_TEXT, re.ASCII)
 _DECIMAL = re.compile(DECIMAL_TEXT, re.ASCII)
 _NONFINITE = re.compile(NONFINITE_TEXT, re.ASCII | re.IGNORECASE)
+MAX_DIGITS = 4000  # an integer text longer than this is no integer here (see integer_text)
 SHOWN_CHARS = 60  # a value longer than this is cut in messages (a 400-digit integer stays one readable line)
 
 
@@ -66,8 +67,12 @@ def shown(value: object) -> str:
 
 
 def integer_text(text: str) -> int | None:
-    """The integer an ASCII text spells (``-?[0-9]+``, nothing around it), or None."""
-    return int(text) if isinstance(text, str) and _INTEGER.fullmatch(text) else None
+    """The integer an ASCII text spells (``-?[0-9]+``, nothing around it), or None -- also for more than
+    ``MAX_DIGITS`` digits: int() raises ValueError past 4,300 (``--replicas 999...`` was a traceback), and no
+    count or length anywhere has a thousandth of that many."""
+    if not (isinstance(text, str) and _INTEGER.fullmatch(text)) or len(text) > MAX_DIGITS + 1:
+        return None
+    return int(text)
 
 
 def decimal_text(text: str) -> float | None:
@@ -153,7 +158,7 @@ def float_flag(flag: str) -> Callable[[str], float]:
     def parse(text: str) -> float:
         value = decimal_text(text)
         if value is None:
-            raise InputError(flag, None, None, f"expected a number, got {text!r}")
+            raise InputError(flag, None, None, f"expected a number, got {shown(text)}")
         return value
 
     parse.__name__ = "number"  # argparse names the type in its own messages
@@ -166,7 +171,8 @@ def int_flag(flag: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = integer_text(text)
         if value is None:
-            raise InputError(flag, None, None, f"expected an integer, got {text!r}")
+            raise InputError(flag, None, None, "expected an integer" + (f" of at most {MAX_DIGITS} digits" if
+                             _INTEGER.fullmatch(text) else "") + f", got {shown(text)}")
         return value
 
     parse.__name__ = "integer"

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from model.base.errors import InputError
-from model.base.numbers import decimal_text
+from model.base.numbers import decimal_text, float_flag, int_flag
 from model.cost.device import AUTO_BUCKETS, checked_buckets
 from model.domain.shapeset import parse_shapes
 from model.domain.windowing import parse_window
@@ -56,10 +56,10 @@ def add_batch_buckets_arg(parser: argparse.ArgumentParser) -> None:
 
 def add_graph_cap_args(parser: argparse.ArgumentParser) -> None:
     """``--limit-graphs N`` and ``--max-warmup-s S``: caps on what a plan compiles, across all buckets."""
-    parser.add_argument("--limit-graphs", type=int, default=None,
+    parser.add_argument("--limit-graphs", type=int_flag("--limit-graphs"), default=None,
                         help="with batch buckets: at most N distinct graphs (batch bucket, shape) across all "
                              "buckets, e.g. --limit-graphs 24")
-    parser.add_argument("--max-warmup-s", type=float, default=None,
+    parser.add_argument("--max-warmup-s", type=float_flag("--max-warmup-s"), default=None,
                         help="with batch buckets: warm-up (compile time x distinct graphs) at most S seconds, e.g. "
                              "--max-warmup-s 600")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from model.base.errors import InputError
-from model.base.numbers import float_flag, int_flag, integer_text
+from model.base.numbers import decimal_text, float_flag, int_flag, integer_text, shown
 
 if TYPE_CHECKING:
     from model.domain.schema import Bucket
@@ -29,6 +29,7 @@ MAX_REPLICAS = 1 << 16
 DEFAULT_MAX_REPLICAS = 1024  # the capacity search's default cap
 MAX_RATE_SCALE = 1e9
 MAX_RATE_SCALES = 64
+MAX_QUANTILE_CHARS = 100  # a quantile spelled longer is a typo (and its exponent could be any size)
 SCAN_BELOW = 16  # the capacity search replays every count below an answer this small (a proof of "fewest")
 AUTO = "auto"
 # the [server] keys (model.domain.server.SERVER_KEYS), spelt here so the command lines import nothing heavy
@@ -101,11 +102,19 @@ def parse_slo(args: argparse.Namespace) -> Slo | None:
         return None
     quantile = Fraction(95, 100)
     if args.slo_quantile is not None:
+        text = args.slo_quantile.strip()
+        if len(text) > MAX_QUANTILE_CHARS:
+            raise InputError("--slo-quantile", None, None, f"expected at most {MAX_QUANTILE_CHARS} characters, got "
+                             f"{len(text)}: {shown(text)}")
+        as_float = decimal_text(text)
+        if as_float is not None and not 0 < as_float <= 1:
+            # before Fraction: Fraction("1e-99999999") computes 10**99999999 (it never returned)
+            raise InputError("--slo-quantile", None, None, f"must be in (0, 1], got {shown(args.slo_quantile)}")
         try:
-            quantile = Fraction(args.slo_quantile.strip())
+            quantile = Fraction(text)
         except (ValueError, ZeroDivisionError):
             raise InputError("--slo-quantile", None, None, f"expected a number like 0.95, got "
-                             f"{args.slo_quantile!r}") from None
+                             f"{shown(args.slo_quantile)}") from None
         if not 0 < quantile <= 1:
             raise InputError("--slo-quantile", None, None, f"must be in (0, 1], got {args.slo_quantile}")
     return Slo(args.slo_ttft_ms, args.slo_tpot_ms, quantile)
@@ -131,7 +140,7 @@ def parse_capacity(args: argparse.Namespace) -> Capacity:
     count = None if text == AUTO else integer_text(text)
     if text != AUTO and (count is None or not 1 <= count <= MAX_REPLICAS):
         raise InputError("--replicas", None, None, f"must be an integer from 1 to {MAX_REPLICAS} or '{AUTO}', "
-                         f"got {args.replicas!r}")
+                         f"got {shown(args.replicas)}")
     given = [1.0] if args.rate_scale is None else args.rate_scale
     if len(given) > MAX_RATE_SCALES:
         raise InputError("--rate-scale", None, None, f"{len(given)} values; at most {MAX_RATE_SCALES}")

@@ -11,6 +11,9 @@ from model.cost.metrics import Metrics
 from model.cost.model import CostModel, ReferenceCost
 from solvers.backends.result import Status
 
+# A --max-warmup-s budget worth this many graphs or more caps nothing (2**52: float64 counts exactly below it)
+WARMUP_CAP_MOST = 1 << 52
+
 
 @dataclass(frozen=True, eq=False)
 class Bucket:
@@ -135,7 +138,11 @@ class Problem:
         caps = [] if self.max_graphs is None else [self.max_graphs]
         if self.max_warmup_s is not None and self.cost.spike_ms > 0:
             budget = self.max_warmup_s * 1000.0
-            n = int(budget // self.cost.spike_ms)
+            n = budget // self.cost.spike_ms
+            if not n < WARMUP_CAP_MOST:  # float(n + 1) == float(n) up there (the loop below never ended); inf // x: nan
+                caps.append(WARMUP_CAP_MOST)  # more graphs than any plan can run (--limit-graphs takes <= 2**45)
+                return min(caps)
+            n = int(n)
             while n > 0 and self.cost.warmup_ms(n) > budget:  # the judge's own product decides, not the division
                 n -= 1
             while self.cost.warmup_ms(n + 1) <= budget:

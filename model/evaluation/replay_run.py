@@ -20,6 +20,22 @@ from model.domain.schema import Bucket
 from model.domain.server import GraphSet, ServerSettings
 from model.evaluation.replay import ReplicaRun, replay_replica
 
+# The replay's clock is float64 ms from the first arrival: over 1e11 ms (about 3 years) a step of 20 ms still
+# lands within 2e-5 ms.  --rate-scale 1e-9 stretched a 70-minute trace to 4e15 ms (latencies off by 0.004 ms),
+# 1e-300 to 1e306 ms, where a step added nothing (every TTFT 0) and the JSON held inf (a traceback).
+MAX_SPAN_MS = 1e11
+
+
+def check_span(span_ms: float, rate_scales: Sequence[float]) -> None:
+    """The trace (first to last arrival: ``span_ms`` at rate scale 1) at every rate scale stays within
+    ``MAX_SPAN_MS``, else an InputError naming --rate-scale, before any replay."""
+    for x in rate_scales:
+        if not span_ms / x <= MAX_SPAN_MS:
+            raise InputError("--rate-scale", None, None, f"at {x:g} the trace's {span_ms / 1000.0:.6g} s of arrivals "
+                             f"span {span_ms / x / 1000.0:.3g} s; the replay's clock (float64 ms) stays exact to "
+                             f"microseconds over at most {MAX_SPAN_MS / 1000.0:g} s: give a larger --rate-scale")
+
+
 TIME_HINT = ("give each request an arrival time: an arrival_s field or column, TIMESTAMP with --columns azure, "
              "or --time-column NAME")
 
@@ -56,6 +72,7 @@ def trace_of(buckets: Sequence[Bucket], rate_scale: float = 1.0) -> Trace:
     arrival = np.concatenate([b.arrival_s for b in buckets])
     order = np.argsort(arrival, kind="stable")
     seconds = arrival[order] - arrival[order[0]]
+    check_span(float(seconds[-1]) * 1000.0 if len(seconds) else 0.0, (rate_scale,))
     cat = {name: np.concatenate([getattr(b, name) for b in buckets])[order]
            for name in ("request_ids", "prompt_len", "gen_len", "lines")}
     source = np.concatenate([np.full(len(b), b.source, dtype=object) for b in buckets])[order]
@@ -114,12 +131,16 @@ def replay(trace: Trace, settings: ServerSettings, graphs: GraphSet, cost: Servi
     """Deal the trace round-robin (the k-th request in arrival order to replica k mod R) and replay each share.
 
     Each replica compiles the same graph set before serving and keeps its own run-time
-    compiles.  Call ``check_fits`` first.
+    compiles.  Call ``check_fits`` first.  ``tick`` is also called before each replica: a replica's loop
+    looks at it only every few thousand rounds, and a short share (a capacity probe of 1,024 replicas)
+    never reaches that many, so without it a search of thousands of short replays never stopped.
     """
     first = np.zeros(len(trace))
     finish = np.zeros(len(trace))
     runs = []
     for r in range(replicas):
+        if tick is not None:
+            tick()
         share = slice(r, None, replicas)
         run = replay_replica(trace.prompt[share].tolist(), trace.gen[share].tolist(),
                              trace.arrival_ms[share].tolist(), settings, graphs, cost, record, tick)

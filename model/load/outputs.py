@@ -19,10 +19,12 @@ Two mechanisms, one module, used by every command that writes (solve, sweep, aud
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -78,6 +80,14 @@ def check_targets(targets: Iterable[Target], inputs: Iterable[str | Path] = ()) 
             raise target.error(f"{target.path} is also the output of {seen[real].flag} ({seen[real].path}); "
                                "give each output its own path")
         seen[real] = target
+    for target in targets:  # a file where another output needs a folder (replay --json R --report R)
+        if target.kind != "file":
+            continue
+        real = resolved(target.path)
+        for other in targets:
+            if other is not target and (real == resolved(other.path) or real in resolved(other.path).parents):
+                raise target.error(f"{target.path} is also where {other.flag} writes ({other.path}); "
+                                   "give each output its own path")
     check_not_inputs(targets, {resolved(p) for p in inputs} | input_paths())
 
 
@@ -161,12 +171,13 @@ def write_together(files: Mapping[Path, Iterable[bytes]]) -> None:
     try:
         for current, chunks in files.items():
             staged.append((_stage(current, chunks), current))
-        for tmp, current in staged:
-            backups[current] = _keep_aside(current)
-            done.append(current)  # before the rename: an interrupt right after it must still roll it back
-            os.replace(tmp, current)
-        for folder in {t.parent for t in files}:
-            _fsync_dir(folder)
+        with folders_locked(t.parent for t in files):  # two runs at once: one's files, then the other's, never a mix
+            for tmp, current in staged:
+                backups[current] = _keep_aside(current)
+                done.append(current)  # before the rename: an interrupt right after it must still roll it back
+                os.replace(tmp, current)
+            for folder in {t.parent for t in files}:
+                _fsync_dir(folder)
         ok = True
     except OSError as exc:
         with shielded():
@@ -189,6 +200,33 @@ def write_together(files: Mapping[Path, Iterable[bytes]]) -> None:
                         os.rmdir(folder)
                     except OSError:
                         pass
+
+
+@contextmanager
+def folders_locked(folders: Iterable[Path]) -> Iterator[None]:
+    """Hold an exclusive advisory lock (flock) on each folder, taken in sorted order so two writers cannot deadlock.
+
+    Two runs writing the same --out folder at once each renamed their files in turn, so the folder could end
+    with one run's audit.json beside the other's today-graphs.json; under the lock one run's renames all
+    happen before the other's.  A folder that cannot be opened or locked (a file system without flock) is
+    written unlocked, as before.  Closing the descriptor releases its lock.
+    """
+    fds: list[int] = []
+    try:
+        for folder in sorted({Path(f) for f in folders}):
+            try:
+                fd = os.open(folder, os.O_RDONLY)
+            except OSError:
+                continue
+            fds.append(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                pass
+        yield
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
 
 
 def _missing_dirs(files: Mapping[Path, object]) -> list[Path]:

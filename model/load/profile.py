@@ -9,7 +9,6 @@ lines the same way.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from model.base.numbers import Where, read_count, read_number, shown
 from model.cost.device import AUTO_BUCKETS, DeviceProfile, checked_buckets
 from model.load.files import read_text
 from model.load.server import SERVER_TABLE, ServerTable, server_table
-from model.load.toml_lines import table_key_line, toml_error, toml_lines
+from model.load.toml_lines import parse_toml, table_key_line, toml_lines
 
 TABLE = "device"
 COEFFICIENT_KEYS = {"prefill": "[p0, p1, p2]", "decode": "[d0, d1, d2]", "decode_large": "[d0, d1, d2]"}
@@ -60,10 +59,7 @@ def load_profile_file(path: str | Path) -> tuple[DeviceProfile, ServerTable | No
     src = str(path)
     # a regular UTF-8 file (a bad byte named by line), recorded as an input
     text = read_text(path, folder="is a directory, expected a device-profile TOML file")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise toml_error(path, exc) from None
+    data = parse_toml(path, text)
     for key in data:
         if key not in (TABLE, SERVER_TABLE):
             raise InputError(src, _top_line(text, key), key, f"unknown key (a profile holds a [{TABLE}] table "

@@ -26,7 +26,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from model.base.errors import InputError, unknown_name
-from model.base.numbers import DECIMAL_TEXT, NONFINITE_TEXT, as_float
+from model.base.numbers import DECIMAL_TEXT, NONFINITE_TEXT, SHOWN_CHARS, as_float
 from model.base.numbers import shown as spelled
 from model.domain.schema import Bucket
 from model.load.files import check_utf8, read_input
@@ -67,6 +67,8 @@ class Columns:
         if len(parts) not in (2, 3) or not all(parts):
             raise InputError("--columns", None, None,
                              f"expected a preset ({', '.join(PRESETS)}) or PROMPT,GEN[,ID], got {spec!r}")
+        if len(set(parts)) != len(parts):  # one column read twice: pyarrow's KeyError traceback
+            raise InputError("--columns", None, None, f"a column is named twice in {spec!r}; name each role's own")
         return cls(parts[0], parts[1], parts[2] if len(parts) == 3 else None)
 
     def wanted(self) -> list[str]:
@@ -151,6 +153,8 @@ def _with_time(columns: Columns, time_column: str | None, time_default: str | No
     if time_column is not None and not time_column:
         raise InputError("--time-column", None, None, "expected a column name, got ''")
     if time_column is not None:
+        if time_column in (columns.prompt_len, columns.gen_len, columns.request_id):  # pyarrow's KeyError traceback
+            raise InputError("--time-column", None, None, f"{time_column!r} is already the id or a length column")
         return replace(columns, time=time_column)
     return replace(columns, time=time_default) if columns.time is None and time_default is not None else columns
 
@@ -309,8 +313,11 @@ def strict_json(line: str, numbers: bool = True):
     With ``numbers``, floats written with an exponent come back as ``Spelled`` (request files,
     where lengths and ids are integers).  Raises json.JSONDecodeError, JsonFieldError or ValueError.
     """
-    return json.loads(line, parse_constant=_reject_constant, object_pairs_hook=_strict_object,
-                      parse_float=_float_literal if numbers else float)
+    try:
+        return json.loads(line, parse_constant=_reject_constant, object_pairs_hook=_strict_object,
+                          parse_float=_float_literal if numbers else float)
+    except RecursionError:  # "[[[[..." 100,000 deep: the decoder's recursion, not a message
+        raise ValueError("nested too deeply") from None
 
 
 def _read_jsonl_slow(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame, np.ndarray, InputError | None]:
@@ -369,7 +376,7 @@ def _read_csv(path: Path, raw: bytes, columns: Columns) -> tuple[pd.DataFrame, n
             column_types=types, include_columns=columns.wanted(), include_missing_columns=True))
     except (pa.ArrowInvalid, pa.ArrowKeyError) as exc:
         raise _csv_error(path, raw, exc) from None
-    rows = lines[1:] if table.num_rows == len(lines) - 1 else _csv_row_lines(raw)
+    rows = lines[1:] if table.num_rows == len(lines) - 1 else _csv_row_lines(path, raw)
     frame = _project(table, columns)
     for name in (columns.prompt_len, columns.gen_len):
         frame[name] = _csv_integers(table.column(name))
@@ -392,19 +399,41 @@ def _csv_integers(column: pa.ChunkedArray) -> pd.Series:
         except (pa.ArrowInvalid, OverflowError):  # "12.0", or more digits than int64 holds
             pass
     cells = column.to_pylist()
-    return pd.Series([None if v is None or v == "" else int(v.partition(".")[0]) if ok else v
+    return pd.Series([None if v is None or v == "" else _integer_cell(v) if ok else v
                       for v, ok in zip(cells, plain.to_pylist(), strict=True)], dtype=object)
 
 
-def _csv_row_lines(raw: bytes) -> np.ndarray:
+LONG_DIGITS = 19  # more digits than any int64: far above MAX_LEN, and (past 4,300) more than int() converts
+
+
+class LongInteger(str):
+    """A CSV cell spelling an integer of more than ``LONG_DIGITS`` digits, kept as its text: Python's int()
+    refuses 4,300 digits and more (a ValueError, not a message), and no length is anywhere near this long."""
+
+
+def _integer_cell(text: str) -> int | LongInteger:
+    """A cell matching ``_INTEGER_TEXT`` as its integer, or as a ``LongInteger`` when too long to be a length."""
+    digits = text.partition(".")[0]
+    return LongInteger(text) if len(digits.lstrip("-")) > LONG_DIGITS else int(digits)
+
+
+def _csv_row_lines(path: Path, raw: bytes) -> np.ndarray:
     """Line of each data row when quoted newlines make rows span lines (rare: Python pass)."""
     reader = csv.reader(io.StringIO(raw.decode("utf-8-sig", errors="replace"), newline=""))
     starts, previous = [], 0
-    for row in reader:
-        if row:
-            starts.append(previous + 1)
-        previous = reader.line_num
+    try:
+        for row in reader:
+            if row:
+                starts.append(previous + 1)
+            previous = reader.line_num
+    except csv.Error as exc:  # a field past the csv module's limit (pyarrow read it)
+        raise _python_csv_error(path, reader.line_num, exc) from None
     return np.asarray(starts[1:], dtype=np.int64)
+
+
+def _python_csv_error(path: Path, line: int, exc: csv.Error) -> InputError:
+    """The csv module's own refusal (a field longer than its limit, 131,072 characters), at its line."""
+    return InputError(str(path), line or None, None, f"malformed CSV: {exc}")
 
 
 def _csv_error(path: Path, raw: bytes, exc: Exception) -> InputError:
@@ -415,14 +444,17 @@ def _csv_error(path: Path, raw: bytes, exc: Exception) -> InputError:
     """
     reader = csv.reader(io.StringIO(raw.decode("utf-8-sig", errors="replace"), newline=""))
     width = None
-    for row in reader:
-        if not row:
-            continue
-        if width is None:
-            width = len(row)
-        elif len(row) != width:
-            return InputError(str(path), reader.line_num, None,
-                              f"malformed CSV: expected {width} fields, got {len(row)}")
+    try:
+        for row in reader:
+            if not row:
+                continue
+            if width is None:
+                width = len(row)
+            elif len(row) != width:
+                return InputError(str(path), reader.line_num, None,
+                                  f"malformed CSV: expected {width} fields, got {len(row)}")
+    except csv.Error as exc:  # a field of megabytes: pyarrow cannot place it in a block, the csv module refuses it
+        return _python_csv_error(path, reader.line_num, exc)
     return InputError(str(path), _csv_error_line(str(exc)), None, f"malformed CSV: {_first_line(exc)}")
 
 
@@ -551,7 +583,8 @@ def shown(value) -> str:
     value = _plain(value)
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
         return str(int(value))
-    return repr(value)
+    text = repr(value)  # cut past SHOWN_CHARS: a 4,000-digit length stays a one-line message
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
 
 
 def _length_column(col: pd.Series, field: str) -> tuple[np.ndarray, _Problem | None]:
@@ -569,7 +602,9 @@ def _length_column(col: pd.Series, field: str) -> tuple[np.ndarray, _Problem | N
         numeric, missing, nonint = np.zeros(n), np.zeros(n, bool), np.ones(n, bool)
     else:
         numeric, missing, nonint = _object_numbers(col)
-    ok = ~missing & ~nonint
+    long = np.fromiter((isinstance(v, LongInteger) for v in values), bool, n) if kind == "O" else np.zeros(n, bool)
+    nonint &= ~long
+    ok = ~missing & ~nonint & ~long
     with np.errstate(invalid="ignore"):
         low = ok & (numeric < 1)
         high = ok & (numeric > MAX_LEN)
@@ -578,6 +613,8 @@ def _length_column(col: pd.Series, field: str) -> tuple[np.ndarray, _Problem | N
         (nonint, lambda k: f"expected an integer, got {shown(values[k])}"),
         (low, lambda k: f"must be a positive integer, got {shown(values[k])}"),
         (high, lambda k: f"must be at most {MAX_LEN}, got {shown(values[k])}"),
+        (long, lambda k: ("must be a positive integer" if values[k].startswith("-") else f"must be at most {MAX_LEN}")
+                         + f", got {spelled(str(values[k]))} ({len(values[k].partition('.')[0].lstrip('-'))} digits)"),
     ])
     return (numeric.astype(np.int64), None) if problem is None else (np.zeros(0, np.int64), problem)
 
@@ -604,16 +641,26 @@ def _object_numbers(col: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     """
     missing = col.isna().to_numpy()
     if pd.api.types.infer_dtype(col, skipna=True) == "integer":
-        numeric = pd.to_numeric(col.where(~missing, 0), errors="coerce").to_numpy(dtype=np.float64)
-        return numeric, missing, np.zeros(len(col), bool)
+        return _floats(col.where(~missing, 0)), missing, np.zeros(len(col), bool)
     values = col.to_numpy()
     # Only numbers are lengths: not text ("12"), bytes, booleans or exponent-spelled floats (1e3).
     number = np.fromiter((isinstance(v, (int, float, Decimal, np.number)) and not isinstance(v, (bool, np.bool_))
                           for v in values), bool, len(values))
-    numeric = pd.to_numeric(col.where(number & ~missing, np.nan), errors="coerce").to_numpy(dtype=np.float64)
+    numeric = _floats(col.where(number & ~missing, np.nan))
+    whole = np.fromiter((isinstance(v, (int, np.integer)) for v in values), bool, len(values))  # +-inf: too large
     with np.errstate(invalid="ignore"):
-        nonint = ~missing & (~number | ~np.isfinite(numeric) | (numeric != np.floor(numeric)))
+        nonint = ~missing & (~number | (~whole & (~np.isfinite(numeric) | (numeric != np.floor(numeric)))))
     return numeric, missing, nonint
+
+
+def _floats(col: pd.Series) -> np.ndarray:
+    """Numbers of an object column as float64; an integer past float range (a JSON length of 400 digits) is
+    +-inf, as ``as_float`` makes it, so the range check names it (pandas raises OverflowError)."""
+    try:
+        return pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64)
+    except OverflowError:
+        return np.fromiter((np.nan if (f := as_float(v)) is None else f for v in col.to_numpy()), np.float64,
+                           len(col))
 
 
 # Arrival times are seconds since the Unix epoch within what the time library holds (pandas' nanosecond

@@ -96,7 +96,15 @@ def toml_error(path: Path, exc: tomllib.TOMLDecodeError) -> InputError:
 def read_toml(path: Path) -> tuple[str, dict]:
     """The text and the parsed table of a TOML file; unreadable or malformed files are InputErrors."""
     text = read_text(path)  # a regular UTF-8 file (a bad byte named by line), recorded as an input
+    return text, parse_toml(path, text)
+
+
+def parse_toml(path: Path, text: str) -> dict:
+    """tomllib's table of a file's text; malformed text is an InputError (nesting that exhausts tomllib's
+    recursion, ``a = [[[[...`` 100,000 deep, too: it was a RecursionError traceback)."""
     try:
-        return text, tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise toml_error(path, exc) from None
+    except RecursionError:
+        raise InputError(str(path), None, None, "malformed TOML: nested too deeply") from None

@@ -397,5 +397,7 @@ def no_plan(problem: Problem, judge: Judge, backend: str, first: SearchOutcome, 
     if single is not None:
         return NoPlanFound(f"{what}; {alone_message(problem, None, known, clock, judge)}; not proven infeasible")
     greedy = ("" if judged_greedy is None else "; the greedy packer's plan breaks "
-              + ", ".join(f"{problem.buckets[b].name} {m}" for b, m, _, _ in judged_greedy.broken))
+              + ", ".join([f"{problem.buckets[b].name} {m}" for b, m, _, _ in judged_greedy.broken]
+                          + [str(v) for r in judged_greedy.evaluation.results for v in r.violations]
+                          + [str(v) for v in judged_greedy.evaluation.global_problems]))  # a graph cap is global
     return NoPlanFound(f"{what}{greedy}; not proven infeasible")

@@ -171,7 +171,10 @@ def compile_gaudi_file(path: Path, text: str, settings: Settings) -> Compiled:
     """``gaudi-file``: the file's graphs under the server's filters (settings from ``# setting:`` lines too)."""
     src = str(path)
     settings = from_comments(text, src).merged(settings)
-    return compiled_rows(bucket_rows(path, text), server_of(settings), settings, src)
+    rows = bucket_rows(path, text)
+    if not rows:  # a truncated or comment-only file: replayed, it ran on run-time compiles alone (exit 0)
+        raise InputError(src, None, None, "no bucket line (one Python 3-tuple a line): the file lists no graph")
+    return compiled_rows(rows, server_of(settings), settings, src)
 
 
 # ---------------------------------------------------------------- gaudi-env
