@@ -117,6 +117,7 @@ class Certainty:
     plan_by: str = ""
     bound_by: str | None = None
     detail: str = ""
+    more_time: str | None = None  # the planner's own word on whether a longer run could help (SolveReport.more_time)
 
     def sentence(self, unit: str = "") -> str:
         """The one sentence to read about how sure we are."""
@@ -130,8 +131,9 @@ class Certainty:
                     "the search stopped before proving the plan optimal"
                 text = (f"within {self.gap:.2%} of the best possible plan: the plan is from {self.plan_by}, the "
                         f"certified lower bound {fmt(self.bound)}{unit} from {self.bound_by or 'the solver'}; "
-                        f"{stop}, so up to {self.gap:.2%} might still be saved (a longer --time-limit can narrow "
-                        "the gap)")
+                        f"{stop}, so up to {self.gap:.2%} might still be saved ("
+                        + (f"more time: {self.more_time}" if self.more_time else
+                           "a longer --time-limit can narrow the gap") + ")")
         elif self.kind == "heuristic":
             text = f"a heuristic plan from {self.plan_by}, with no lower bound: nothing is proven about how far " \
                    "it is from the best"
@@ -159,7 +161,8 @@ def certainty_of(report, solver: str) -> Certainty:
     plan_by, bound_by = report_sources(report, solver)
     if report.bound is None or report.gap is None or not math.isfinite(report.gap):
         return Certainty("heuristic", str(report.status.value), None, None, plan_by, None)
-    return Certainty("bound", str(report.status.value), float(report.gap), float(report.bound), plan_by, bound_by)
+    return Certainty("bound", str(report.status.value), float(report.gap), float(report.bound), plan_by, bound_by,
+                     more_time=getattr(report, "more_time", None) or None)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ wrongly would plan with the wrong shapes without a word).
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,7 +70,9 @@ SNIFF_BYTES = 1 << 23  # a config is kilobytes; a file past 8 MB is not sniffed 
 def with_format_hint(exc: InputError, path: str | Path, chosen: str, defaulted: bool,
                      flag: str = "--shapes-format") -> InputError:
     """``exc`` (the file read as ``chosen``) with the format its content suggests, when that is another one."""
-    try:
+    try:  # a regular file only: opening a FIFO blocks until a writer comes (the error at hand may be that)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return exc
         with open(path, "rb") as handle:
             raw = handle.read(SNIFF_BYTES + 1)
     except (OSError, ValueError):
