@@ -18,6 +18,7 @@ bad input; 4 the time limit passed before any set was accepted; 130 / 143 interr
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -89,6 +90,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def graph_table(g):
+    """The chosen graphs as the JSON document's table: one row per graph, its kind and its dimensions."""
+    from model.report.json_doc import DataTable
+
+    rows = ([("prompt", [b, s]) for b, s in g.prompt] + [("decode", [b, x]) for b, x in g.decode]
+            if g.stack == "gaudi" else
+            [("context", [c]) for c in g.context] + [("token_generation", [n]) for n in g.token_generation])
+    return DataTable(("kind", "dims"), ("", "the stack's dimensions (batch, tokens or blocks)"), tuple(rows))
+
+
 def graph_cap(limit_graphs: int | None, max_warmup_s: float | None, compile_ms: float) -> int:
     """N: --limit-graphs, or the graphs --max-warmup-s pays for at compile_ms each (the smaller when both)."""
     from model.deploy.flags import parse_graph_caps
@@ -144,13 +155,16 @@ def main_serving(argv: list[str] | None = None) -> int:
         parse_slo,
         positive_number,
     )
+    from model.deploy.summaries import command_line, serving_plan_summary
     from model.evaluation.replay_run import check_fits, trace_of
     from model.load.profile import load_profile_file
     from model.load.server import server_settings
+    from model.report.json_doc import document, document_bytes
     from model.report.serving_plan import plan_json, plan_lines
+    from model.report.summary import summary_lines
     from model.serveplan.candidates import dense_set
     from model.serveplan.configs import write_all
-    from model.serveplan.plan import PlanSpec, plan
+    from model.serveplan.plan import PlanSpec, plan, recorded_gap_text
     from solvers.backends import get_backend
 
     args = parser().parse_args(argv)
@@ -185,12 +199,20 @@ def main_serving(argv: list[str] | None = None) -> int:
           f"at most {max_graphs} graphs; {args.replicas} replica{'s' if args.replicas > 1 else ''}", file=out)
     result = plan(trace, PlanSpec(settings, max_graphs, slo, args.replicas, args.backend), cost, deadline)
     print("\n".join(plan_lines(result)), file=out)
-    text = plan_json(result)
     if result.best is None:
         if result.timed_out:
             raise NoPlanFound(f"no graph set was accepted within --time-limit {args.time_limit:g} s; nothing written")
         print("no graph set met every limit; nothing written", file=out)
         return 1
+    nxt = (command_line("audit", "--cost-model", "serving", *map(str, args.requests), "--device-profile",
+                        str(args.device_profile), "--shapes-from", "TODAY_CONFIG", "--shapes-format", "F",
+                        "--graphs", str(args.out / "graphs.json"))
+           + " (TODAY_CONFIG, F: the config your server runs today and its format)" if args.out is not None else
+           "add --out DIR to write the graph set and its stack configs")
+    summary = serving_plan_summary(result.best, len(trace), recorded_gap_text(result.best.mip), nxt)
+    # the plan's own keys after the documented common ones (docs/json.md); plan.json in --out is the same document
+    text = document_bytes(document("solve", summary, {"graphs": graph_table(result.best.graphs)},
+                                   json.loads(plan_json(result)))).decode("utf-8")
     files: dict[Path, list[bytes]] = {}
     if args.out is not None:
         best = result.best
@@ -210,6 +232,7 @@ def main_serving(argv: list[str] | None = None) -> int:
         print("wrote " + ", ".join(map(str, files)), file=out)
     if args.out is not None:
         print("replay the export: " + replay_command(args, result.best.settings, table), file=out)
+    print("\n".join(summary_lines(summary)), file=out)
     if args.json == "-":
         sys.stdout.write(text)
     return 0

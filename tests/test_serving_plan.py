@@ -332,3 +332,20 @@ def test_a_time_limit_before_any_set_is_exit_4_and_writes_nothing(example):
     done = solve(example, "--limit-graphs", "4", "--time-limit", "0.001", "--out", "plan")
     assert done.returncode == 4 and "nothing written" in done.stderr
     assert not (example / "plan").exists()
+
+
+def test_json_to_stdout_is_the_documented_document_with_the_summary(example):
+    """`--json -`: stdout is one document of docs/json.md's schema (the plan's own keys after the common ones),
+    whose summary says what the MIP's gap covers and reports the replay's busy time in device-hours."""
+    import json
+
+    from test_summary_json import check_document
+
+    done = solve(example, "--limit-graphs", "4", "--json", "-")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    check_document(doc)
+    summary = doc["summary"]
+    assert summary["command"] == "solve" and summary["cost"]["unit"] == "device-ms"
+    assert summary["cost"]["value"] == doc["replay"]["busy_ms"] and summary["cost"]["device_hours"] > 0
+    assert summary["certainty"]["kind"] == "simulation" and "RECORDED" in summary["certainty"]["detail"]

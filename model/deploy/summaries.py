@@ -320,3 +320,15 @@ def serving_audit_summary(audit, inputs: Sequence[str]) -> Summary:
                    f"{audit.replicas} replica{'s' if audit.replicas != 1 else ''} at rate {audit.rate_scale:g}x",
                    not missed, device_cost(chosen.summary.busy_ms, price), ref, Certainty("simulation", detail=detail),
                    None, None, None, nxt)
+
+
+def serving_plan_summary(best, requests: int, certificate: str, next_command: str) -> Summary:
+    """model.solve --cost-model serving: the graph set chosen, the replay's busy device time (and money), what the
+    MIP's gap certifies (the recorded demands only) and the command that compares it with today's config."""
+    s, g = best.summary, best.graphs
+    busy = device_cost(s.busy_ms, s.cost_per_device_hour)
+    compiles = len(s.runtime_compiles)
+    detail = (f"the reported numbers are a replay of the chosen set ({compiles} run-time compile"
+              f"{'' if compiles == 1 else 's'}): exact for the scheduler model, not an optimum; {certificate}")
+    return Summary("solve", f"{g.count} graphs for {g.stack} serving {requests} requests", True, busy, None,
+                   Certainty("simulation", detail=detail), None, None, None, next_command)
