@@ -85,6 +85,7 @@ def judged(client, reqs: Path, plan: Path, mode: str = "reference", general: boo
 
 @pytest.mark.parametrize("mode", ["reference", pytest.param("strict", marks=pytest.mark.slow),
                                   pytest.param("device", marks=pytest.mark.slow)])
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 def test_aligned_path_equals_the_general_path(client, solved, mode, monkeypatch):
     reqs, plan = solved
     fast, aligned = judged(client, reqs, plan, mode, monkeypatch=monkeypatch, limits=Limits(max_cost=1.0))
@@ -121,6 +122,7 @@ def lead_dropped(plan: Path) -> None:
 @pytest.mark.parametrize("change", [pytest.param(moved, marks=pytest.mark.slow), swapped,
                                     pytest.param(lead_dropped, marks=pytest.mark.slow)],
                          ids=["moved", "swapped", "lead_dropped"])
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 def test_unaligned_datasets_fall_back(client, solved, chat, tmp_path, change, monkeypatch):
     reqs, plan = solved
     mine = shutil.copytree(plan, tmp_path / "plan_reqs")

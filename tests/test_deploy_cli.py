@@ -55,6 +55,7 @@ def exit_code(main, argv: list[str], capsys) -> tuple[int, str]:
 
 # -- audit --------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 def test_audit_prints_both_sides_and_writes_the_report(folder, tmp_path):
     rep = tmp_path / "rep"
     done = cli("model.audit", str(folder / "trace.csv"), "--columns", "azure", "--cost-model", "strict",

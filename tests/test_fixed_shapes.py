@@ -41,6 +41,7 @@ def mip(prob):
 
 # -- the allowed set changes the optimum, and the MIP finds the restricted one ------------------
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 def test_allowed_set_changes_the_strict_optimum():
     """Free: shapes 128 and 256 (cost 142,454,142).  Only 192 and 320 allowed: every batch pays for the
     longer shape, and the brute force over every plan declaring only those agrees with the MIP."""

@@ -35,6 +35,7 @@ def graphs_of(results) -> set:
     return set().union(*(set(r.metrics.graphs) for r in results))
 
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 @pytest.mark.parametrize("limits", [Limits(), Limits(max_p95_latency_ms=1500.0)], ids=["no limit", "P95"])
 def test_the_mip_plans_graphs_no_costlier_than_dpfill(limits):
     prob = medium(limits=limits)
@@ -95,6 +96,7 @@ def test_no_plan_names_the_graph_cap_the_greedy_plan_breaks(monkeypatch):
     assert "the greedy packer's plan breaks *: graph-cap: " in str(stop.value) and "at most 1 allowed" in str(stop.value)
 
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 def test_cli_solve_with_batch_buckets_writes_plans_evaluate_accepts(tmp_path: Path):
     rng = np.random.default_rng(8)
     reqs = tmp_path / "r.jsonl"
@@ -109,6 +111,7 @@ def test_cli_solve_with_batch_buckets_writes_plans_evaluate_accepts(tmp_path: Pa
     assert judged.returncode == 0, judged.stdout
 
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 def test_cli_sweep_and_solve_judge_the_warm_up_cap(tmp_path: Path):
     rng = np.random.default_rng(9)
     reqs = tmp_path / "r.jsonl"

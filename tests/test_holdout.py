@@ -131,6 +131,7 @@ def small(mode: str):
                    k=3, mode=mode)
 
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 @pytest.mark.parametrize("mode", ["reference", "strict"])
 def test_holdout_plans_the_held_out_part_three_ways(mode):
     prob = small(mode)

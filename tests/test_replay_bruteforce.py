@@ -191,6 +191,7 @@ def cases(draw):
     return prompt, gen, arrival, server, graphs, prof
 
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 @settings(max_examples=400, deadline=None, derandomize=True)
 @given(case=cases())
 def test_the_fast_replay_equals_the_plain_one(case):

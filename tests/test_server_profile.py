@@ -107,6 +107,7 @@ def test_a_missing_required_setting_names_both_places(tmp_path):
         server_settings(None, {"max_num_seqs": 4})
 
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 def test_calibrate_writes_the_server_table_or_its_skeleton(tmp_path):
     csv = write_csv(tmp_path / "m.csv")
     plain, served = tmp_path / "plain.toml", tmp_path / "served.toml"

@@ -114,6 +114,7 @@ def keys_to_ask(text: str) -> list[str]:
     return sorted(out)
 
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 @SETTINGS
 @given(text=json_texts(), count=st.integers(0, 6))
 @example(text='{"a":": [1, 2]", "b": 3}', count=3)  # a key's spelling from a closing quote into the next string
@@ -146,6 +147,7 @@ def long_config(entries: int, names: int, per_name: int) -> dict:
             "buckets": {f"kind{k}": [64 * (1 + i % 7) for i in range(per_name)] for k in range(names)}}
 
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 def test_reading_100k_entries_and_64_named_lists_scans_the_text_once(tmp_path: Path, monkeypatch):
     """One pass finds every key; each list is scanned once for all its entries; no rescan from the top.
 
@@ -254,6 +256,7 @@ def test_at_most_64_named_lists(tmp_path: Path):
     assert exc.value.message == f"{MAX_BUCKET_NAMES + 1} named lists; at most {MAX_BUCKET_NAMES}"
 
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 def test_named_lists_hold_at_most_max_buckets_entries_in_all(tmp_path: Path):
     half = MAX_BUCKETS // 2
     path, _ = write_json(tmp_path, {"shapes": [64], "buckets": {"a": [64] * half, "b": [64] * half}})

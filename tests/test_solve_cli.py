@@ -83,6 +83,7 @@ def evaluate_in_process(scenario: Path, plans: Path, *extra: str) -> int:
 # ---------------------------------------------------------------- feasible runs
 
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 def test_feasible_scenario_writes_plans_that_evaluate_accepts(small, tmp_path):
     out = tmp_path / "out"
     # the MIP does not close its last 0.2% and would run the default 60 s
@@ -107,6 +108,7 @@ def test_other_backends(small, tmp_path, backend):
     assert evaluate_in_process(small, out) == 0
 
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 def test_compare_and_max_batch_size(small, tmp_path):
     out = tmp_path / "out"
     done = run("--scenario", str(small), "--out", str(out), "--compare", "--max-batch-size", "4", "--quiet",

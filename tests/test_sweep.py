@@ -101,6 +101,7 @@ def test_infeasible_point_is_a_row_not_a_crash(tmp_path):
         assert baseline["ratio_to_mip"] == ""  # nothing to compare against
 
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 def test_limit_sweep_scales_each_bucket_limit_and_mip_cost_never_rises(tmp_path):
     base = tiny_problem(limits=Limits(max_sequential_ms=3.4e6))  # loose enough for the MIP to finish fast
     points = sweep_points((1, 2), "max_sequential_ms", (0.9, 1.5))

@@ -301,6 +301,7 @@ def device_args(trace: Path) -> list[str]:
     return [str(trace / "trace.csv"), "--columns", "azure", "--device-profile", str(PROFILE), "--limit-shapes", "4"]
 
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 def test_solve_window_devices_report_and_evaluate(trace, tmp_path, capsys):
     out, rep = tmp_path / "plans", tmp_path / "rep"
     code, text, _ = exit_code(solve.main, [*device_args(trace), "--window", "30", "--out", str(out), "--report",
@@ -347,6 +348,7 @@ def test_window_without_times_and_report_without_window_exit_2(trace, tmp_path, 
     assert code == 2 and "field 'when': missing" in err
 
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 def test_sweep_over_window_lengths(trace, tmp_path, capsys):
     code, text, _ = exit_code(sweep.main, [*device_args(trace), "--k", "3", "--windows", "20,60", "--solvers",
                                            "mip,dpfill", "--time-limit", "2", "--report", str(tmp_path / "rep"),
@@ -472,6 +474,7 @@ def test_more_shapes_never_cost_more_on_small_instances(mode, seed):
     assert all(b <= a * (1 + 1e-9) for a, b in zip(costs, costs[1:], strict=False)), costs
 
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 def test_the_un_windowed_plan_cut_at_the_windows_is_a_candidate(monkeypatch):
     """With long windows the un-windowed MIP's plan, its batches cut at the window ends, is a windowed plan the
     per-window planning need not find: the windowed plan costs no more than the one the planner cut (heuristic
@@ -523,6 +526,7 @@ def test_no_window_mip_starts_after_the_deadline(monkeypatch):
     check_valid(prob, run.planned.batchings)
 
 
+@pytest.mark.slow  # 2-7 s each on 2 cores: the default run's 90 s budget; cheaper siblings cover it by default
 def test_windows_are_stored_sparsely_from_the_planner_to_the_devices_report(tmp_path):
     """Two arrivals 10^9 s apart in windows of a millisecond are 10^12 windows: devices needed made one slot per
     window (7 TiB, a MemoryError) -- only windows holding requests are stored now, in the planner (the tiny exact
