@@ -12,7 +12,10 @@ slow test runs the blocks in order in a scratch copy of the repository's data/ f
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
+import io
 import os
 import re
 import shlex
@@ -92,12 +95,14 @@ def module_of(words: list[str]) -> tuple[str, list[str]] | None:
 
 @functools.cache
 def parser_flags(module: str, mode: tuple[str, ...] = ()) -> set[str]:
-    """Every option string the command's argument parser accepts, read from its --help (``mode``: words that
-    select another parser, as `--cost-model serving` does for model.audit)."""
-    done = subprocess.run([sys.executable, "-m", module, *mode, "--help"], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", done.stdout))
+    """Every option string the command's argument parser accepts, read from its --help, run in this process (a
+    subprocess per command cost seconds each); ``mode``: words that select another parser, as `--cost-model
+    serving` does for model.audit and model.solve."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
+        importlib.import_module(module).main([*mode, "--help"])
+    assert stop.value.code == 0, out.getvalue()
+    return set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", out.getvalue()))
 
 
 COMMANDS = sh_commands(README.read_text(encoding="utf-8"))
