@@ -7,7 +7,7 @@ compile spike only adds to it).  So for any lam >= 0 and any plan that meets the
     cost  >=  cost + lam * (members over L - A)  =  sum over batches [T + lam * |B| * (T > L)]  -  lam * A.
 
 Pricing every batch at that penalised time -- the set-partitioning duals of ``window_bound.lp_duals``
-with a penalty (``penalised_duals``), which still grows with a batch's gen and shape, so the gen rounding
+with a penalty (``lp_duals(..., penalty)``), which still grows with a batch's gen and shape, so the gen rounding
 and the anchors stay relaxations -- and subtracting lam * A gives a certified bound for every lam; lam = 0
 is the LP-price bound (``window_bound.whole_trace_bound``).  The bound is concave in lam, so a few values
 per bucket around the scale of a request's price find most of it.  Each bucket's own DP (a compile on
@@ -33,19 +33,17 @@ import numpy as np
 
 from model.base.runtime import Deadline
 from model.cost.common import allowed_above
-from model.cost.device import DeviceProfile, batch_time
+from model.cost.device import DeviceProfile
 from model.domain.schema import Problem, Windowing
 from model.packers.grouping import batch_capacity
 from model.planning.shapes import charged_tables, own_bound, shape_dp
 from model.planning.window_bound import (
-    MAX_ITERS,
     anchors,
     candidate_shapes,
     floor_block,
-    gen_levels,
     growth,
     interval_table,
-    lower_hull,
+    lp_duals,
 )
 from model.planning.window_runs import WindowPools, window_pools
 
@@ -66,45 +64,6 @@ def one_window(problem: Problem) -> Problem:
     """The problem as one window (every plan of it is a plan of this, at the same cost and latency)."""
     return replace(problem, buckets=tuple(replace(b, arrival_s=np.zeros(len(b))) for b in problem.buckets),
                    windowing=Windowing(1.0, 0.0))
-
-
-def penalised(T: np.ndarray, n, penalty: tuple[float, float] | None) -> np.ndarray:
-    """Batch times T of n members with ``penalty`` = (limit, lam): lam per member where T exceeds the limit."""
-    if penalty is None:
-        return T
-    limit, lam = penalty
-    return np.where(T > limit, T + lam * np.asarray(n, dtype=np.float64), T)
-
-
-def penalised_duals(g: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None,
-                    penalty: tuple[float, float] | None) -> np.ndarray:
-    """``window_bound.lp_duals`` with every batch over the limit priced at its penalised time: the greatest
-    convex P with P[i] - P[i - n] <= T'(n, s, g_i), by the same alternating projections (the penalised time
-    still grows with the gen, so nondecreasing prices and gens rounded down stay a relaxation), scaled down
-    to exact feasibility at the end."""
-    h, c = np.unique(gen_levels(g), return_counts=True)
-    N = np.r_[0, np.cumsum(c)].astype(np.float64)
-    caps = np.minimum(batch_capacity(s, h, max_batch, prof.kv_capacity_tokens), N[1:].astype(np.int64))
-    top = int(caps.max(initial=0))
-    if top < 1:
-        return np.zeros(len(g))
-    n = np.arange(1, top + 1)
-    valid = n[None, :] <= caps[:, None]
-    T = penalised(batch_time(np.minimum(n[None, :], np.maximum(caps[:, None], 1)), s, h[:, None], prof),
-                  n[None, :], penalty)
-    T = np.where(valid, T, np.inf)
-    src = np.maximum(N[1:, None] - n[None, :], 0.0)
-    V = np.r_[0.0, np.cumsum(c * penalised(batch_time(1, s, h, prof), 1, penalty))]  # everyone alone
-    for _ in range(MAX_ITERS):
-        V = lower_hull(N, V)
-        new = np.min(np.interp(src, N, V) + T, axis=1)
-        if np.all(V[1:] <= new * (1 + 1e-12)):
-            break
-        V[1:] = np.minimum(V[1:], new)
-    V = lower_hull(N, V)
-    sums = V[1:, None] - np.interp(src, N, V)
-    theta = max(1.0, float(np.max(np.where(valid, sums / T, 0.0))))
-    return np.repeat(np.maximum(np.diff(V) / c / theta, 0.0), c)
 
 
 def shape_prices(problem: Problem, S: np.ndarray, g: np.ndarray, cands: np.ndarray, deadline: Deadline,
@@ -137,7 +96,7 @@ def shape_prices(problem: Problem, S: np.ndarray, g: np.ndarray, cands: np.ndarr
         ok = (S[pool][:, None] <= shapes[None, :]) & (batch_capacity(
             shapes[None, :], g[pool][:, None], problem.max_batch_size, p.kv_capacity_tokens) >= 1)
         lp = np.full((len(g), len(cols)), np.inf)
-        lp[pool] = np.where(ok, penalised_duals(g[pool], base, p, problem.max_batch_size, penalty)[:, None]
+        lp[pool] = np.where(ok, lp_duals(g[pool], base, p, problem.max_batch_size, penalty)[:, None]
                             + growth(g[pool], base, shapes, p), np.inf)
         duals[:, cols] = lp
         better = finite_sum(lp) > finite_sum(floors)

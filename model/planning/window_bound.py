@@ -84,9 +84,22 @@ def gen_levels(g: np.ndarray, most: int = LEVELS) -> np.ndarray:
     return picks[np.searchsorted(picks, g, side="right") - 1]
 
 
-def lp_duals(g: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None) -> np.ndarray:
+def penalised(T: np.ndarray, n, penalty: tuple[float, float] | None) -> np.ndarray:
+    """Batch times T of n members with ``penalty`` = (limit, lam): lam per member where T exceeds the limit."""
+    if penalty is None:
+        return T
+    limit, lam = penalty
+    return np.where(T > limit, T + lam * np.asarray(n, dtype=np.float64), T)
+
+
+def lp_duals(g: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None,
+             penalty: tuple[float, float] | None = None) -> np.ndarray:
     """Prices of requests with gens ``g`` (sorted ascending) for every batch at shape s drawn from them:
-    nondecreasing, and sum(prices of B) <= T(|B|, s, max gen of B) for every such batch B (see module)."""
+    nondecreasing, and sum(prices of B) <= T(|B|, s, max gen of B) for every such batch B (see module).
+
+    With ``penalty`` = (limit, lam) every batch over the limit is priced at its time plus lam per member
+    (``model.planning.limit_bound``'s Lagrangian of a P95 limit): the penalised time still grows with the gen,
+    so the same projections and gens rounded down stay a relaxation."""
     h, c = np.unique(gen_levels(g), return_counts=True)
     N = np.r_[0, np.cumsum(c)].astype(np.float64)
     caps = np.minimum(batch_capacity(s, h, max_batch, prof.kv_capacity_tokens), N[1:].astype(np.int64))
@@ -95,10 +108,11 @@ def lp_duals(g: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None) 
         return np.zeros(len(g))
     n = np.arange(1, top + 1)
     valid = n[None, :] <= caps[:, None]
-    T = batch_time(np.minimum(n[None, :], np.maximum(caps[:, None], 1)), s, h[:, None], prof)
+    T = penalised(batch_time(np.minimum(n[None, :], np.maximum(caps[:, None], 1)), s, h[:, None], prof),
+                  n[None, :], penalty)
     T = np.where(valid, T, np.inf)
     src = np.maximum(N[1:, None] - n[None, :], 0.0)
-    V = np.r_[0.0, np.cumsum(c * batch_time(1, s, h, prof))]  # everyone alone: above every feasible P
+    V = np.r_[0.0, np.cumsum(c * penalised(batch_time(1, s, h, prof), 1, penalty))]  # everyone alone: above P
     for _ in range(MAX_ITERS):
         V = lower_hull(N, V)
         new = np.min(np.interp(src, N, V) + T, axis=1)
