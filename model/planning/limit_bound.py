@@ -33,7 +33,6 @@ import numpy as np
 
 from model.base.runtime import Deadline
 from model.cost.common import allowed_above
-from model.cost.device import DeviceProfile
 from model.domain.schema import Problem, Windowing
 from model.packers.grouping import batch_capacity
 from model.planning.shapes import charged_tables, own_bound, shape_dp
