@@ -13,7 +13,7 @@ from helpers import brute_force, bucket, plan_mip, problem
 from model.base.runtime import Deadline
 from model.cost.device import DeviceProfile, batch_time
 from model.domain.schema import Limits, Problem
-from model.planning.limit_bound import p95_bound, penalised_duals
+from model.planning.limit_bound import p95_bound
 from model.planning.window_bound import lp_duals, whole_trace_bound
 
 TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
@@ -85,10 +85,10 @@ def test_the_multiplier_sees_what_a_p95_limit_forces():
 def test_a_penalty_only_raises_the_prices():
     g = np.array([10, 20, 20, 40, 80, 150])
     plain = lp_duals(g, 128, TOY, None)
-    assert penalised_duals(g, 128, TOY, None, None) == pytest.approx(plain, rel=1e-12)  # no penalty: the LP's own
+    assert lp_duals(g, 128, TOY, None, None) == pytest.approx(plain, rel=1e-12)  # no penalty: the LP's own
     limit = float(batch_time(2, 128, 80, TOY))
     for lam in (1.0, 10.0, 100.0):
-        assert penalised_duals(g, 128, TOY, None, (limit, lam)).sum() >= plain.sum() * (1 - 1e-12)
+        assert lp_duals(g, 128, TOY, None, (limit, lam)).sum() >= plain.sum() * (1 - 1e-12)
 
 
 def test_plan_mip_reports_the_p95_bound_on_a_limit_that_forces_lone_requests():
