@@ -204,9 +204,13 @@ def main_serving(argv: list[str] | None = None) -> int:
             raise NoPlanFound(f"no graph set was accepted within --time-limit {args.time_limit:g} s; nothing written")
         print("no graph set met every limit; nothing written", file=out)
         return 1
-    nxt = (command_line("audit", "--cost-model", "serving", *map(str, args.requests), "--device-profile",
-                        str(args.device_profile), "--shapes-from", "TODAY_CONFIG", "--shapes-format", "F",
-                        "--graphs", str(args.out / "graphs.json"))
+    trace_words = [*(["--columns", args.columns] if args.columns else []),
+                   *(["--time-column", args.time_column] if args.time_column else []),
+                   *[w for key in SERVER_KEYS if getattr(args, key, None) is not None
+                     for w in ("--" + key.replace("_", "-"), str(getattr(args, key)))]]
+    nxt = (command_line("audit", "--cost-model", "serving", *map(str, args.requests), *trace_words,
+                        "--device-profile", str(args.device_profile), "--shapes-from", "TODAY_CONFIG",
+                        "--shapes-format", "F", "--graphs", str(args.out / "graphs.json"))
            + " (TODAY_CONFIG, F: the config your server runs today and its format)" if args.out is not None else
            "add --out DIR to write the graph set and its stack configs")
     summary = serving_plan_summary(result.best, len(trace), recorded_gap_text(result.best.mip), nxt)
