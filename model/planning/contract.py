@@ -43,6 +43,7 @@ class Judged:
     plans: tuple[Plan, ...]
     evaluation: Evaluation
     notes: tuple[str, ...] = ()
+    method: str = ""  # what made this plan when it is not the candidate's name (a re-batching of it, say)
 
     @property
     def cost(self) -> float:
@@ -136,6 +137,8 @@ def plan_method(chosen: Priced, start: tuple[str, float] | None) -> str:
     """Which method found the returned plan: the candidate's own name, or the start's where the MIP returned
     a plan no cheaper than the start it was given (it found nothing better)."""
     name = getattr(chosen, "name", "")
+    if getattr(chosen, "method", ""):
+        return chosen.method
     if name == "mip" and start is not None and chosen.cost >= start[1] * (1 - 1e-12):
         return f"{start[0]} (the MIP's search found nothing cheaper)"
     return name

@@ -181,7 +181,9 @@ def rebatched(problem: Problem, judge: Judge, judged: Judged, deadline: Deadline
         return None
     log.info("re-batching the %s plan's shapes exactly: %.6e -> %.6e", judged.name, judged.cost, found.cost)
     return replace(found, notes=(f"the {judged.name} plan's requests kept on their shapes and re-batched by the "
-                                 f"exact runs DP under the limits: cost {judged.cost:.6g} -> {found.cost:.6g}",))
+                                 f"exact runs DP under the limits: cost {judged.cost:.6g} -> {found.cost:.6g}",),
+                   method=f"the {judged.name} plan re-batched exactly on its own shapes (the exact-runs DP under "
+                          "the limits)")
 
 
 def rebatched_candidates(problem: Problem, judge: Judge, candidates: list[Judged], deadline: Deadline,
