@@ -47,7 +47,7 @@ def serving_requested(argv: list[str]) -> bool:
 
 def parser() -> argparse.ArgumentParser:
     from model.cli_common import CommandParser
-    from model.deploy.serving_flags import SERVER_EXAMPLES, SERVER_KEYS, add_trace_args
+    from model.deploy.serving_flags import SERVER_EXAMPLES, SERVER_KEYS, add_slo_args, add_trace_args
 
     p = CommandParser("model.solve", __doc__)
     p.prog = f"{p.prog} --cost-model serving"  # its own flags: the usage line says how this parser is reached
@@ -74,12 +74,7 @@ def parser() -> argparse.ArgumentParser:
                    help="replicas, dealt round-robin, e.g. --replicas 4 (default 1)")
     p.add_argument("--rate-scale", type=float_flag("--rate-scale"), default=1.0,
                    help="divide arrival times by this, e.g. --rate-scale 2 (twice the rate; default 1)")
-    p.add_argument("--slo-ttft-ms", type=float_flag("--slo-ttft-ms"),
-                   help="TTFT objective (ms), e.g. --slo-ttft-ms 2000")
-    p.add_argument("--slo-tpot-ms", type=float_flag("--slo-tpot-ms"),
-                   help="TPOT objective (ms), e.g. --slo-tpot-ms 200")
-    p.add_argument("--slo-quantile",
-                   help="the quantile the objectives are judged at, e.g. --slo-quantile 0.99 (default 0.95)")
+    add_slo_args(p)
     p.add_argument("--backend", default="highs", help="MIP backend: highs, cpsat, pulp, e.g. --backend cpsat")
     p.add_argument("--out", type=Path,
                    help="folder for graphs.json, plan.json and the stack configs, e.g. --out serving-plan/")

@@ -73,6 +73,11 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-replicas", type=int_flag("--max-replicas"), default=None,
                    help=f"with --replicas auto: try at most this many, e.g. --max-replicas 64 (default "
                         f"{DEFAULT_MAX_REPLICAS})")
+    add_slo_args(p)
+
+
+def add_slo_args(p: argparse.ArgumentParser) -> None:
+    """The SLO flags: TTFT and TPOT objectives and the quantile they are judged at (``parse_slo``)."""
     p.add_argument("--slo-ttft-ms", type=float_flag("--slo-ttft-ms"),
                    help="TTFT objective (ms), e.g. --slo-ttft-ms 2000")
     p.add_argument("--slo-tpot-ms", type=float_flag("--slo-tpot-ms"),
