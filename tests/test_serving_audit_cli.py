@@ -76,7 +76,7 @@ def test_the_report_pictures_count_against_the_time_limit(example, monkeypatch):
     from model.report import serving_plots
 
     def slow(result, summary):
-        time.sleep(0.2)
+        time.sleep(0.4)  # longer than the limit alone: exit 4 on a host of any speed
         return {"timeline.png": b"png", "latency.png": b"png"}
 
     monkeypatch.setattr(serving_plots, "report_files", slow)
