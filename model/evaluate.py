@@ -12,9 +12,12 @@ Exit status: 0 every plan valid and within every limit; 1 a rule or limit fails;
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
-from model.base.errors import InputError
+from model.base.errors import InputError, NoPlanFound
+from model.base.numbers import float_flag
+from model.base.runtime import Deadline, DeadlineExceeded
 from model.cli_common import (
     CommandParser,
     add_engine_args,
@@ -22,6 +25,7 @@ from model.cli_common import (
     add_limit_args,
     build_problem,
     check_engine_flags,
+    check_time_limit,
     cli_limits,
     dask_settings,
     given_inputs,
@@ -44,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_window_args(parser, time_column=True)
     add_engine_args(parser)
     add_json_arg(parser)
+    parser.add_argument("--time-limit", type=float_flag("--time-limit"), default=None,
+                        help="seconds for the whole run (loading, judging every plan, writing), e.g. --time-limit "
+                             "600 (default: no limit); past it: exit 4, nothing written")
     return parser
 
 
@@ -52,12 +59,20 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_engine_flags(args, DASK_UNSUPPORTED)
     check_targets(json_targets(args.json), given_inputs(args) + [Path(p) for p in [args.plans] if p])
+    deadline = Deadline.never() if args.time_limit is None else Deadline.after(check_time_limit(args.time_limit))
     with json_output(args.json) as sink:
-        return main_dask(args, sink) if args.engine == "dask" else evaluate_in_memory(args, sink)
+        if args.engine == "dask":
+            return main_dask(args, sink)
+        try:
+            return evaluate_in_memory(args, sink, lambda: deadline.tick("evaluate"))
+        except DeadlineExceeded:
+            raise NoPlanFound(f"the evaluation did not finish within --time-limit {args.time_limit:g} s; nothing "
+                              "written") from None
 
 
-def evaluate_in_memory(args: argparse.Namespace, sink: JsonOut) -> int:
-    """The in-memory engine: load the requests and plans, judge every plan, print the tables and the summary."""
+def evaluate_in_memory(args: argparse.Namespace, sink: JsonOut, tick: Callable[[], None] = lambda: None) -> int:
+    """The in-memory engine: load the requests and plans, judge every plan, print the tables and the summary;
+    ``tick`` between the phases and the buckets (the run's --time-limit: it raises once the limit has passed)."""
     import numpy as np
 
     from model import pipeline
@@ -84,10 +99,15 @@ def evaluate_in_memory(args: argparse.Namespace, sink: JsonOut) -> int:
     if problem.choose_buckets:
         raise InputError("--batch-buckets", None, None, "auto chooses the buckets while planning; plans are judged "
                          "under a list: give the one model.solve printed (\"batch buckets chosen by the planner\")")
-    plans = tuple(read_plan(f) for f in plan_files)
+    tick()
+    plans = []
+    for f in plan_files:
+        plans.append(read_plan(f))
+        tick()
+    plans = tuple(plans)
     check_targets(json_targets(args.json))  # against every file read (a scenario's requests, the plans)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, by bucket and plan file
-        results, global_problems = evaluate_plans(problem, plans)
+        results, global_problems = evaluate_plans(problem, plans, tick)
     for result, f in zip(results, plan_files, strict=True):
         pipeline.check_finite_metrics(Evaluation((result,), ()), str(f))
     print(f"cost model: {problem.cost.name}; shape cap K = {problem.max_shapes} per bucket and across all buckets")
@@ -108,6 +128,7 @@ def evaluate_in_memory(args: argparse.Namespace, sink: JsonOut) -> int:
                                [*map(str, args.pairs[0::2]), *input_words(args, "none")],
                                pipeline.compare_run(problem, STACK_RULE))
     print("\n".join(summary_lines(summary)))
+    tick()  # the last look before anything is written
     finish(sink, document_bytes(document("evaluate", summary, {"buckets": bucket_rows(results, problem.cost)})))
     return 0 if ok else 1
 
@@ -125,7 +146,8 @@ def finish(sink: JsonOut, data: bytes) -> None:
 REFERENCE_DEFAULT = ("judged by the reference cost model (no --cost-model or --device-profile given); a plan made for "
                      "a device (model.solve --device-profile P.toml) is judged as it was planned only with the same "
                      "--device-profile P.toml")
-DASK_UNSUPPORTED = ("--scenario", "--plans", "--window", "--time-column", "--shapes", "--shapes-from")
+DASK_UNSUPPORTED = ("--scenario", "--plans", "--window", "--time-column", "--shapes", "--shapes-from",
+                    "--time-limit")
 
 
 def main_dask(args: argparse.Namespace, sink: JsonOut) -> int:

@@ -302,3 +302,27 @@ def test_counts_agree_with_their_nouns():
     assert counted(1, "bucket") == "1 bucket" and counted(2, "bucket") == "2 buckets"
     assert counted(1, "batch", "batches") == "1 batch" and counted(0, "batch", "batches") == "0 batches"
     assert counted(int(np.int64(1)), "shape") == "1 shape"
+
+
+def test_evaluate_has_one_time_limit_for_the_whole_run(tmp_path, capsys, monkeypatch):
+    """model.evaluate --time-limit: a run past it exits 4 and writes no --json file; within it, judged as before.
+    The clock is frozen past the deadline after loading (no sleeping, no host-speed dependence)."""
+    import model.evaluate as evaluate_cli
+
+    (tmp_path / "r.jsonl").write_text('{"request_id": "a", "prompt_len": 100, "gen_len": 5}\n')
+    (tmp_path / "p.jsonl").write_text('{"request_id": "a", "batch_id": "b0", "shape": {"seq_align": 128, "heads_align": 32, "hidden_align": 4096}}\n')
+    monkeypatch.chdir(tmp_path)
+    argv = ["r.jsonl", "p.jsonl", "--cost-model", "strict", "--json", "e.json"]
+    assert run("evaluate", [*argv, "--time-limit", "600"], capsys)[0] == 0 and (tmp_path / "e.json").exists()
+    (tmp_path / "e.json").unlink()
+    clock = FakeClock(monkeypatch, frozen=True)
+    real_run = evaluate_cli.evaluate_in_memory
+
+    def late(args, sink, tick):
+        clock.offset += 601.0  # the loading "took" past the limit: the next tick must stop the run
+        return real_run(args, sink, tick)
+
+    monkeypatch.setattr(evaluate_cli, "evaluate_in_memory", late)
+    code, _, err = run("evaluate", [*argv, "--time-limit", "600"], capsys)
+    assert code == 4 and "did not finish within --time-limit 600 s; nothing written" in err
+    assert not (tmp_path / "e.json").exists()

@@ -240,12 +240,16 @@ def limit_checks(metrics: Metrics, limits: Limits) -> tuple[LimitCheck, ...]:
     return tuple(LimitCheck(name, metrics.value(name), bound) for name, bound in limits.items())
 
 
-def evaluate_plans(problem: Problem, plans: tuple[Plan, ...]) -> tuple[list[BucketResult], list[Violation]]:
-    """Validate and evaluate every bucket's plan, plus the cross-bucket shape cap."""
+def evaluate_plans(problem: Problem, plans: tuple[Plan, ...], tick: Callable[[], None] | None = None
+                   ) -> tuple[list[BucketResult], list[Violation]]:
+    """Validate and evaluate every bucket's plan, plus the cross-bucket shape cap (``tick`` before each bucket:
+    a caller's deadline or signal check)."""
     results = []
     all_shapes: set[int] = set()
     all_graphs: set[tuple[int, int]] = set()
     for bucket, limits, plan in zip(problem.buckets, problem.limits, plans, strict=True):
+        if tick is not None:
+            tick()
         rows, problems = plan_rows(bucket, plan)
         if rows is None:
             results.append(BucketResult(bucket.name, None, (), tuple(problems)))
