@@ -38,7 +38,7 @@ from model.base.numbers import float_flag, int_flag, integer_text
 from model.cli_common import CommandParser, run_main
 from model.cli_json import JsonOut, add_json_arg, json_output, json_targets
 from model.deploy.serving_flags import SERVER_EXAMPLES
-from model.load.outputs import Target, check_targets, files_in, write_together
+from model.load.outputs import Target, check_targets, file_flag, files_in, write_together
 
 if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
     from model.calibration.fit import Calibration, Split
@@ -208,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", help="a DistServe profile of several models: which one, e.g. "
                                         "--model facebook/opt-13b")
     parser.add_argument("--tp", help="a DistServe profile: which tensor-parallel degree, e.g. --tp 2")
-    parser.add_argument("--out", type=Path, required=True, help="profile TOML to write, e.g. --out profile.toml")
+    parser.add_argument("--out", type=file_flag("--out"), required=True,
+                        help="profile TOML to write, e.g. --out profile.toml")
     parser.add_argument("--report", type=Path, help="folder for prefill.png and decode.png, e.g. --report fit/")
     parser.add_argument("--decode-split", default="auto",
                         help="auto (default), none, or the first batch size decode_large prices, e.g. "

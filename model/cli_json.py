@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from model.base.errors import InputError
-from model.load.outputs import Target
+from model.load.outputs import Target, file_flag
 
 STDOUT = "-"
 
@@ -38,7 +38,7 @@ def json_targets(spec: str | None) -> list[Target]:
         return []
     if not spec.strip():
         raise InputError("--json", None, None, "empty path; give the path of the JSON file to write, or - for stdout")
-    return [Target("--json", Path(spec), "file", "give the path of the JSON file to write")]
+    return [Target("--json", file_flag("--json")(spec), "file", "give the path of the JSON file to write")]
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from model.base.errors import InputError, unknown_name
 from model.base.numbers import int_flag
 from model.cli_common import CommandParser, run_main
 from model.cli_json import JsonOut, add_json_arg, json_output, json_targets
-from model.load.outputs import Target, check_targets, write_together
+from model.load.outputs import Target, check_targets, file_flag, write_together
 
 if TYPE_CHECKING:  # imported where used, after run_main's signal handlers are in place (see model.cli_common)
     from model.domain.schema import Bucket
@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser("model.export", __doc__)
     parser.add_argument("--plans", type=Path, help="folder of plan_*.jsonl, e.g. --plans out/")
     parser.add_argument("--format", required=True, help=f"output format: {', '.join(WRITERS)}, e.g. --format nxdi")
-    parser.add_argument("--out", type=Path, help="file to write (atomically), e.g. --out neuron.json")
+    parser.add_argument("--out", type=file_flag("--out"), help="file to write (atomically), e.g. --out neuron.json")
     parser.add_argument("--check", type=Path, metavar="FILE", help="list the graphs FILE makes its stack compile "
                         "(and, with --plans, compare them with the plans'); writes nothing, e.g. "
                         "--check buckets.txt")

@@ -326,3 +326,16 @@ def test_evaluate_has_one_time_limit_for_the_whole_run(tmp_path, capsys, monkeyp
     code, _, err = run("evaluate", [*argv, "--time-limit", "600"], capsys)
     assert code == 4 and "did not finish within --time-limit 600 s; nothing written" in err
     assert not (tmp_path / "e.json").exists()
+
+
+@pytest.mark.parametrize("name, argv", [
+    ("evaluate", ["r.jsonl", "p.jsonl", "--json", "made/"]),
+    ("calibrate", ["m.csv", "--out", "made/"]),
+    ("export", ["--plans", ".", "--format", "list", "--out", "made/"]),
+])
+def test_a_file_output_ending_in_a_separator_is_refused_not_made_a_file(name, argv, tmp_path, capsys, monkeypatch):
+    """``Path("made/")`` is ``made``: the file would be written under the name the user meant as a folder."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(name, argv, capsys)
+    assert code == 2 and "made/ ends with a separator, so it names a folder" in err and err.count("\n") == 1
+    assert not (tmp_path / "made").exists()

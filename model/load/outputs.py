@@ -23,7 +23,7 @@ import fcntl
 import os
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +56,19 @@ class Target:
 
     def error(self, message: str) -> InputError:
         return InputError(self.flag, None, None, message)
+
+
+def file_flag(flag: str) -> Callable[[str], Path]:
+    """An argparse ``type`` for a flag naming a file to write: a path that ends with a separator names a folder
+    (``--out new/``), which ``Path`` would silently turn into a file called ``new``; that is one InputError line."""
+    def parse(text: str) -> Path:
+        if text.endswith(("/", os.sep)):
+            raise InputError(flag, None, None, f"{text} ends with a separator, so it names a folder; give the path of "
+                             "the file to write")
+        return Path(text)
+
+    parse.__name__ = "file path"
+    return parse
 
 
 def files_in(flag: str, folder: Path, names: Iterable[str]) -> list[Target]:
