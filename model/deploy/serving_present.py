@@ -12,7 +12,8 @@ from model.deploy.serving_audit import ServingAudit, ServingSide
 from model.evaluation.replay_metrics import ReplaySummary
 from model.report.capacity import capacity_json, capacity_paragraphs, capacity_table, quantile_name
 from model.report.document import Block, Heading, Image, Paragraph, Table, to_html, to_markdown
-from model.report.serving import graph_set_json, settings_text, summary_json
+from model.report.serving import settings_text, summary_json
+from model.serving.replay_graphs import graph_set_json
 
 REPORT_PAGES = ("report.md", "report.html")
 SIDE_NAMES = ("today", "planned")  # file prefixes of the sides' pictures

@@ -132,13 +132,3 @@ def _graph_lists(graphs: GraphSet) -> dict:
         return {"prompt": [list(g) for g in graphs.prompt], "decode": [list(g) for g in graphs.decode],
                 "unused": graphs.unused}
     return {"context": list(graphs.context), "token_generation": list(graphs.token_generation)}
-
-
-def graph_set_json(graphs: GraphSet) -> str:
-    """The graph set as the replay's ``json`` format reads it (``--shapes-format json``): replayed as given."""
-    doc: dict = {"stack": graphs.stack}
-    if graphs.stack == "gaudi":
-        doc.update(prompt=[list(g) for g in graphs.prompt], decode=[list(g) for g in graphs.decode])
-    else:
-        doc.update(context=list(graphs.context), token_generation=list(graphs.token_generation))
-    return json.dumps(doc, indent=1) + "\n"

@@ -33,6 +33,7 @@ from model.base.errors import InputError
 from model.domain.server import GraphSet, ServerSettings
 from model.serving.formats import READERS, compile_config
 from model.serving.gaudi import lin_exact, lin_ladder
+from model.serving.replay_graphs import graph_set_json
 from model.serving.settings import Settings
 
 FILE_NAMES = {"gaudi-file": "gaudi-buckets.txt", "gaudi-env": "gaudi.env", "nxdi": "nxdi.json"}
@@ -60,16 +61,6 @@ class Written:
 def max_model_len(graphs: GraphSet, longest: int) -> int:
     """The --max-model-len an export states: the longest request, and at least every prompt graph's length."""
     return max(longest, *(s for _, s in graphs.prompt), *graphs.context, 1)
-
-
-def graphs_json(graphs: GraphSet) -> str:
-    """The replay's json of the set (``model.replay --shapes-format json``)."""
-    if graphs.stack == "gaudi":
-        body = {"stack": "gaudi", "prompt": [list(g) for g in graphs.prompt],
-                "decode": [list(g) for g in graphs.decode]}
-    else:
-        body = {"stack": "nxdi", "context": list(graphs.context), "token_generation": list(graphs.token_generation)}
-    return json.dumps(body, indent=1) + "\n"
 
 
 def _gaudi_values(graphs: GraphSet, settings: ServerSettings, longest: int) -> dict[str, int]:
@@ -176,7 +167,7 @@ def _read_back(fmt: str, text: str, graphs: GraphSet, settings: ServerSettings) 
 
 def write_all(graphs: GraphSet, settings: ServerSettings, longest: int, what: str) -> list[Written]:
     """Every registry format's file for the set, or why it is refused (each checked by reading it back)."""
-    out = [Written("graphs", GRAPHS_JSON, graphs_json(graphs))]
+    out = [Written("graphs", GRAPHS_JSON, graph_set_json(graphs))]
     for fmt in READERS:
         if fmt in NOT_GRAPHS:
             out.append(Written(fmt, None, None, NOT_GRAPHS[fmt]))

@@ -28,6 +28,7 @@ this model, so they are refused with a pointer to the formats that are.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,6 +130,16 @@ def _json_hint(stack: str) -> str:
     first, second = JSON_KEYS[stack]
     return f'{{"{first}": [[B, S], ...], "{second}": [[B, NB], ...]}}' if stack == "gaudi" else \
         f'{{"{first}": [S, ...], "{second}": [S, ...]}}'
+
+
+def graph_set_json(graphs: GraphSet) -> str:
+    """The graph set as ``json_graphs`` reads it back (``--shapes-format json``): replayed exactly as given."""
+    doc: dict = {"stack": graphs.stack}
+    if graphs.stack == "gaudi":
+        doc.update(prompt=[list(g) for g in graphs.prompt], decode=[list(g) for g in graphs.decode])
+    else:
+        doc.update(context=list(graphs.context), token_generation=list(graphs.token_generation))
+    return json.dumps(doc, indent=1) + "\n"
 
 
 def json_graphs(path: Path, text: str, stack: str) -> GraphSet:
