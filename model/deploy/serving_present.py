@@ -10,7 +10,14 @@ from pathlib import Path
 
 from model.deploy.serving_audit import ServingAudit, ServingSide
 from model.evaluation.replay_metrics import ReplaySummary
-from model.report.capacity import capacity_json, capacity_paragraphs, capacity_table, quantile_name
+from model.report.capacity import (
+    capacity_json,
+    capacity_paragraphs,
+    capacity_table,
+    number_text,
+    quantile_name,
+    share_text,
+)
 from model.report.document import Block, Heading, Image, Paragraph, Table, to_html, to_markdown
 from model.report.serving import settings_text, summary_json
 from model.serving.replay_graphs import graph_set_json
@@ -25,14 +32,6 @@ SHOWN_COMPILES = 4  # run-time compile graphs named in a table cell
 def report_names(sides: int) -> tuple[str, ...]:
     """Every file --report writes, for this many sides (named before anything runs, to check the folder)."""
     return (*REPORT_PAGES, *(f"{name}-{pic}" for name in SIDE_NAMES[:sides] for pic in PICTURES))
-
-
-def _n(value: float | None, digits: int = 6) -> str:
-    return "-" if value is None else f"{value:.{digits}g}"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def _s(ms: float) -> str:
@@ -64,15 +63,15 @@ ROWS: tuple[tuple[str, Callable[[ServingSide], str]], ...] = (
     ("run-time compiles (all replicas)",
      lambda d: f"{len(d.summary.runtime_compiles)} ({_s(d.summary.runtime_compile_ms)})"),
     ("graphs compiled at run time", lambda d: compile_graphs(d.summary)),
-    ("busy device-hours", lambda d: _n(d.summary.busy_device_hours)),
-    ("busy share", lambda d: _pct(d.summary.utilisation)),
-    ("TTFT p50 / p95 / p99 ms", lambda d: " / ".join(_n(v) for v in (d.summary.ttft.p50, d.summary.ttft.p95,
+    ("busy device-hours", lambda d: number_text(d.summary.busy_device_hours)),
+    ("busy share", lambda d: share_text(d.summary.utilisation)),
+    ("TTFT p50 / p95 / p99 ms", lambda d: " / ".join(number_text(v) for v in (d.summary.ttft.p50, d.summary.ttft.p95,
                                                                        d.summary.ttft.p99))),
-    ("TPOT p50 / p95 / p99 ms", lambda d: " / ".join(_n(v) for v in (d.summary.tpot.p50, d.summary.tpot.p95,
+    ("TPOT p50 / p95 / p99 ms", lambda d: " / ".join(number_text(v) for v in (d.summary.tpot.p50, d.summary.tpot.p95,
                                                                        d.summary.tpot.p99))),
-    ("E2E p95 ms", lambda d: _n(d.summary.e2e.p95)),
-    ("pad ratio prompt / decode", lambda d: f"{_n(d.summary.prompt_pad_ratio, 4)} / "
-                                            f"{_n(d.summary.decode_pad_ratio, 4)}"),
+    ("E2E p95 ms", lambda d: number_text(d.summary.e2e.p95)),
+    ("pad ratio prompt / decode", lambda d: f"{number_text(d.summary.prompt_pad_ratio, 4)} / "
+                                            f"{number_text(d.summary.decode_pad_ratio, 4)}"),
 )
 
 
@@ -80,7 +79,7 @@ def side_table(audit: ServingAudit) -> Table:
     """One row a metric, one column a side."""
     rows = [(name, *(cell(d) for d in audit.sides)) for name, cell in ROWS]
     if audit.slo is not None:
-        rows.append(("goodput (SLOs met)", *(_pct(d.summary.slo.goodput) for d in audit.sides)))
+        rows.append(("goodput (SLOs met)", *(share_text(d.summary.slo.goodput) for d in audit.sides)))
         rows.append((f"SLO at {quantile_name(audit.slo.quantile)}", *(met_text(d.summary) for d in audit.sides)))
     return Table(("", *(f"{d.label} ({d.source})" for d in audit.sides)), tuple(rows))
 
@@ -99,8 +98,8 @@ def headline(audit: ServingAudit) -> str:
     if len(audit.sides) == 1:
         return (f"today's config compiles {today.graphs} graphs (warm-up {_s(cost_a_replica(today))} a replica) and "
                 f"{len(today.runtime_compiles)} more at run time on this trace; {at} it is busy "
-                f"{today.busy_device_hours:.4g} device-hours, TTFT p95 {_n(today.ttft.p95)} ms, TPOT p95 "
-                f"{_n(today.tpot.p95)} ms.")
+                f"{today.busy_device_hours:.4g} device-hours, TTFT p95 {number_text(today.ttft.p95)} ms, TPOT p95 "
+                f"{number_text(today.tpot.p95)} ms.")
     planned = audit.sides[1].summary
     saving, share = audit.busy_saving
     verb = "cut" if saving >= 0 else "raise"
@@ -108,8 +107,8 @@ def headline(audit: ServingAudit) -> str:
             f"({abs(share):.1%} of today's {today.busy_device_hours:.4g}) with {planned.graphs} graphs (warm-up "
             f"{_s(cost_a_replica(planned))} a replica) against today's {today.graphs} ({_s(cost_a_replica(today))}); "
             f"run-time compiles {len(today.runtime_compiles)} -> {len(planned.runtime_compiles)}, TTFT p95 "
-            f"{_n(today.ttft.p95)} -> {_n(planned.ttft.p95)} ms, TPOT p95 {_n(today.tpot.p95)} -> "
-            f"{_n(planned.tpot.p95)} ms, {at}.")
+            f"{number_text(today.ttft.p95)} -> {number_text(planned.ttft.p95)} ms, TPOT p95 "
+            f"{number_text(today.tpot.p95)} -> {number_text(planned.tpot.p95)} ms, {at}.")
 
 
 def cost_a_replica(s: ReplaySummary) -> float:

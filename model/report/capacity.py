@@ -11,11 +11,13 @@ from model.evaluation.replay_metrics import Slo
 from model.report.document import Paragraph, Table
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.6g}"
+def number_text(value: float | None, digits: int = 6) -> str:
+    """A measured number in ``digits`` significant digits, "-" where there is none."""
+    return "-" if value is None else f"{value:.{digits}g}"
 
 
-def _share(value: float | None) -> str:
+def share_text(value: float | None) -> str:
+    """A share as a percentage with one decimal, "-" where there is none."""
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
@@ -51,8 +53,8 @@ def capacity_table(sides: Sequence[tuple[str, Sequence[Search]]], slo: Slo) -> T
         for _, searches in sides:
             s = searches[i]
             p: Probe | None = s.chosen
-            row += [replicas_cell(s), _ms(p.ttft_ms if p else None), _ms(p.tpot_ms if p else None),
-                    _share(p.busy_share if p else None)]
+            row += [replicas_cell(s), number_text(p.ttft_ms if p else None), number_text(p.tpot_ms if p else None),
+                    share_text(p.busy_share if p else None)]
         rows.append(tuple(row))
     return Table(tuple(header), tuple(rows))
 
