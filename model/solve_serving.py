@@ -18,7 +18,6 @@ bad input; 4 the time limit passed before any set was accepted; 130 / 143 interr
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -155,7 +154,7 @@ def main_serving(argv: list[str] | None = None) -> int:
     from model.load.profile import load_profile_file
     from model.load.server import server_settings
     from model.report.json_doc import document, document_bytes
-    from model.report.serving_plan import plan_json, plan_lines
+    from model.report.serving_plan import plan_doc, plan_lines
     from model.report.summary import summary_lines
     from model.serveplan.candidates import dense_set
     from model.serveplan.configs import write_all
@@ -211,7 +210,7 @@ def main_serving(argv: list[str] | None = None) -> int:
     summary = serving_plan_summary(result.best, len(trace), recorded_gap_text(result.best.mip), nxt)
     # the plan's own keys after the documented common ones (docs/json.md); plan.json in --out is the same document
     text = document_bytes(document("solve", summary, {"graphs": graph_table(result.best.graphs)},
-                                   json.loads(plan_json(result)))).decode("utf-8")
+                                   plan_doc(result))).decode("utf-8")
     files: dict[Path, list[bytes]] = {}
     if args.out is not None:
         best = result.best

@@ -8,9 +8,7 @@ the replay.
 
 from __future__ import annotations
 
-import json
-
-from model.report.serving import settings_text, summary_json, summary_lines
+from model.report.serving import settings_text, summary_doc, summary_lines
 from model.serveplan.plan import Attempt, ServingPlan, recorded_gap_text
 
 
@@ -53,8 +51,9 @@ def plan_lines(plan: ServingPlan) -> list[str]:
     return lines
 
 
-def plan_json(plan: ServingPlan) -> str:
-    """The chosen set, its settings and its replay (the replay's JSON), and the search, as JSON."""
+def plan_doc(plan: ServingPlan) -> dict:
+    """The chosen set, its settings and its replay (the replay's JSON object), and the search: the serving
+    plan's own keys of the command's --json document (docs/json.md)."""
     best = plan.best
     doc: dict = {"attempts": [{"cap": a.cap, "slowdown": a.slowdown, "stable": a.stable, "accepted": a.accepted,
                                "reason": a.reason,
@@ -62,11 +61,11 @@ def plan_json(plan: ServingPlan) -> str:
                                            "demands": r.cells} for r in a.rounds]} for a in plan.attempts],
                  "timed_out": plan.timed_out}
     if best is not None:
-        doc["replay"] = json.loads(summary_json(best.summary, best.settings, best.graphs))
+        doc["replay"] = summary_doc(best.summary, best.settings, best.graphs)
         m = best.mip
         doc["mip"] = None if m is None else {
             "status": m.status.value, "objective_ms": m.objective, "bound_ms": m.bound, "gap": m.gap,
             "time_s": m.time_s, "backend": m.backend, "version": m.version, "columns": m.columns, "rows": m.rows,
             "certifies": "the recorded step demands of the round that chose the set, over the candidate grid; "
                          "not the replay"}
-    return json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    return doc
