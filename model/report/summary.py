@@ -143,12 +143,10 @@ class Certainty:
 
 
 def report_sources(report, solver: str) -> tuple[str, str | None]:
-    """What found the plan and what proved the bound, from a SolveReport: the fields that name them when the
-    report has them (their names vary by version, so they are looked up), else the planner and backend."""
-    plan_by = next((str(v) for name in ("plan_source", "plan_by", "found_by", "plan_method")
-                    if (v := getattr(report, name, None))), None)
-    bound_by = next((str(v) for name in ("bound_source", "bound_by", "bound_method")
-                     if (v := getattr(report, name, None))), None)
+    """What found the plan and what proved the bound, from a SolveReport's ``plan_by`` and ``bound_by`` (empty
+    where the planner does not say: then the planner and backend, and its certified relaxations)."""
+    plan_by = report.plan_by or None
+    bound_by = report.bound_by or None
     planner = f"the {solver} planner ({report.backend} {report.version})" if solver == "mip" else \
         f"the {solver} packer"
     if bound_by is None and report.bound is not None:
@@ -162,7 +160,7 @@ def certainty_of(report, solver: str) -> Certainty:
     if report.bound is None or report.gap is None or not math.isfinite(report.gap):
         return Certainty("heuristic", str(report.status.value), None, None, plan_by, None)
     return Certainty("bound", str(report.status.value), float(report.gap), float(report.bound), plan_by, bound_by,
-                     more_time=getattr(report, "more_time", None) or None)
+                     more_time=report.more_time or None)
 
 
 @dataclass(frozen=True)
