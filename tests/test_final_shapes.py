@@ -128,3 +128,19 @@ def test_device_mode_lowers_and_merges_too():
     judged = judge(prob, "dpfill", (Batching(np.array([0, 1]), np.array([64, 256])),))
     new, note = final_shapes(prob, judge, judged, Deadline.never(), 0.0)
     assert new.batchings[0].shape_of.tolist() == [64, 64] and new.cost < judged.cost and note
+
+
+def test_device_mode_declares_a_shape_no_bucket_used_where_that_is_cheaper():
+    """Bucket y's batches need 128 but sit at 256, a shape bucket x needs: the pass may add 128 (a new
+    shape, within K) where y's batches save more than its compile; with K = 1 it may not."""
+    x = bucket([250, 240], [10, 10], "x")
+    y = bucket([100, 120], [400, 400], "y")
+    at256 = (Batching(np.array([0, 0]), np.array([256])), Batching(np.array([0, 1]), np.array([256, 256])))
+    prob = problem(x, y, k=2, params=TOY, mode="device")
+    judged = judge(prob, "dpfill", at256)
+    new, note = final_shapes(prob, judge, judged, Deadline.never(), 0.0)
+    assert new.batchings[1].shape_of.tolist() == [128, 128] and new.cost < judged.cost
+    assert note and "every batch's own prompt shape" in note and "2 -> 2 shapes" not in note
+    assert "re-declared by the final shape pass" in new.method
+    assert all("every batch's own prompt shape" not in what
+               for what, _ in redeclared(problem(x, y, k=1, params=TOY, mode="device"), at256))

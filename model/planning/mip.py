@@ -163,6 +163,8 @@ def final_shapes(problem: Problem, judge: Judge, judged: Judged, deadline: Deadl
         if new.acceptable and new.cost < judged.cost:
             before = len(set().union(*(set(r.metrics.shapes) for r in judged.evaluation.results)))
             after = len(set().union(*(set(r.metrics.shapes) for r in new.evaluation.results)))
+            made = judged.method or f"the {judged.name} plan"
+            new = replace(new, method=f"{made}, its shapes re-declared by the final shape pass")
             return new, (f"final shape pass on the {judged.name} plan: {what} ({before} -> {after} shapes), cost "
                          f"{judged.cost:.6g} -> {new.cost:.6g}")
         # costs do not depend on where spikes land, so the candidates come cheapest first: the next is dearer

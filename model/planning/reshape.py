@@ -13,7 +13,10 @@ batches, within the shape cap (per bucket and across buckets) and the allowed se
   (in any bucket: the union stays within K and within the allowed set) each bucket keeps is
   an exact DP over them (``kept_shapes``): dropping a level saves its compile charge and costs
   what its batches pay one level up.  Plain lowering within the bucket's own shapes is the
-  fallback candidate (it never adds a compile).
+  fallback candidate (it never adds a compile).  The same DP over the used shapes plus every batch's own
+  need (its longest aligned prompt, or the smallest allowed shape covering it) may add a shape no bucket
+  used: a bucket whose batches sit at a shape far above their prompts (the embedded default's short bucket
+  at 1024 where 704 covers it: 147,118 -> 143,060 device-ms); it is offered only when the union stays within K.
 
 The candidates are judged by the caller with the exact evaluation: spikes move with the
 shapes, so one is taken only if it is cheaper AND still meets every limit.
@@ -138,6 +141,18 @@ def redeclared(problem: Problem, batchings: tuple[Batching, ...]) -> list[tuple[
     union = np.unique(np.concatenate([bt.shape_of for bt in batchings]))
     add("each batch at the smallest kept shape covering it, the kept shapes chosen by an exact DP",
         [kept_shapes(problem, b, bt, union) for b, bt in zip(problem.buckets, batchings, strict=True)])
+    needs = np.concatenate([batch_needs(b, bt)[0] for b, bt in zip(problem.buckets, batchings, strict=True)])
+    allowed = usable(problem)
+    if allowed is not None:
+        needs = round_up_to(needs, allowed)
+    wider = np.union1d(union, needs)
+    if problem.max_seq_len is not None:
+        wider = wider[wider <= max(problem.max_seq_len, int(union.max()))]
+    if len(wider) > len(union):
+        shapes = [kept_shapes(problem, b, bt, wider) for b, bt in zip(problem.buckets, batchings, strict=True)]
+        if len(np.unique(np.concatenate(shapes))) <= problem.max_shapes:
+            add("each batch at the smallest kept shape covering it, the kept shapes chosen by an exact DP over "
+                "the used shapes and every batch's own prompt shape", shapes)
     add("each batch lowered to the smallest of its bucket's shapes covering it",
         [_lowered(b, bt) for b, bt in zip(problem.buckets, batchings, strict=True)])
     return out
