@@ -1,0 +1,109 @@
+"""The set-partitioning LP under a fixed shape set (``model.planning.shape_lp``): never above the best plan on
+those shapes (brute force over every partition of 3-7 requests, with and without a P95 limit, a KV capacity and
+a batch-size cap), exact on probes where the answer is known, and a valid bound when cut short."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from helpers import set_partitions
+
+from model.base.runtime import Deadline
+from model.cost.common import align, allowed_above
+from model.cost.device import DeviceProfile
+from model.cost.model import cost_model
+from model.planning.shape_lp import cells_of, shape_lp
+
+TOY = DeviceProfile(name="toy", prefill=(2.0, 0.01, 1e-5), decode=(5.0, 1e-4, 0.02),
+                    decode_large=(3.0, 1e-4, 0.05), decode_large_from=3, compile_ms=40.0)
+
+
+def best_on_shapes(cost, S, G, shapes, limit, max_batch) -> float:
+    """The least total batch time over every partition and every shape of the set for each batch, each batch
+    within the KV capacity and the batch-size cap, at most allowed_above(n) members in batches over the limit."""
+    allowed = allowed_above(len(S)) if limit is not None else None
+    best = np.inf
+    for part in set_partitions(list(range(len(S)))):
+        if max_batch is not None and max(len(b) for b in part) > max_batch:
+            continue
+        options = []
+        for blk in part:
+            g, n = int(G[blk].max()), len(blk)
+            opts = [(float(cost.batch_total(n, s, g)), n) for s in shapes
+                    if s >= S[blk].max() and cost.batch_fits(n, s, g)]
+            options.append(opts)
+        for pick in itertools.product(*options):
+            total = sum(t for t, _ in pick)
+            over = sum(n for t, n in pick if limit is not None and t > limit)
+            if (allowed is None or over <= allowed) and total < best:
+                best = total
+    return best
+
+
+def instance(seed: int):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 8))
+    from dataclasses import replace
+    prof = replace(TOY, kv_capacity_tokens=int(rng.integers(400, 1500)) if seed % 3 == 0 else None)
+    cost = cost_model("device", prof)
+    S = align(rng.integers(1, 300, n))
+    G = rng.integers(1, 200, n)
+    shapes = np.unique(np.r_[S.max(), rng.choice(np.unique(S), size=min(2, len(np.unique(S))), replace=False),
+                             S.max() + 64 * int(rng.integers(0, 2))])
+    g_top = int(G.max())
+    lone = float(cost.batch_total(1, int(shapes[-1]), g_top))
+    full = float(cost.batch_total(n, int(shapes[-1]), g_top))
+    limit = None if seed % 2 else lone + rng.uniform(0.0, 1.0) * max(full - lone, 1.0)
+    return cost, S, G, shapes, limit, (2 if seed % 5 == 4 else None)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_never_above_the_best_plan_on_the_shapes(seed):
+    cost, S, G, shapes, limit, cap = instance(seed)
+    best = best_on_shapes(cost, S, G, shapes.tolist(), limit, cap)
+    lp = shape_lp(cost, S, G, shapes, limit, cap)
+    assert lp.converged
+    assert lp.bound <= best * (1 + 1e-9), (lp, best)
+    assert lp.bound > 0
+
+
+def test_two_that_would_be_over_together_are_priced_apart():
+    """Two requests: together their batch is over the limit and P95 of two lets none over, so the bound is both
+    alone; without the limit it is the one batch of both (cheaper: the decode steps are shared)."""
+    cost = cost_model("device", TOY)
+    S, G = np.array([64, 64]), np.array([100, 100])
+    one, two = float(cost.batch_total(1, 64, 100)), float(cost.batch_total(2, 64, 100))
+    assert two < 2 * one and allowed_above(2) == 0
+    free = shape_lp(cost, S, G, [64])
+    assert free.bound == pytest.approx(two, rel=1e-8)
+    held = shape_lp(cost, S, G, [64], limit=(one + two) / 2)
+    assert held.converged and held.bound == pytest.approx(2 * one, rel=1e-8)
+
+
+def test_a_kv_capacity_of_one_member_prices_every_request_alone():
+    from dataclasses import replace
+    cost = cost_model("device", replace(TOY, kv_capacity_tokens=200))
+    S, G = np.array([64, 128, 64]), np.array([50, 10, 30])
+    lp = shape_lp(cost, S, G, [128])
+    alone = sum(float(cost.batch_total(1, 128, int(g))) for g in G)
+    assert lp.bound == pytest.approx(alone, rel=1e-8)
+
+
+def test_a_plan_given_as_start_is_never_below_the_bound_and_cells_merge_what_shapes_cannot_tell_apart():
+    cost = cost_model("device", TOY)
+    S, G = np.array([64, 128, 192, 64]), np.array([20, 20, 20, 5])
+    cells = cells_of(S, G, np.array([192]))
+    assert len(cells.n) == 2 and sorted(cells.n.tolist()) == [1, 3]  # all fit 192: only the gens differ
+    plan = float(cost.batch_total(4, 192, 20))
+    lp = shape_lp(cost, S, G, [192], start=[(192, np.arange(4))])
+    assert lp.bound <= plan * (1 + 1e-9)
+    with pytest.raises(ValueError, match="above every shape"):
+        cells_of(S, G, np.array([128]))
+
+
+def test_cut_short_it_claims_nothing_it_has_not_proved():
+    cost, S, G, shapes, limit, cap = instance(0)
+    cut = shape_lp(cost, S, G, shapes, limit, cap, deadline=Deadline(0.0))
+    assert not cut.converged and cut.bound == -np.inf
