@@ -107,3 +107,32 @@ def test_cut_short_it_claims_nothing_it_has_not_proved():
     cost, S, G, shapes, limit, cap = instance(0)
     cut = shape_lp(cost, S, G, shapes, limit, cap, deadline=Deadline(0.0))
     assert not cut.converged and cut.bound == -np.inf
+
+
+def test_the_split_puts_each_bucket_beside_the_lp_on_its_own_shapes():
+    """Two buckets planned by dpfill in device mode: each row's batch cost is what the evaluator charges the
+    bucket less its compiles, and the LP on the same shapes is never above it; reference mode has no split."""
+    from dataclasses import replace
+
+    from helpers import bucket, problem
+
+    from model.domain.schema import Limits
+    from model.packers import PACKERS
+    from model.pipeline import judge
+    from model.planning.shape_lp import batching_split
+
+    x = bucket([60, 100, 130, 64, 250, 190], [10, 30, 20, 40, 10, 200], "x")
+    y = bucket([51, 100, 130, 700, 64], [19, 53, 20, 300, 16], "y")
+    free = problem(x, y, k=4, params=TOY, mode="device")
+    plan = PACKERS["dpfill"](free)
+    judged = judge(free, "dpfill", plan)
+    # a P95 limit the plan meets (its own P95 in each bucket)
+    prob = replace(free, limits=tuple(Limits(max_p95_latency_ms=r.metrics.p95_latency_ms)
+                                      for r in judged.evaluation.results))
+    split = batching_split(prob, plan)
+    assert [r.bucket for r in split] == ["x", "y"]
+    for row, res in zip(split, judged.evaluation.results, strict=True):
+        assert row.batches + row.compiles == pytest.approx(res.metrics.cost, rel=1e-12)
+        assert row.shapes == tuple(res.metrics.shapes)
+        assert row.lp.converged and 0 < row.lp.bound <= row.batches * (1 + 1e-9)
+    assert batching_split(problem(x, y, k=4), plan) is None

@@ -9,9 +9,9 @@ The LP.  Requests are cells (interval of Y their prompt falls in, gen) with coun
 of one cell can ride in exactly the same batches.  A box is (shape s of Y, longest gen g, size range
 [a, b]) on which a batch's time is ``fixed + n * per`` (``CostModel.linear_parts`` within a size
 class, the class's range cut by the KV capacity, the batch-size cap and the box's supply) and its P95
-status is fixed: each size class is split at the largest n whose batch stays within the limit (where the
-next size is over by a float's rounding or less, both ranges take it, so rounding can only relax).  The batches of one box form a
-cone: m batches holding w_c members of cell c are a sum of real batches iff
+status is fixed: each size class is split at the largest n whose batch stays within the limit (where
+the next size is over by a float's rounding or less, both ranges take it, so rounding can only relax).
+The batches of one box form a cone: m batches holding w_c members of cell c are a sum of real batches iff
 
     a * m <= sum_c w_c <= b * m,   0 <= w_c <= n_c * m,   w_c = 0 unless c is eligible (S <= s, G <= g),
 
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from model.base.runtime import Deadline, check_interrupt
-from model.cost.common import allowed_above
+from model.cost.common import align, allowed_above
 from model.cost.model import CostModel
 from solvers.backends import get_backend
 from solvers.backends.milp import Block, MipArrays
@@ -280,3 +280,47 @@ def shape_lp(cost: CostModel, S: np.ndarray, G: np.ndarray, shapes, limit: float
         for k in fresh[np.argsort(rc[fresh], kind="stable")][:BOXES_PER_ROUND].tolist():
             join(k)
     return ShapeLP(best, converged, rounds, len(chosen))
+
+
+@dataclass(frozen=True)
+class BucketSplit:
+    """One bucket of a plan: its shapes, what its batches cost (compiles aside), their compile charge, and the
+    LP bound on the batches of any plan of the bucket on those shapes (``shape_lp``)."""
+
+    bucket: str
+    shapes: tuple[int, ...]
+    batches: float
+    compiles: float
+    lp: ShapeLP
+
+
+def batching_split(problem, batchings, deadline: Deadline = Deadline.never(), backend: str = "highs"
+                   ) -> tuple[BucketSplit, ...] | None:
+    """Per bucket, how far the plan's batches are from the best its own shapes allow: the plan's batch cost
+    beside ``shape_lp`` at its shapes, its batches the start.  Any plan that compiles the same shapes in every
+    bucket costs at least the sum of the LP bounds plus the same compiles, so the difference between that and
+    the plan is at most what better batching on these shapes could save, and the difference between that and
+    the certified bound is what the bound does not charge or other shapes might save.  Device mode with a free
+    batch only (None otherwise: a graph's compile and the windows' split are not modelled here); the deadline is
+    shared equally by the buckets still to go."""
+    cost = problem.cost
+    if not (cost.shared_batch_time and cost.batch_buckets is None):
+        return None
+    out = []
+    for b, (bucket, bt) in enumerate(zip(problem.buckets, batchings, strict=True)):
+        S, G = align(bucket.prompt_len), np.asarray(bucket.gen_len, dtype=np.int64)
+        nb = len(bt.shape_of)
+        g_max = np.zeros(nb, np.int64)
+        np.maximum.at(g_max, bt.batch_of, G)
+        sizes = np.bincount(bt.batch_of, minlength=nb)
+        batches = float(np.sum(cost.batch_total(sizes, bt.shape_of, g_max)))
+        shapes = tuple(int(s) for s in np.unique(bt.shape_of))
+        members = np.argsort(bt.batch_of, kind="stable")
+        ends = np.cumsum(sizes)
+        start = [(int(bt.shape_of[k]), members[ends[k] - sizes[k]:ends[k]]) for k in range(nb)]
+        share = deadline.share(1.0 / (len(problem.buckets) - b))
+        lp = shape_lp(cost, S, G, shapes, problem.limits[b].max_p95_latency_ms, problem.max_batch_size, start,
+                      share, backend)
+        out.append(BucketSplit(bucket.name, shapes, batches, float(np.sum(cost.shape_charge(np.array(shapes)))),
+                               lp))
+    return tuple(out)
