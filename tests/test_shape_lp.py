@@ -136,3 +136,47 @@ def test_the_split_puts_each_bucket_beside_the_lp_on_its_own_shapes():
         assert row.shapes == tuple(res.metrics.shapes)
         assert row.lp.converged and 0 < row.lp.bound <= row.batches * (1 + 1e-9)
     assert batching_split(problem(x, y, k=4), plan) is None
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_the_fixed_set_bound_is_below_the_brute_force_optimum(seed):
+    """Device instances with P95 limits (``test_limit_bound.instance``: one or two buckets, KV capacity, batch
+    cap, pad and sequential limits) given a fixed set of allowed shapes: the LP bound on that set never passes
+    the best plan, and the planner's reported bound (which takes it where higher) neither."""
+    from dataclasses import replace
+
+    from helpers import brute_force, plan_mip
+    from test_limit_bound import instance as limited
+
+    from model.planning.shape_lp import fixed_set_bound
+
+    prob = limited(seed)
+    top = max(int(align(b.prompt_len).max()) for b in prob.buckets)
+    rng = np.random.default_rng(seed)
+    allowed = tuple(sorted({top, *(64 * int(v) for v in rng.integers(1, top // 64 + 2, 2))}))
+    prob = replace(prob, allowed_shapes=allowed)
+    best = brute_force(prob).cost
+    bound = fixed_set_bound(prob)
+    assert np.isfinite(bound) and bound <= best * (1 + 1e-9), (bound, best)
+    if np.isfinite(best):
+        assert plan_mip(prob, time_limit=10).report.bound <= best * (1 + 1e-9)
+
+
+def test_the_fixed_set_bound_prices_what_the_limit_keeps_apart():
+    """Two requests that may not share a batch under the P95 limit and one allowed shape: the LP prices both
+    alone, which is the optimum, and the planner's bound is at least that."""
+    from helpers import bucket, plan_mip, problem
+
+    from model.domain.schema import Limits
+
+    cost = cost_model("device", TOY)
+    one, two = float(cost.batch_total(1, 128, 3000)), float(cost.batch_total(2, 128, 3000))
+    assert two - one > TOY.compile_ms  # alone, even the member the compile spike lands on stays within
+    prob = problem(bucket([60, 100], [3000, 3000]), k=1, params=TOY, mode="device", allowed_shapes=(128,),
+                   limits=Limits(max_p95_latency_ms=(one + TOY.compile_ms + two) / 2))
+    from model.planning.shape_lp import fixed_set_bound
+
+    assert fixed_set_bound(prob) == pytest.approx(2 * one + TOY.compile_ms, rel=1e-8)
+    rep = plan_mip(prob, time_limit=10).report
+    assert rep.bound >= fixed_set_bound(prob) * (1 - 1e-12)
+    assert rep.objective == pytest.approx(rep.bound, rel=1e-8)

@@ -29,6 +29,7 @@ from model.histogram.cells import Histogram
 from model.packers.grouping import balanced_batching
 from model.planning.limit_bound import p95_bound
 from model.planning.options import PlannerOptions
+from model.planning.shape_lp import FIXED_SET_SHARE, fixed_set_bound
 from model.planning.shapes import ShapeChoice, choose_shapes
 from model.planning.stages import SearchOutcome, bucket_models
 from solvers.backends import Backend
@@ -371,6 +372,11 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
         if exact and result.bound is not None and not any(reserves or ()) and problem.cost.shared_batch_time \
                 and result.bound > bound:
             bound, by = result.bound, "the flow MIP's dual bound"
+        if problem.allowed_shapes is not None and deadline.left() > 0:
+            # a fixed shape set: the LP over every batch on it, with the P95 rows, bounds every plan
+            fixed = fixed_set_bound(problem, deadline.share(FIXED_SET_SHARE))
+            if fixed > bound:
+                bound, by = fixed, "the LP over every batch on the allowed shapes (with the P95 limits)"
     whole = exact and not any(reserves or ()) and problem.cost.shared_batch_time
     if not result.has_solution:
         return SearchOutcome(None, None, bound, None, result.status, result.backend, result.version, tuple(notes),

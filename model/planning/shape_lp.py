@@ -324,3 +324,36 @@ def batching_split(problem, batchings, deadline: Deadline = Deadline.never(), ba
         out.append(BucketSplit(bucket.name, shapes, batches, float(np.sum(cost.shape_charge(np.array(shapes)))),
                                lp))
     return tuple(out)
+
+
+FIXED_SET_MAX_ENTRIES = 2_000_000  # (requests x allowed shapes) beyond which the fixed-set bound is not tried
+FIXED_SET_SHARE = 0.5  # of the time left after the search, at most
+
+
+def fixed_set_bound(problem, deadline: Deadline = Deadline.never(), backend: str = "highs") -> float:
+    """With a fixed set of allowed shapes, a certified bound on every plan of the problem: per bucket the LP over
+    every batch on the allowed shapes (``shape_lp``, its P95 limit kept) plus one compile (every bucket compiles
+    at least one shape); the shape cap K is relaxed.  Device mode with a free batch only, and only where the
+    LP's size (requests x allowed shapes) is modest; -inf where it does not apply or the deadline leaves
+    nothing.  Windows only restrict which batches exist, so the bound holds with them too."""
+    cost = problem.cost
+    allowed = problem.allowed_shapes
+    if allowed is None or not (cost.shared_batch_time and cost.batch_buckets is None):
+        return -np.inf
+    shapes = np.asarray(sorted(allowed), dtype=np.int64)
+    if problem.max_seq_len is not None:
+        shapes = shapes[shapes <= problem.max_seq_len]
+    if not len(shapes) or sum(len(b) for b in problem.buckets) * len(shapes) > FIXED_SET_MAX_ENTRIES:
+        return -np.inf
+    total = 0.0
+    for b, bucket in enumerate(problem.buckets):
+        S = align(bucket.prompt_len)
+        if (S > shapes[-1]).any():
+            return -np.inf  # no plan exists; the planner says so by its own proof
+        share = deadline.share(1.0 / (len(problem.buckets) - b))
+        lp = shape_lp(cost, S, np.asarray(bucket.gen_len, dtype=np.int64), shapes,
+                      problem.limits[b].max_p95_latency_ms, problem.max_batch_size, (), share, backend)
+        if not np.isfinite(lp.bound):
+            return -np.inf
+        total += lp.bound + float(np.min(cost.shape_charge(shapes)))
+    return total
