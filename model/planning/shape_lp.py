@@ -25,8 +25,8 @@ Box generation.  The restricted LP holds the boxes added so far (the plan's own 
 cell alone at its smallest shape so a cover exists); a box's least reduced cost under duals (pi, mu)
 is ``min over n in [a, b] of fixed + n * (per + mu * over) - (the n largest pi among its eligible
 members)``, which one sort per shape and a prefix sum give for every box at once; the boxes most
-below zero join with their whole cone.  A cone at a time needs few rounds (ten on the embedded
-default), where single batches stall for hundreds.
+below zero join with their whole cone.  A cone at a time needs few rounds (three on the embedded
+default with the plan's batches as start), where single batches stall for hundreds.
 
 The bound.  For any pi >= 0, mu >= 0 and any plan of m batches meeting the P95 limit, cost >=
 sum_c n_c pi_c - mu * A + m * min(0, least reduced cost), and m <= the number of requests: a
@@ -43,6 +43,8 @@ import numpy as np
 from model.base.runtime import Deadline, check_interrupt
 from model.cost.common import align, allowed_above
 from model.cost.model import CostModel
+from model.domain.shapeset import usable
+from model.planning.reshape import batch_needs
 from solvers.backends import get_backend
 from solvers.backends.milp import Block, MipArrays
 from solvers.backends.result import SolveOptions, Status
@@ -74,7 +76,6 @@ class Cells:
     j: np.ndarray
     G: np.ndarray
     n: np.ndarray
-    of_request: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,8 +96,8 @@ def cells_of(S: np.ndarray, G: np.ndarray, shapes: np.ndarray) -> Cells:
     j = np.searchsorted(shapes, S)
     if (j >= len(shapes)).any():
         raise ValueError("a request's prompt is above every shape of the set")
-    key, of, n = np.unique(np.stack([j, G], axis=1), axis=0, return_inverse=True, return_counts=True)
-    return Cells(key[:, 0], key[:, 1], n, of.reshape(-1))
+    key, n = np.unique(np.stack([j, G], axis=1), axis=0, return_counts=True)
+    return Cells(key[:, 0], key[:, 1], n)
 
 
 def over_split(fixed: np.ndarray, per: np.ndarray, limit: float) -> np.ndarray:
@@ -172,7 +173,7 @@ def least_reduced_costs(cells: Cells, boxes: Boxes, pi: np.ndarray, mu: float) -
     return rc
 
 
-def box_of_batch(cost: CostModel, boxes: Boxes, i: int, g: int, n: int, over: bool) -> int | None:
+def box_of_batch(boxes: Boxes, i: int, g: int, n: int, over: bool) -> int | None:
     """The box that holds a batch of n members at shape index i with longest gen g (None if none does)."""
     k = np.flatnonzero((boxes.i == i) & (boxes.g == g) & (boxes.lo <= n) & (boxes.hi >= n) & (boxes.over == over))
     return int(k[0]) if len(k) else None
@@ -241,19 +242,19 @@ def shape_lp(cost: CostModel, S: np.ndarray, G: np.ndarray, shapes, limit: float
     boxes = all_boxes(cost, cells, shapes, limit, max_batch)
     chosen: list[int] = []
 
-    def join(k: int | None) -> None:
+    def join(i: int, g: int, n: int) -> None:
+        """The box of a batch of n members at shapes[i] with longest gen g joins the LP (once)."""
+        over = limit is not None and float(cost.batch_total(n, int(shapes[i]), g)) > limit
+        k = box_of_batch(boxes, i, g, n, over)
         if k is not None and k not in chosen:
             chosen.append(k)
 
     for c in range(len(cells.n)):  # every cell alone at its smallest shape: a cover exists
-        T = float(cost.batch_total(1, int(shapes[cells.j[c]]), int(cells.G[c])))
-        join(box_of_batch(cost, boxes, int(cells.j[c]), int(cells.G[c]), 1, limit is not None and T > limit))
+        join(int(cells.j[c]), int(cells.G[c]), 1)
     for s, members in start:
         i = int(np.searchsorted(shapes, s))
         if i < len(shapes) and shapes[i] == s and len(members):
-            g, n = int(G[members].max()), len(members)
-            T = float(cost.batch_total(n, int(s), g))
-            join(box_of_batch(cost, boxes, i, g, n, limit is not None and T > limit))
+            join(i, int(G[members].max()), len(members))
     solver = get_backend(backend)
     slack_cost = 1e3 * float(cost.batch_total(1, int(shapes[-1]), int(G.max()))) * len(S)
     best, rounds, converged = -np.inf, 0, False
@@ -277,8 +278,7 @@ def shape_lp(cost: CostModel, S: np.ndarray, G: np.ndarray, shapes, limit: float
         if not len(fresh):
             converged = True  # nothing outside the LP prices out: the LP optimum, to the LP's tolerance
             break
-        for k in fresh[np.argsort(rc[fresh], kind="stable")][:BOXES_PER_ROUND].tolist():
-            join(k)
+        chosen += fresh[np.argsort(rc[fresh], kind="stable")][:BOXES_PER_ROUND].tolist()
     return ShapeLP(best, converged, rounds, len(chosen))
 
 
@@ -310,9 +310,7 @@ def batching_split(problem, batchings, deadline: Deadline = Deadline.never(), ba
     for b, (bucket, bt) in enumerate(zip(problem.buckets, batchings, strict=True)):
         S, G = align(bucket.prompt_len), np.asarray(bucket.gen_len, dtype=np.int64)
         nb = len(bt.shape_of)
-        g_max = np.zeros(nb, np.int64)
-        np.maximum.at(g_max, bt.batch_of, G)
-        sizes = np.bincount(bt.batch_of, minlength=nb)
+        _, sizes, g_max = batch_needs(bucket, bt)
         batches = float(np.sum(cost.batch_total(sizes, bt.shape_of, g_max)))
         shapes = tuple(int(s) for s in np.unique(bt.shape_of))
         members = np.argsort(bt.batch_of, kind="stable")
@@ -337,12 +335,9 @@ def fixed_set_bound(problem, deadline: Deadline = Deadline.never(), backend: str
     LP's size (requests x allowed shapes) is modest; -inf where it does not apply or the deadline leaves
     nothing.  Windows only restrict which batches exist, so the bound holds with them too."""
     cost = problem.cost
-    allowed = problem.allowed_shapes
-    if allowed is None or not (cost.shared_batch_time and cost.batch_buckets is None):
+    shapes = usable(problem)
+    if shapes is None or not (cost.shared_batch_time and cost.batch_buckets is None):
         return -np.inf
-    shapes = np.asarray(sorted(allowed), dtype=np.int64)
-    if problem.max_seq_len is not None:
-        shapes = shapes[shapes <= problem.max_seq_len]
     if not len(shapes) or sum(len(b) for b in problem.buckets) * len(shapes) > FIXED_SET_MAX_ENTRIES:
         return -np.inf
     total = 0.0
