@@ -36,7 +36,6 @@ input; 4 not done within --time-limit (nothing written); 130 / 143 interrupted.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -49,6 +48,7 @@ from model.cli_common import (
     build_problem,
     check_time_limit,
     given_inputs,
+    log_progress,
     run_main,
 )
 from model.cli_json import JsonOut, add_json_arg, cost_flag_given, input_words, json_output, json_targets
@@ -108,8 +108,7 @@ def run_audit(args: argparse.Namespace, sink: JsonOut) -> int:
     from model.report.json_doc import document, document_bytes
     from model.report.summary import mode_note, summary_lines
 
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="[%(relativeCreated)6.0f ms] %(message)s")
+    log_progress(args.quiet)
     check_time_limit(args.time_limit)
     if args.max_batch_size is not None and args.max_batch_size < 1:
         raise InputError("--max-batch-size", None, None, f"must be a positive integer, got {args.max_batch_size}")
@@ -201,8 +200,7 @@ def run_serving_audit(args: argparse.Namespace, sink: JsonOut) -> int:
     from model.report.json_doc import DataTable, document, document_bytes
     from model.report.summary import summary_lines
 
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="[%(relativeCreated)6.0f ms] %(message)s")
+    log_progress(args.quiet)
     plan = parse_capacity(args)
     deadline = Deadline.never() if args.time_limit is None else Deadline.after(check_time_limit(args.time_limit))
     targets = [*([Target("--report", args.report, "folder", "give a folder for the report"),

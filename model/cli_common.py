@@ -12,6 +12,7 @@ as at any other moment, instead of a KeyboardInterrupt traceback and death by si
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import sys
 from pathlib import Path
@@ -321,6 +322,12 @@ def given_inputs(args: argparse.Namespace) -> list[Path]:
         value = getattr(args, name, None)
         out += [Path(v) for v in value] if isinstance(value, list) else [Path(value)] if value is not None else []
     return out
+
+
+def log_progress(quiet: bool) -> None:
+    """Progress lines on stderr, each stamped with the ms since start; warnings only with --quiet."""
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
+                        format="[%(relativeCreated)6.0f ms] %(message)s")
 
 
 def check_time_limit(seconds: float) -> float:

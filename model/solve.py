@@ -40,6 +40,7 @@ from model.cli_common import (
     cli_limits,
     dask_settings,
     given_inputs,
+    log_progress,
     run_main,
 )
 from model.cli_json import JsonOut, add_json_arg, cost_flag_given, input_words, json_output, json_targets
@@ -127,8 +128,7 @@ def solve_in_memory(args: argparse.Namespace, sink: JsonOut) -> int:
     fraction = parse_fraction(args.holdout)
     targets = output_targets(args, fraction is None)
     check_targets(targets, given_inputs(args))  # before anything is loaded or planned
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="[%(relativeCreated)6.0f ms] %(message)s")
+    log_progress(args.quiet)
     check_time_limit(args.time_limit)
     problem, scenario = build_problem(args, args.requests, pipeline.DEFAULT_SCENARIO, cli_limits(args))
     plans_at = [Target("--out", pipeline.plan_path(args.out, b.name)) for b in problem.buckets] \
@@ -286,8 +286,7 @@ def main_dask(args: argparse.Namespace, sink: JsonOut) -> int:
     from model.report.summary import summary_lines
     from model.report.tables import bucket_table, fmt, verdict
 
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="[%(relativeCreated)6.0f ms] %(message)s")
+    log_progress(args.quiet)
     check_time_limit(args.time_limit)
     if not args.requests:
         raise InputError("--engine", None, None, "dask needs request folders or globs of partitions")
