@@ -43,6 +43,7 @@ from model.planning.contract import Candidates, Judge, Judged, select
 from model.planning.device_search import all_shapes, flow_search, shape_levels, shape_relaxation
 from model.planning.diagnose import alone_message, explain_infeasible, single_limit, unmeetable
 from model.planning.exact_runs import device_start
+from model.planning.move_up import moved_candidates
 from model.planning.options import PlannerOptions
 from model.planning.rebatch import rebatched_candidates
 from model.planning.reshape import redeclared
@@ -332,6 +333,8 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
         raise no_plan(problem, judge, solver.name, first, outcome, judged, judged_greedy, tried, attempt, clock)
     if options.rebatch_share > 0:
         candidates += rebatched_candidates(problem, judge, candidates, Deadline(clock.at - judge_reserve(
+            spent, clock.left(), options)))
+        candidates += moved_candidates(problem, judge, candidates, Deadline(clock.at - judge_reserve(
             spent, clock.left(), options)))
     said = []
     for cand in sorted(candidates, key=lambda j: j.cost):

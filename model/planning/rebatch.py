@@ -13,6 +13,9 @@ The limits bind a whole bucket, not a batch, so they are priced, not imposed per
   plus the group's longest wait), which meets it wherever the plan can; then the limit is
   made soft, a batch over it charged ``over_weight`` ms per member, and the least weight
   that the judge accepts is searched for (a Lagrangian multiplier of the counting row);
+  a weight reaches only the convex hull of the cost-versus-count curve, so the count is
+  then also kept exactly, as a state of the DP (``model.planning.count_runs``, compile
+  spikes included), from the allowance down until the judge accepts;
 - the pad limit is a sum of tokens: a batch is charged ``pad_weight`` ms per KV token it
   holds, the least weight accepted searched the same way.
 
@@ -24,15 +27,16 @@ end.  The result is a candidate plan, never a bound; it is kept only when cheape
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
 from model.base.runtime import Deadline, check_interrupt
-from model.cost.metrics import window_wait_ms
+from model.cost.common import allowed_above
 from model.domain.schema import Batching, Problem
-from model.domain.windowing import windows_of
 from model.planning.contract import Judge, Judged
+from model.planning.count_runs import counted_runs
+from model.planning.groups import Group, batching_of, groups_of
 from model.planning.run_cuts import optimal_runs
 
 log = logging.getLogger("shapeplan")
@@ -40,57 +44,16 @@ log = logging.getLogger("shapeplan")
 RUNS_S_PER_MEMBER = 1e-5  # the runs DP's time per member (about a second on 10^5 long-context requests)
 DOUBLINGS = 14  # weights tried from a tiny one up, doubling, before a bisection between the last two
 BISECTIONS = 3
-
-
-@dataclass(frozen=True, eq=False)
-class Group:
-    """One bucket's members that share a window and a declared shape, by gen then row (the order runs cut),
-    with their per-batch latency limit (the P95 limit less the group's longest wait; None: no limit) and the
-    size classes their runs may use (None: every one)."""
-
-    rows: np.ndarray
-    gens: np.ndarray
-    shape: int
-    limit: float | None
-    classes: frozenset | None
-
-
-def groups_of(problem: Problem, b: int, batching: Batching) -> list[Group]:
-    """The groups of bucket b's plan: its members by (window, declared shape), each group's classes those its
-    batches use now where a class is a graph of its own (compiled batch sizes)."""
-    bucket, cm = problem.buckets[b], problem.cost
-    batch_of = np.asarray(batching.batch_of, dtype=np.int64)
-    shape_of = np.asarray(batching.shape_of, dtype=np.int64)
-    shape = shape_of[batch_of]
-    wins = windows_of(problem, bucket)
-    w = problem.windowing
-    wait = (window_wait_ms(bucket.arrival_s, w.seconds, w.origin_s) if w is not None
-            else np.zeros(len(bucket)))
-    p95 = problem.limits[b].max_p95_latency_ms
-    sizes = np.bincount(batch_of, minlength=len(shape_of))
-    out = []
-    order = np.lexsort((np.arange(len(bucket)), bucket.gen_len, shape, wins))
-    key_of = np.stack([wins[order], shape[order]], axis=1)
-    starts = np.flatnonzero(np.r_[True, (key_of[1:] != key_of[:-1]).any(axis=1)])
-    for lo, hi in zip(starts, np.r_[starts[1:], len(order)], strict=True):
-        rows = order[lo:hi]
-        s = int(shape[rows[0]])
-        classes = None
-        if cm.n_compile_classes > 1:
-            used = np.unique(batch_of[rows])
-            classes = frozenset(np.asarray(cm.size_class(sizes[used])).tolist())
-        limit = None if p95 is None else float(p95 - wait[rows].max())
-        out.append(Group(rows, bucket.gen_len[rows], s, limit, classes))
-    return out
+COUNT_RETRIES = (0, 1, 2, 4, 8, 16)  # counts below the allowance tried when the judge finds more members over
+COUNT_S_PER_STATE = 1e-7  # the counted DP's time per (member, count, run size) (measured: about 3e-8)
+BATCH_GUESS = 256  # run sizes the counted DP tries per member, at most (the KV capacity usually binds first)
 
 
 def cut(problem: Problem, groups: list[Group], n: int, pad_weight: float, over_weight: float | None,
         deadline: Deadline) -> Batching | None:
     """Every group cut into optimal runs under the weights (``optimal_runs``): the bucket's batching, or None
     when a group cannot be cut (its classes) or the deadline passes first."""
-    batch_of = np.empty(n, dtype=np.int64)
-    shapes: list[np.ndarray] = []
-    base = 0
+    runs = []
     for g in groups:
         check_interrupt()
         if deadline.left() < RUNS_S_PER_MEMBER * len(g.rows):  # one DP call cannot stop part-way
@@ -100,11 +63,38 @@ def cut(problem: Problem, groups: list[Group], n: int, pad_weight: float, over_w
                                     None if g.classes is None else set(g.classes), pad_weight, over_weight)
         except ValueError:
             return None
-        batch_of[g.rows] = base + batch
-        k = int(batch.max()) + 1
-        shapes.append(np.full(k, g.shape, dtype=np.int64))
-        base += k
-    return Batching(batch_of, np.concatenate(shapes) if shapes else np.zeros(0, np.int64))
+        runs.append(batch)
+    return batching_of(groups, runs, n)
+
+
+def counted_seconds(groups: list[Group], most: int) -> float:
+    """About how long ``count_runs.counted_runs`` takes on these groups (states times run sizes)."""
+    return COUNT_S_PER_STATE * sum(len(g) * min(len(g), most + 1) * min(len(g), BATCH_GUESS) for g in groups)
+
+
+def counted(problem: Problem, b: int, groups: list[Group], pad_weight: float, judge: Judge, name: str,
+            deadline: Deadline) -> tuple[Batching, float] | None:
+    """Bucket b's groups cut with its P95 count exact (``count_runs.counted_runs``), judged on the bucket alone:
+    (batching, cost) of the first count that the judge accepts, from ``allowed_above(n)`` down (a count the DP
+    cannot see -- a spike per graph, a member's own wait -- costs a retry), or None.  Without a P95 limit the
+    groups are cut once, with no count."""
+    n = len(problem.buckets[b])
+    sub = replace(problem, buckets=(problem.buckets[b],), limits=(problem.limits[b],))
+    limited = problem.limits[b].max_p95_latency_ms is not None
+    allowed = allowed_above(n) if limited else 0  # without a limit nobody is over: one DP, no count
+    for back in COUNT_RETRIES if limited else (0,):
+        most = allowed - back
+        if most < 0 or deadline.left() < counted_seconds(groups, most):
+            return None
+        check_interrupt()
+        found = counted_runs(problem, groups, most, pad_weight)
+        if found is None:
+            return None
+        bt = batching_of(groups, found[1], n)
+        judged = judge(sub, name, (bt,))
+        if judged.acceptable:
+            return bt, judged.cost
+    return None
 
 
 def least_weight(trial, scale: float, deadline: Deadline) -> float | None:
@@ -163,6 +153,9 @@ def rebatch_bucket(problem: Problem, b: int, judged: Judged, judge: Judge, deadl
         pad_weight = found if found is not None else 0.0
     if lim.max_p95_latency_ms is not None:
         least_weight(lambda w: trial(pad_weight, w), own[1] / max(1, n), deadline)
+        exact = counted(problem, b, groups, pad_weight, judge, judged.name, deadline)
+        if exact is not None and exact[1] < best[0][1]:
+            best[0] = exact
     return best[0]
 
 

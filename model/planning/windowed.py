@@ -47,6 +47,7 @@ from model.packers import PACKERS
 from model.packers.dpfill import pad_shapes
 from model.planning.contract import Candidates, Judge, Judged, select
 from model.planning.mip import final_shapes, packer_plans, plan_mip, until_acceptable
+from model.planning.move_up import moved_candidates
 from model.planning.options import PlannerOptions
 from model.planning.parallel import run_items, shared, workers_available
 from model.planning.rebatch import rebatched_candidates
@@ -417,6 +418,7 @@ def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 
     # plan sees only its window's share of a limit, the MIPs a coarsened space, the packers no optimum
     candidates += rebatched_candidates(problem, judge, candidates, Deadline(deadline.at - options.judge_margin
                                                                             * spent))
+    candidates += moved_candidates(problem, judge, candidates, Deadline(deadline.at - options.judge_margin * spent))
     best = min(candidates, key=lambda j: j.cost)
     passed, pass_note = final_shapes(problem, judge, best, deadline, spent, options)
     if pass_note:

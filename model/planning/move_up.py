@@ -1,0 +1,200 @@
+"""Device mode: a judged plan's longest-gen members moved up a shape, each bucket re-batched with its P95 count exact.
+
+Re-batching on fixed shapes (``model.planning.rebatch``) keeps every member on the shape it
+was declared at.  But a long-gen member sets its batch's longest gen, and so every decode
+step that batch pays; at the next larger shape of its window the batches of long gens are
+already long (or over the P95 limit anyway), and the member adds only its per-member time
+there.  The set-partitioning LP on the main job's own shapes (``model.planning.shape_lp``)
+does exactly that: its optimum moves the 7 longest-gen members of the short bucket from 320
+to 704, into the one batch that is over the limit.
+
+The family searched: in each window, for each pair of consecutive groups (members sharing a
+window and a shape), the k longest-gen members of the lower group join the upper one.  Each
+trial is priced by ``count_runs.counted_runs`` -- the bucket's best batching with its P95
+count exact, compile spikes included -- where the lower group's DP is its own prefix (the DP
+runs over the gen-sorted prefixes), so a trial costs the upper group's DP and the fold.  k
+runs over a doubling ladder (1, 2, 4, ... the lower group's size: moving all of them drops
+the lower shape from the window) and is refined by a pattern search around the best; pairs are
+taken from the largest shape down, and passes repeat while one lowers the total, to the
+deadline.  A bucket with more than ``MOST_GROUPS`` groups is not searched (the fold grows
+with them).  Every result is judged exactly; a plan, never a bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from model.base.runtime import Deadline, check_interrupt
+from model.cost.common import allowed_above
+from model.domain.schema import Batching, Problem
+from model.planning.contract import Judge, Judged
+from model.planning.count_runs import counted_runs
+from model.planning.groups import Group, groups_of, moved_up
+from model.planning.rebatch import counted, counted_seconds
+
+log = logging.getLogger("shapeplan")
+
+MOST_GROUPS = 48  # groups of one bucket the search takes on (its folds grow with them)
+PASSES = 3
+REFINE = 4  # pattern-search steps around the best rung of the ladder
+
+
+def ladder(size: int) -> list[int]:
+    """1, 2, 4, ... up to ``size`` (and ``size`` itself)."""
+    out, k = [], 1
+    while k < size:
+        out.append(k)
+        k *= 2
+    return out + [size] if size >= 1 else out
+
+
+def pairs(groups: list[Group]) -> list[tuple[int, int]]:
+    """(lower, upper) indices of every window's consecutive groups by shape, the largest shapes first."""
+    by_window: dict[int, list[int]] = {}
+    for i, g in enumerate(groups):
+        by_window.setdefault(g.window, []).append(i)
+    out = []
+    for members in by_window.values():
+        members = sorted(members, key=lambda i: groups[i].shape)
+        out += [(a, b) for a, b in zip(members, members[1:], strict=False)]
+    return sorted(out, key=lambda p: -groups[p[1]].shape)
+
+
+class Search:
+    """One bucket's move search: its groups now, the least counted objective, and the DP cache (valid for one
+    count and no pad weight)."""
+
+    def __init__(self, problem: Problem, groups: list[Group], most: int):
+        self.problem, self.groups, self.most = problem, list(groups), most
+        self.tables: dict = {}
+        found = counted_runs(problem, self.groups, most, 0.0, self.tables)
+        self.value = found[0] if found is not None else np.inf
+
+    def trial(self, a: int, b: int, k: int) -> tuple[float, Group, Group]:
+        """The objective with the k longest of group a moved to group b (a's DP reused as its prefix)."""
+        lower = self.groups[a]
+        stay, grown = moved_up(lower, self.groups[b], k)
+        entry = self.tables.get(id(lower))
+        if entry is not None and entry[0] is lower and stay.limit == lower.limit:
+            self.tables[id(stay)] = (stay, entry[1].prefix(len(stay)))
+        trial = list(self.groups)
+        trial[a], trial[b] = stay, grown
+        found = counted_runs(self.problem, trial, self.most, 0.0, self.tables)
+        return (found[0] if found is not None else np.inf), stay, grown
+
+    def improve(self, a: int, b: int, deadline: Deadline) -> bool:
+        """The best k on the ladder for the pair (a, b), refined; kept when it lowers the objective."""
+        size = len(self.groups[a])
+        if not size or not len(self.groups[b]):
+            return False
+        tried: dict[int, tuple[float, Group, Group]] = {}
+
+        def at(k: int) -> float:
+            if k not in tried:
+                check_interrupt()
+                tried[k] = self.trial(a, b, k)
+            return tried[k][0]
+
+        rungs = ladder(size)
+        for k in rungs:
+            if deadline.expired():
+                break
+            at(k)
+        if not tried:
+            return False
+        best = min(tried, key=lambda k: (tried[k][0], k))
+        step = max(1, best // 4)
+        for _ in range(REFINE):  # a pattern search around the best rung: either side, then half the step
+            if deadline.expired():
+                break
+            for k in (best - step, best + step):
+                if 1 <= k <= size:
+                    at(k)
+            new = min(tried, key=lambda k: (tried[k][0], k))
+            if new == best:
+                if step == 1:
+                    break
+                step = max(1, step // 2)
+            best = new
+        value, stay, grown = tried[best]
+        if value < self.value * (1 - 1e-12):
+            self.groups[a], self.groups[b], self.value = stay, grown, value
+            return True
+        return False
+
+
+def moved_bucket(problem: Problem, b: int, judged: Judged, judge: Judge, deadline: Deadline
+                 ) -> tuple[Batching, float] | None:
+    """Bucket b's cheapest plan found by moving members up (see module docstring), judged on the bucket alone,
+    or None when no move lowered the counted objective or none was accepted."""
+    groups = groups_of(problem, b, judged.batchings[b])
+    if len(groups) < 2 or len(groups) > MOST_GROUPS:
+        return None
+    n = len(problem.buckets[b])
+    most = allowed_above(n) if problem.limits[b].max_p95_latency_ms is not None else 0
+    if deadline.left() < 4 * counted_seconds(groups, most):
+        return None
+    t0 = time.perf_counter()
+    search = Search(problem, groups, most)
+    if not np.isfinite(search.value):
+        return None
+    # the final counted cut and its judging take about what the first fold took, twice: keep that back
+    until = Deadline(deadline.at - 3.0 * (time.perf_counter() - t0))
+    moved = False
+    for _ in range(PASSES):
+        better = False
+        for a, bb in pairs(search.groups):
+            if until.expired():
+                break
+            better |= search.improve(a, bb, until)
+        moved |= better
+        if not better or until.expired():
+            break
+    if not moved:
+        return None
+    return counted(problem, b, [g for g in search.groups if len(g)], 0.0, judge, judged.name, deadline)
+
+
+def moved(problem: Problem, judge: Judge, judged: Judged, deadline: Deadline) -> Judged | None:
+    """The judged plan with every bucket's members moved up where that is cheaper (``moved_bucket``), judged
+    whole; None unless it is cheaper and meets every limit."""
+    if not problem.cost.shared_batch_time or not judged.acceptable:
+        return None
+    out = list(judged.batchings)
+    for b in range(len(problem.buckets)):
+        found = moved_bucket(problem, b, judged, judge, deadline)
+        own = judged.evaluation.results[b].metrics
+        if found is not None and (own is None or found[1] < float(own.cost) * (1 - 1e-12)):
+            out[b] = found[0]
+    if all(new is old for new, old in zip(out, judged.batchings, strict=True)):
+        return None
+    found = judge(problem, judged.name, tuple(out))
+    if not found.acceptable or found.cost >= judged.cost * (1 - 1e-12):
+        return None
+    log.info("moving the %s plan's longest-gen members up a shape: %.6e -> %.6e", judged.name, judged.cost,
+             found.cost)
+    what = judged.method or f"the {judged.name} plan"
+    return replace(found, notes=(*judged.notes, f"longest-gen members moved up a shape where that was cheaper, each "
+                                 f"bucket re-batched with its P95 count exact: cost {judged.cost:.6g} -> "
+                                 f"{found.cost:.6g}"),
+                   method=f"{what}, its longest-gen members moved up a shape (the counted runs DP)")
+
+
+def moved_candidates(problem: Problem, judge: Judge, candidates: list[Judged], deadline: Deadline,
+                     most: int = 1) -> list[Judged]:
+    """The ``most`` cheapest acceptable candidates with members moved up (``moved``), cheapest first while the
+    deadline allows: the ones that came out cheaper, as more candidates (device mode; none elsewhere)."""
+    if not problem.cost.shared_batch_time:
+        return []
+    out = []
+    for cand in sorted((c for c in candidates if c.acceptable), key=lambda c: c.cost)[:most]:
+        if deadline.expired():
+            break
+        found = moved(problem, judge, cand, deadline)
+        if found is not None:
+            out.append(found)
+    return out
