@@ -240,3 +240,26 @@ def test_the_count_beats_the_weight_where_the_curve_is_not_convex_and_the_judge_
     assert exact is not None and exact[1] < best_weighted * 0.98
     value, _ = counted_runs(prob, groups, allowed_above(len(bt.batch_of)))
     assert exact[1] == pytest.approx(value, rel=1e-9)
+
+
+@pytest.mark.parametrize("unit", [2, 3, 8])
+def test_counts_in_units_never_claim_fewer_members_over_than_there_are(unit):
+    """In units of u members a run over the limit takes ceil(n / u) units: what comes back meets the count in
+    members, and it costs no less than the exact count's answer."""
+    cost = DeviceCost(TOY)
+    rng = np.random.default_rng(unit)
+    gens = np.sort(rng.integers(1, 200, 40))
+    limit = float(cost.batch_total(4, 128, 170))
+    allowed = 16
+    exact = best_runs([group_runs(gens, 128, cost, None, limit, allowed, SPIKE)], [128], allowed)
+    coarse = best_runs([group_runs(gens, 128, cost, None, limit, allowed // unit, SPIKE, unit=unit)], [128],
+                       allowed // unit)
+    assert exact is not None
+    if coarse is None:  # coarser counts may find nothing (a spike alone takes a unit): never a false plan
+        assert unit > 2
+        return
+    sizes = np.bincount(coarse[1][0])
+    t = cost.batch_total(sizes, 128, gens[np.cumsum(sizes) - 1])
+    spot = bool(((t > limit) | (t + SPIKE <= limit)).any())
+    assert int(sizes[t > limit].sum()) + (0 if spot else 1) <= allowed
+    assert coarse[0] >= exact[0] * (1 - 1e-12) and float(t.sum()) == pytest.approx(coarse[0], rel=1e-12)

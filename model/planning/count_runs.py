@@ -27,6 +27,13 @@ convolution.  The least total with k <= most is the bucket's best batching of th
 recovered by walking the choices back.  Where a shape's compile is per graph (compiled batch
 sizes) every graph has a spike of its own, which the flag does not count: the judge does, and
 the caller asks again with a smaller ``most``.  A plan, never a bound.
+
+Counts in units.  The DP costs (members x run sizes x counts); with thousands of members
+allowed over (a 12k-request trace allows 599) a count of one member per state is too dear,
+so the count may be kept in units of u members: a run over the limit adds ceil(n / u) units,
+a spike one, and the allowance is floor(A / u) units.  Every count it claims is then at
+least the true one, so what it returns still meets the count; only u = 1 is exact.
+``unit_for`` picks the least u whose DP fits a time budget.
 """
 
 from __future__ import annotations
@@ -78,16 +85,42 @@ class GroupRuns:
         return np.searchsorted(bounds, np.arange(self.take.shape[0] - 1), side="right")
 
 
+S_PER_STATE = 6e-8  # the DP's time per (member, count, run size) (measured 2.7e-8 to 6e-8 on 12k long-context)
+S_PER_MEMBER = 8e-6  # and per member, whatever its counts (numpy's per-step overhead)
+
+
 def fits(members: int, most: int) -> bool:
     """Whether a group of ``members`` with a count up to ``most`` stays within the DP's table budget."""
     return (members + 1) * (min(most, members) + 1) <= MAX_ENTRIES
 
 
+def work(problem: Problem, group: Group) -> tuple[int, int]:
+    """(members, the largest run the DP tries) of one group: its size and the largest batch any member fits."""
+    caps = problem.cost.batch_cap(group.shape, group.gens, problem.max_batch_size)
+    return len(group), int(min(len(group), caps.max(initial=0)))
+
+
+def dp_seconds(works: list[tuple[int, int]], most: int) -> float:
+    """About how long the DPs of groups with these ``work`` figures take with counts up to ``most``."""
+    return sum(m * (S_PER_MEMBER + S_PER_STATE * min(m, most + 1) * runs) for m, runs in works)
+
+
+def unit_for(works: list[tuple[int, int]], allowed: int, seconds: float) -> int:
+    """The least count unit (members per unit, see module docstring) whose DPs over groups with these ``work``
+    figures fit ``seconds`` and the table budget (``fits``), counting up to ``allowed`` members."""
+    unit = 1
+    while unit < max(1, allowed) and (dp_seconds(works, allowed // unit) > seconds
+                                      or not all(fits(m, allowed // unit) for m, _ in works)):
+        unit *= 2
+    return unit
+
+
 def group_runs(gens: np.ndarray, s: int, cost: CostModel, max_batch: int | None, limit: float | None, most: int,
-               spike_ms: float, classes: frozenset | None = None, pad_weight: float = 0.0) -> GroupRuns:
+               spike_ms: float, classes: frozenset | None = None, pad_weight: float = 0.0, unit: int = 1
+               ) -> GroupRuns:
     """The DP of the module docstring for one group (``gens`` sorted ascending) at shape s, counting up to
-    ``most`` members over ``limit`` (None: no limit, nobody is over, the flag is always set).  Raises
-    ValueError where a member fits no batch or no size of ``classes``; the caller checks ``fits`` first."""
+    ``most`` units of ``unit`` members over ``limit`` (None: no limit, nobody is over, the flag is always set).
+    Raises ValueError where a member fits no batch or no size of ``classes``; the caller checks ``fits``."""
     m = len(gens)
     K = 0 if limit is None else min(most, m)
     caps = cost.batch_cap(s, gens, max_batch)
@@ -117,7 +150,7 @@ def group_runs(gens: np.ndarray, s: int, cost: CostModel, max_batch: int | None,
         else:
             over = t > limit
             harmless = over | (t + spike_ms <= limit)
-        add = np.where(over, sz, 0)
+        add = np.where(over, -(-sz // unit), 0)
         src = ks[None, :] - add[:, None]
         ok = src >= 0
         src = np.clip(src, 0, K)
@@ -232,7 +265,8 @@ def best_runs(tables: list[GroupRuns], shape_of: list[int], most: int) -> tuple[
     return best, runs
 
 
-def group_table(problem: Problem, group: Group, most: int, pad_weight: float = 0.0) -> GroupRuns | None:
+def group_table(problem: Problem, group: Group, most: int, pad_weight: float = 0.0, unit: int = 1
+                ) -> GroupRuns | None:
     """``group_runs`` of one group of a bucket; None where its tables would pass ``MAX_ENTRIES`` or its members
     cannot be cut into batches (a KV capacity, its size classes)."""
     limit = group.limit
@@ -240,24 +274,25 @@ def group_table(problem: Problem, group: Group, most: int, pad_weight: float = 0
         return None
     try:
         return group_runs(group.gens, group.shape, problem.cost, problem.max_batch_size, limit, most,
-                          float(problem.cost.spike_ms), group.classes, pad_weight)
+                          float(problem.cost.spike_ms), group.classes, pad_weight, unit)
     except ValueError:
         return None
 
 
 def counted_runs(problem: Problem, groups: list[Group], most: int, pad_weight: float = 0.0,
-                 tables: dict | None = None) -> tuple[float, list[np.ndarray]] | None:
-    """The best batching of a bucket's groups with at most ``most`` members over its P95 limit (``best_runs``):
+                 tables: dict | None = None, unit: int = 1) -> tuple[float, list[np.ndarray]] | None:
+    """The best batching of a bucket's groups with at most ``most`` units of ``unit`` members over its P95 limit
+    (``best_runs``):
     (objective plus one compile charge per shape with members, each group's run numbers; an empty group gets
     none), or None where a group cannot be cut.  ``tables`` caches each group's DP (by the group object, held
-    in the cache so its identity stays its own); it is valid for one ``most`` and ``pad_weight``."""
+    in the cache so its identity stays its own); it is valid for one ``most``, ``pad_weight`` and ``unit``."""
     live = [g for g in groups if len(g)]
     found = []
     for g in live:
         entry = tables.get(id(g)) if tables is not None else None
         table = entry[1] if entry is not None and entry[0] is g else None  # the group is kept: its id is not reused
         if table is None:
-            table = group_table(problem, g, most, pad_weight)
+            table = group_table(problem, g, most, pad_weight, unit)
             if table is None:
                 return None
             if tables is not None:

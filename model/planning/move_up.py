@@ -32,15 +32,16 @@ from model.base.runtime import Deadline, check_interrupt
 from model.cost.common import allowed_above
 from model.domain.schema import Batching, Problem
 from model.planning.contract import Judge, Judged
-from model.planning.count_runs import counted_runs
+from model.planning.count_runs import counted_runs, unit_for, work
 from model.planning.groups import Group, groups_of, moved_up
-from model.planning.rebatch import counted, counted_seconds
+from model.planning.rebatch import counted
 
 log = logging.getLogger("shapeplan")
 
 MOST_GROUPS = 48  # groups of one bucket the search takes on (its folds grow with them)
-PASSES = 3
-REFINE = 4  # pattern-search steps around the best rung of the ladder
+PASSES = 2
+REFINE = 2  # pattern-search steps around the best rung of the ladder
+TRIAL_SHARE = 0.02  # of the time left, what the search's first fold may take (its count unit is chosen to fit)
 
 
 def ladder(size: int) -> list[int]:
@@ -68,10 +69,10 @@ class Search:
     """One bucket's move search: its groups now, the least counted objective, and the DP cache (valid for one
     count and no pad weight)."""
 
-    def __init__(self, problem: Problem, groups: list[Group], most: int):
-        self.problem, self.groups, self.most = problem, list(groups), most
+    def __init__(self, problem: Problem, groups: list[Group], most: int, unit: int = 1):
+        self.problem, self.groups, self.most, self.unit = problem, list(groups), most, unit
         self.tables: dict = {}
-        found = counted_runs(problem, self.groups, most, 0.0, self.tables)
+        found = counted_runs(problem, self.groups, most, 0.0, self.tables, unit)
         self.value = found[0] if found is not None else np.inf
 
     def trial(self, a: int, b: int, k: int) -> tuple[float, Group, Group]:
@@ -83,7 +84,7 @@ class Search:
             self.tables[id(stay)] = (stay, entry[1].prefix(len(stay)))
         trial = list(self.groups)
         trial[a], trial[b] = stay, grown
-        found = counted_runs(self.problem, trial, self.most, 0.0, self.tables)
+        found = counted_runs(self.problem, trial, self.most, 0.0, self.tables, self.unit)
         return (found[0] if found is not None else np.inf), stay, grown
 
     def improve(self, a: int, b: int, deadline: Deadline) -> bool:
@@ -135,11 +136,11 @@ def moved_bucket(problem: Problem, b: int, judged: Judged, judge: Judge, deadlin
     if len(groups) < 2 or len(groups) > MOST_GROUPS:
         return None
     n = len(problem.buckets[b])
-    most = allowed_above(n) if problem.limits[b].max_p95_latency_ms is not None else 0
-    if deadline.left() < 4 * counted_seconds(groups, most):
-        return None
+    allowed = allowed_above(n) if problem.limits[b].max_p95_latency_ms is not None else 0
+    works = [work(problem, g) for g in groups]
+    unit = unit_for(works, allowed, TRIAL_SHARE * deadline.left())  # a search is a few dozen folds
     t0 = time.perf_counter()
-    search = Search(problem, groups, most)
+    search = Search(problem, groups, allowed // unit, unit)
     if not np.isfinite(search.value):
         return None
     # the final counted cut and its judging take about what the first fold took, twice: keep that back

@@ -83,9 +83,10 @@ class PlannerOptions:
         run needs for its search and bound.
       match_s_per_cell: device mode: the flow solution's matching to requests (0.48 s on 68k cells).
       rebatch_share: device mode: share of the time limit kept back from the search for re-batching the
-        cheapest candidates' shapes exactly under the limits (``model.planning.rebatch``; 0.6 s on 12k
-        long-context requests); 0: no re-batching (the windowed planner's per-window MIPs, whose merged plan
-        it re-batches once).
+        cheapest candidates' shapes exactly under the limits (``model.planning.rebatch``: 1 s with the weights
+        and 2.5 s with the counted DP on 12k long-context requests) and moving members up a shape
+        (``model.planning.move_up``); 0: no re-batching (the windowed planner's per-window MIPs, whose merged
+        plan it re-batches once).
       flow_stall_s, flow_stall_share: device mode's flow MIP gives its time back once it has found no
         better incumbent for the larger of these (seconds; share of the time it was given), counted from its
         start: on the embedded default it never beats the exact-runs start and ran 58 s for nothing.
@@ -124,6 +125,6 @@ class PlannerOptions:
     solver_stop_s: float = 0.5
     solver_stop_share: float = 0.1
     match_s_per_cell: float = 7e-6
-    rebatch_share: float = 0.05
+    rebatch_share: float = 0.15
     flow_stall_s: float = 2.0
     flow_stall_share: float = 0.05

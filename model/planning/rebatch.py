@@ -35,7 +35,7 @@ from model.base.runtime import Deadline, check_interrupt
 from model.cost.common import allowed_above
 from model.domain.schema import Batching, Problem
 from model.planning.contract import Judge, Judged
-from model.planning.count_runs import counted_runs
+from model.planning.count_runs import counted_runs, dp_seconds, unit_for, work
 from model.planning.groups import Group, batching_of, groups_of
 from model.planning.run_cuts import optimal_runs
 
@@ -45,8 +45,7 @@ RUNS_S_PER_MEMBER = 1e-5  # the runs DP's time per member (about a second on 10^
 DOUBLINGS = 14  # weights tried from a tiny one up, doubling, before a bisection between the last two
 BISECTIONS = 3
 COUNT_RETRIES = (0, 1, 2, 4, 8, 16)  # counts below the allowance tried when the judge finds more members over
-COUNT_S_PER_STATE = 1e-7  # the counted DP's time per (member, count, run size) (measured: about 3e-8)
-BATCH_GUESS = 256  # run sizes the counted DP tries per member, at most (the KV capacity usually binds first)
+COUNT_SHARE = 0.5  # of the time left, what one counted DP may take (its count unit is chosen to fit)
 
 
 def cut(problem: Problem, groups: list[Group], n: int, pad_weight: float, over_weight: float | None,
@@ -67,27 +66,25 @@ def cut(problem: Problem, groups: list[Group], n: int, pad_weight: float, over_w
     return batching_of(groups, runs, n)
 
 
-def counted_seconds(groups: list[Group], most: int) -> float:
-    """About how long ``count_runs.counted_runs`` takes on these groups (states times run sizes)."""
-    return COUNT_S_PER_STATE * sum(len(g) * min(len(g), most + 1) * min(len(g), BATCH_GUESS) for g in groups)
-
-
 def counted(problem: Problem, b: int, groups: list[Group], pad_weight: float, judge: Judge, name: str,
             deadline: Deadline) -> tuple[Batching, float] | None:
     """Bucket b's groups cut with its P95 count exact (``count_runs.counted_runs``), judged on the bucket alone:
     (batching, cost) of the first count that the judge accepts, from ``allowed_above(n)`` down (a count the DP
-    cannot see -- a spike per graph, a member's own wait -- costs a retry), or None.  Without a P95 limit the
-    groups are cut once, with no count."""
+    cannot see -- a spike per graph, a member's own wait -- costs a retry), or None.  The count is kept in the
+    least unit whose DP fits a share of the time left (``count_runs.unit_for``; one member where it can).
+    Without a P95 limit the groups are cut once, with no count."""
     n = len(problem.buckets[b])
     sub = replace(problem, buckets=(problem.buckets[b],), limits=(problem.limits[b],))
     limited = problem.limits[b].max_p95_latency_ms is not None
     allowed = allowed_above(n) if limited else 0  # without a limit nobody is over: one DP, no count
+    works = [work(problem, g) for g in groups]
+    unit = unit_for(works, allowed, COUNT_SHARE * deadline.left())
     for back in COUNT_RETRIES if limited else (0,):
-        most = allowed - back
-        if most < 0 or deadline.left() < counted_seconds(groups, most):
+        most = allowed // unit - back
+        if most < 0 or deadline.left() < dp_seconds(works, most):
             return None
         check_interrupt()
-        found = counted_runs(problem, groups, most, pad_weight)
+        found = counted_runs(problem, groups, most, pad_weight, unit=unit)
         if found is None:
             return None
         bt = batching_of(groups, found[1], n)
