@@ -59,7 +59,8 @@ COSTS = [DeviceCost(TOY), GraphCost(replace(TOY, batch_buckets=(1, 2, 4, 8)))]
 
 
 @pytest.mark.parametrize("cost", COSTS, ids=["free batch", "graphs"])
-@pytest.mark.parametrize("seed,n", [(0, 3), (1, 4), (2, 5), (3, 6), (4, 7), (5, 7)])
+@pytest.mark.parametrize("seed,n", [(0, 3), (1, 4), (2, 5), (3, 6), pytest.param(4, 7, marks=pytest.mark.slow),
+                                    pytest.param(5, 7, marks=pytest.mark.slow)])
 def test_one_group_reaches_every_partitions_least_time_at_each_count(cost, seed, n):
     rng = np.random.default_rng(seed)
     gens = np.sort(rng.integers(1, 150, n))

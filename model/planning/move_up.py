@@ -66,8 +66,10 @@ def pairs(groups: list[Group]) -> list[tuple[int, int]]:
 
 
 class Search:
-    """One bucket's move search: its groups now, the least counted objective, and the DP cache (valid for one
-    count and no pad weight)."""
+    """One bucket's move search: its groups now, the least counted objective, and the DP of each current group
+    (valid for one count and no pad weight).  A trial's tables are kept only while it is the pair's best, and
+    only the current groups' stay cached, so memory stays at one bucket's tables (up to ``MAX_ENTRIES`` states
+    a group) plus one trial's."""
 
     def __init__(self, problem: Problem, groups: list[Group], most: int, unit: int = 1):
         self.problem, self.groups, self.most, self.unit = problem, list(groups), most, unit
@@ -75,30 +77,37 @@ class Search:
         found = counted_runs(problem, self.groups, most, 0.0, self.tables, unit)
         self.value = found[0] if found is not None else np.inf
 
-    def trial(self, a: int, b: int, k: int) -> tuple[float, Group, Group]:
-        """The objective with the k longest of group a moved to group b (a's DP reused as its prefix)."""
+    def trial(self, a: int, b: int, k: int) -> tuple[float, list[Group], dict]:
+        """(objective, the groups, the tables of the two changed groups) with the k longest of group a moved to
+        group b (a's DP reused as its prefix where its limit is unchanged)."""
         lower = self.groups[a]
         stay, grown = moved_up(lower, self.groups[b], k)
-        entry = self.tables.get(id(lower))
+        local = dict(self.tables)
+        entry = local.get(id(lower))
         if entry is not None and entry[0] is lower and stay.limit == lower.limit:
-            self.tables[id(stay)] = (stay, entry[1].prefix(len(stay)))
+            local[id(stay)] = (stay, entry[1].prefix(len(stay)))
         trial = list(self.groups)
         trial[a], trial[b] = stay, grown
-        found = counted_runs(self.problem, trial, self.most, 0.0, self.tables, self.unit)
-        return (found[0] if found is not None else np.inf), stay, grown
+        found = counted_runs(self.problem, trial, self.most, 0.0, local, self.unit)
+        fresh = {id(g): local[id(g)] for g in (stay, grown) if id(g) in local}
+        return (found[0] if found is not None else np.inf), trial, fresh
 
     def improve(self, a: int, b: int, deadline: Deadline) -> bool:
         """The best k on the ladder for the pair (a, b), refined; kept when it lowers the objective."""
         size = len(self.groups[a])
         if not size or not len(self.groups[b]):
             return False
-        tried: dict[int, tuple[float, Group, Group]] = {}
+        tried: dict[int, float] = {}
+        kept: list = [np.inf, None, None]  # the best trial's value, groups and tables
 
-        def at(k: int) -> float:
-            if k not in tried:
-                check_interrupt()
-                tried[k] = self.trial(a, b, k)
-            return tried[k][0]
+        def at(k: int) -> None:
+            if k in tried:
+                return
+            check_interrupt()
+            value, groups, fresh = self.trial(a, b, k)
+            tried[k] = value
+            if value < kept[0]:
+                kept[:] = [value, groups, fresh]
 
         rungs = ladder(size)
         for k in rungs:
@@ -107,7 +116,7 @@ class Search:
             at(k)
         if not tried:
             return False
-        best = min(tried, key=lambda k: (tried[k][0], k))
+        best = min(tried, key=lambda k: (tried[k], k))
         step = max(1, best // 4)
         for _ in range(REFINE):  # a pattern search around the best rung: either side, then half the step
             if deadline.expired():
@@ -115,17 +124,20 @@ class Search:
             for k in (best - step, best + step):
                 if 1 <= k <= size:
                     at(k)
-            new = min(tried, key=lambda k: (tried[k][0], k))
+            new = min(tried, key=lambda k: (tried[k], k))
             if new == best:
                 if step == 1:
                     break
                 step = max(1, step // 2)
             best = new
-        value, stay, grown = tried[best]
-        if value < self.value * (1 - 1e-12):
-            self.groups[a], self.groups[b], self.value = stay, grown, value
-            return True
-        return False
+        value, groups, fresh = kept
+        if groups is None or not value < self.value * (1 - 1e-12):
+            return False
+        for old in (self.groups[a], self.groups[b]):
+            self.tables.pop(id(old), None)
+        self.tables.update(fresh)
+        self.groups, self.value = groups, value
+        return True
 
 
 def moved_bucket(problem: Problem, b: int, judged: Judged, judge: Judge, deadline: Deadline
@@ -157,7 +169,8 @@ def moved_bucket(problem: Problem, b: int, judged: Judged, judge: Judge, deadlin
             break
     if not moved:
         return None
-    return counted(problem, b, [g for g in search.groups if len(g)], 0.0, judge, judged.name, deadline)
+    found = counted(problem, b, [g for g in search.groups if len(g)], 0.0, judge, judged.name, deadline)
+    return None if found is None else found[:2]
 
 
 def moved(problem: Problem, judge: Judge, judged: Judged, deadline: Deadline) -> Judged | None:

@@ -67,9 +67,10 @@ def cut(problem: Problem, groups: list[Group], n: int, pad_weight: float, over_w
 
 
 def counted(problem: Problem, b: int, groups: list[Group], pad_weight: float, judge: Judge, name: str,
-            deadline: Deadline) -> tuple[Batching, float] | None:
+            deadline: Deadline) -> tuple[Batching, float, bool] | None:
     """Bucket b's groups cut with its P95 count exact (``count_runs.counted_runs``), judged on the bucket alone:
-    (batching, cost) of the first count that the judge accepts, from ``allowed_above(n)`` down (a count the DP
+    (batching, cost, whether the count was exact: in members, the whole allowance) of the first count the judge
+    accepts, from ``allowed_above(n)`` down (a count the DP
     cannot see -- a spike per graph, a member's own wait -- costs a retry), or None.  The count is kept in the
     least unit whose DP fits a share of the time left (``count_runs.unit_for``; one member where it can).
     Without a P95 limit the groups are cut once, with no count."""
@@ -89,8 +90,10 @@ def counted(problem: Problem, b: int, groups: list[Group], pad_weight: float, ju
             return None
         bt = batching_of(groups, found[1], n)
         judged = judge(sub, name, (bt,))
+        log.info("counted re-batching of %s (bucket %d): %d over allowed in units of %d: %s", name, b,
+                 most * unit, unit, f"{judged.cost:.6e}" if judged.acceptable else "not accepted")
         if judged.acceptable:
-            return bt, judged.cost
+            return bt, judged.cost, unit == 1 and back == 0
     return None
 
 
@@ -149,10 +152,12 @@ def rebatch_bucket(problem: Problem, b: int, judged: Judged, judge: Judge, deadl
         found = least_weight(lambda w: trial(w, None), own[1] / tokens, deadline)
         pad_weight = found if found is not None else 0.0
     if lim.max_p95_latency_ms is not None:
-        least_weight(lambda w: trial(pad_weight, w), own[1] / max(1, n), deadline)
+        # the count kept exactly first (what a weight cannot reach), then the weights while time is left
         exact = counted(problem, b, groups, pad_weight, judge, judged.name, deadline)
         if exact is not None and exact[1] < best[0][1]:
-            best[0] = exact
+            best[0] = exact[:2]
+        if exact is None or not exact[2] or pad_weight:  # exact, unweighted: the weights search no more
+            least_weight(lambda w: trial(pad_weight, w), own[1] / max(1, n), deadline)
     return best[0]
 
 
@@ -176,6 +181,18 @@ def rebatched(problem: Problem, judge: Judge, judged: Judged, deadline: Deadline
                           "the limits)")
 
 
+def canonical(batching: Batching) -> bytes:
+    """A batching's content whatever its batch numbers: batches renumbered by their first member, with their
+    shapes (the MIP's plan and the start it returned differ in numbers only)."""
+    batch_of = np.asarray(batching.batch_of, dtype=np.int64)
+    used, first = np.unique(batch_of, return_index=True)
+    rank = np.empty(len(used), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(used))
+    renumbered = rank[np.searchsorted(used, batch_of)]
+    shapes = np.asarray(batching.shape_of, dtype=np.int64)[used[np.argsort(first, kind="stable")]]
+    return renumbered.tobytes() + b"|" + shapes.tobytes()
+
+
 def rebatched_candidates(problem: Problem, judge: Judge, candidates: list[Judged], deadline: Deadline,
                          most: int = 5) -> list[Judged]:
     """The ``most`` cheapest acceptable candidates re-batched (``rebatched``), cheapest first while the deadline
@@ -188,7 +205,7 @@ def rebatched_candidates(problem: Problem, judge: Judge, candidates: list[Judged
     for cand in sorted((c for c in candidates if c.acceptable), key=lambda c: c.cost)[:most]:
         if deadline.expired():
             break
-        key = hash(tuple(np.asarray(bt.batch_of).tobytes() for bt in cand.batchings))
+        key = hash(tuple(canonical(bt) for bt in cand.batchings))
         if key in seen:  # the same plan under two names (the MIP returning its start): once is enough
             continue
         seen.add(key)
