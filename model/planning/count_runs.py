@@ -162,13 +162,13 @@ def group_runs(gens: np.ndarray, s: int, cost: CostModel, max_batch: int | None,
         to0 = np.where(harmless[:, None], INF, from0)
         spot = np.where(harmless[:, None], from0, INF)
         to1 = np.minimum(from1, spot)
-        for h, table, prior in ((0, to0, np.zeros_like(to0, dtype=np.int8)),
-                                (1, to1, np.where(from1 <= spot, 1, 0).astype(np.int8))):
+        for h, table in ((0, to0), (1, to1)):
             j = np.argmin(table, axis=0)
             value[i, h] = table[j, ks]
             take[i, h] = np.where(np.isfinite(value[i, h]), sz[j], 0)
-            came[i, h] = prior[j, ks]
             over_of[i, h] = add[j]
+            if h:  # a state with no spot came from one with none (``came`` stays 0)
+                came[i, 1] = from1[j, ks] <= spot[j, ks]
     return GroupRuns(value, take, came, over_of)
 
 
@@ -298,10 +298,13 @@ def counted_runs(problem: Problem, groups: list[Group], most: int, pad_weight: f
             if tables is not None:
                 tables[id(g)] = (g, table)
         found.append(table)
-    best = best_runs(found, [g.shape for g in live], most)
-    if best is None:
-        return None
-    value, runs = best
+    if all(g.limit is None for g in live):  # nobody is over and no spike counts: the groups' optima add up
+        value, runs = sum(float(t.value[1, 0]) for t in found), [t.batches(1, 0) for t in found]
+    else:
+        best = best_runs(found, [g.shape for g in live], most)
+        if best is None:
+            return None
+        value, runs = best
     shapes = np.unique([g.shape for g in live])
     charge = float(np.sum(problem.cost.shape_charge(shapes))) if problem.cost.n_compile_classes == 1 else 0.0
     it = iter(runs)

@@ -17,8 +17,9 @@ runs over a doubling ladder (1, 2, 4, ... the lower group's size: moving all of 
 the lower shape from the window) and is refined by a pattern search around the best; pairs are
 taken from the largest shape down, and passes repeat while one lowers the total, to the
 deadline.  A bucket with a P95 limit and more than ``MOST_GROUPS`` groups is not searched (the
-fold grows with them); without a limit the groups' own optima simply add up, so windows of any
-number are searched, pair by pair, to the deadline.  Every result is judged exactly; a plan, never a bound.
+fold grows with them); without a limit the groups' own optima simply add up (``counted_runs``
+folds nothing then), so windows of any number are searched, pair by pair, to the deadline.
+Every result is judged exactly; a plan, never a bound.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from model.base.runtime import Deadline, check_interrupt
 from model.cost.common import allowed_above
 from model.domain.schema import Batching, Problem
 from model.planning.contract import Judge, Judged
-from model.planning.count_runs import counted_runs, group_table, unit_for, work
+from model.planning.count_runs import counted_runs, unit_for, work
 from model.planning.groups import Group, groups_of, moved_up
 from model.planning.rebatch import counted
 
@@ -89,32 +90,10 @@ class Search:
             local[id(stay)] = (stay, entry[1].prefix(len(stay)))
         trial = list(self.groups)
         trial[a], trial[b] = stay, grown
-        if stay.p95 is None:
-            value = self.uncounted(trial, local)  # no count: the groups' own optima add up, no fold
-        else:
-            found = counted_runs(self.problem, trial, self.most, 0.0, local, self.unit)
-            value = found[0] if found is not None else np.inf
+        found = counted_runs(self.problem, trial, self.most, 0.0, local, self.unit)
+        value = found[0] if found is not None else np.inf
         fresh = {id(g): local[id(g)] for g in (stay, grown) if id(g) in local}
         return value, trial, fresh
-
-    def uncounted(self, groups: list[Group], local: dict) -> float:
-        """Without a P95 limit: each group's own least time (its DP, cached in ``local``) plus one compile charge
-        per shape with members -- what ``counted_runs`` gives then, without folding hundreds of groups."""
-        total, shapes = 0.0, set()
-        for g in groups:
-            if not len(g):
-                continue
-            entry = local.get(id(g))
-            if entry is None or entry[0] is not g:
-                table = group_table(self.problem, g, 0, 0.0, self.unit)
-                if table is None:
-                    return np.inf
-                local[id(g)] = entry = (g, table)
-            total += float(entry[1].value[1, 0])
-            shapes.add(g.shape)
-        cm = self.problem.cost
-        charge = float(np.sum(cm.shape_charge(np.array(sorted(shapes))))) if cm.n_compile_classes == 1 else 0.0
-        return total + charge
 
     def improve(self, a: int, b: int, deadline: Deadline) -> bool:
         """The best k on the ladder for the pair (a, b), refined; kept when it lowers the objective."""

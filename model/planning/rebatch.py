@@ -70,10 +70,10 @@ def counted(problem: Problem, b: int, groups: list[Group], pad_weight: float, ju
             deadline: Deadline) -> tuple[Batching, float, bool] | None:
     """Bucket b's groups cut with its P95 count exact (``count_runs.counted_runs``), judged on the bucket alone:
     (batching, cost, whether the count was exact: in members, the whole allowance) of the first count the judge
-    accepts, from ``allowed_above(n)`` down (a count the DP
-    cannot see -- a spike per graph, a member's own wait -- costs a retry), or None.  The count is kept in the
-    least unit whose DP fits a share of the time left (``count_runs.unit_for``; one member where it can).
-    Without a P95 limit the groups are cut once, with no count."""
+    accepts, from ``allowed_above(n)`` down (a count the DP cannot see -- a spike per graph, a member's own wait
+    -- costs a retry), or None.  The count is kept in the least unit whose DP fits a share of the time left
+    (``count_runs.unit_for``; one member where it can).  Without a P95 limit the groups are cut once, with no
+    count."""
     n = len(problem.buckets[b])
     sub = replace(problem, buckets=(problem.buckets[b],), limits=(problem.limits[b],))
     limited = problem.limits[b].max_p95_latency_ms is not None
