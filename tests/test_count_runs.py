@@ -264,3 +264,17 @@ def test_counts_in_units_never_claim_fewer_members_over_than_there_are(unit):
     spot = bool(((t > limit) | (t + SPIKE <= limit)).any())
     assert int(sizes[t > limit].sum()) + (0 if spot else 1) <= allowed
     assert coarse[0] >= exact[0] * (1 - 1e-12) and float(t.sum()) == pytest.approx(coarse[0], rel=1e-12)
+
+
+def test_a_group_its_classes_cannot_cut_gives_no_batching_with_or_without_a_limit():
+    """Three members where only batches of exactly 2 may run (the graph of bucket 2): no cut exists, and the
+    bucket's counted runs say so (None) rather than failing to walk back."""
+    from model.planning.count_runs import counted_runs
+    from model.planning.groups import Group
+
+    cost = GraphCost(replace(TOY, batch_buckets=(1, 2, 4, 8)))
+    two = frozenset(np.asarray(cost.size_class(np.array([2]))).tolist())
+    prob = problem(bucket([10, 10, 10], [5, 6, 7]), k=1, cost=cost)
+    for p95 in (None, 1e9):
+        g = Group(np.arange(3), np.array([5, 6, 7]), 64, 0, np.zeros(3), p95, two)
+        assert counted_runs(prob, [g], 0 if p95 is None else 1) is None

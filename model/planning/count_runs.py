@@ -299,6 +299,8 @@ def counted_runs(problem: Problem, groups: list[Group], most: int, pad_weight: f
                 tables[id(g)] = (g, table)
         found.append(table)
     if all(g.limit is None for g in live):  # nobody is over and no spike counts: the groups' optima add up
+        if not all(np.isfinite(t.value[1, 0]) for t in found):
+            return None  # a group its classes cannot cut
         value, runs = sum(float(t.value[1, 0]) for t in found), [t.batches(1, 0) for t in found]
     else:
         best = best_runs(found, [g.shape for g in live], most)
