@@ -36,6 +36,7 @@ from model.cost.common import allowed_above
 from model.domain.schema import Problem, Windowing
 from model.packers.grouping import batch_capacity
 from model.planning.shapes import charged_tables, own_bound, shape_dp
+from model.planning.top_interval import TopInterval, gained_own_bound, top_interval
 from model.planning.window_bound import (
     anchors,
     candidate_shapes,
@@ -47,6 +48,18 @@ from model.planning.window_bound import (
 from model.planning.window_runs import WindowPools, window_pools
 
 LAMBDA_STEPS = (0.25, 0.5, 1.0, 2.0, 4.0)  # multiples of a request's mean price tried per bucket
+REFINE_ROUNDS = 2  # bisections of the multiplier on each side of the best step
+
+
+@dataclass(frozen=True)
+class Table:
+    """One bucket's interval table (``window_bound.interval_table``: acc, charge, top) and, where it is one
+    window, what its top interval's gains need (``top_interval.TopInterval``)."""
+
+    acc: np.ndarray
+    charge: np.ndarray
+    top: int
+    gains: TopInterval | None
 
 
 @dataclass(frozen=True)
@@ -109,34 +122,65 @@ def finite_sum(prices: np.ndarray) -> np.ndarray:
 
 
 def bucket_tables(one: Problem, pools_b: WindowPools, cands: np.ndarray, lam: float, deadline: Deadline
-                  ) -> list[tuple[np.ndarray, np.ndarray, int]]:
+                  ) -> list[Table]:
     """One bucket's interval tables (``window_bound.interval_table``), one per price mixture of
-    ``shape_prices``, with its batches priced at the penalised time for ``lam`` (lam = 0: the plain LP)."""
-    limit = one.limits[pools_b.bucket].max_p95_latency_ms
-    penalty = (float(limit), float(lam)) if limit is not None and lam > 0 else None
+    ``shape_prices``, with its batches priced at the penalised time for ``lam`` (lam = 0: the plain LP), each
+    with the top-interval gains' context where the bucket is one window (``top_interval``)."""
+    penalty = penalty_of(one, pools_b.bucket, lam)
     phis = [np.full((len(one.buckets[pools_b.bucket]), len(cands)), np.inf) for _ in range(2)]
+    tops: list[TopInterval | None] = [None, None]
     for w in range(len(pools_b)):
-        for phi, psi in zip(phis, shape_prices(one, pools_b.S[w], pools_b.G[w], cands, deadline, penalty),
-                            strict=True):
-            phi[pools_b.rows[w]] = np.minimum.accumulate(psi[:, ::-1], axis=1)[:, ::-1]
-    return [interval_table(one, pools_b, phi, cands) for phi in phis]
+        psis = shape_prices(one, pools_b.S[w], pools_b.G[w], cands, deadline, penalty)
+        for k, (phi, psi) in enumerate(zip(phis, psis, strict=True)):
+            suffix = np.minimum.accumulate(psi[:, ::-1], axis=1)[:, ::-1]
+            phi[pools_b.rows[w]] = suffix
+            if len(pools_b) == 1:
+                tops[k] = top_interval(one.cost.params, one.max_batch_size, pools_b.S[w], pools_b.G[w], cands,
+                                       psi, suffix, penalty)
+    return [Table(*interval_table(one, pools_b, phi, cands), top) for phi, top in zip(phis, tops, strict=True)]
 
 
-def own_value(table: tuple[np.ndarray, np.ndarray, int], cands: np.ndarray, max_shapes: int) -> float:
-    """A bucket's own bound from its interval table (before subtracting lam * A)."""
-    acc, charge, top = table
-    own, _ = charged_tables(acc, charge, top)
-    return own_bound(own, cands, top, max_shapes)[0]
+def penalty_of(one: Problem, bucket: int, lam: float) -> tuple[float, float] | None:
+    """(limit, lam) of the bucket's P95 limit priced at lam, None without a limit or at lam = 0."""
+    limit = one.limits[bucket].max_p95_latency_ms
+    return (float(limit), float(lam)) if limit is not None and lam > 0 else None
+
+
+def own_value(table: Table, cands: np.ndarray, max_shapes: int, deadline: Deadline | None = None) -> float:
+    """A bucket's own bound from its interval table (before subtracting lam * A); with ``deadline``, the top
+    interval's gains added until then (``top_interval.gained_own_bound``)."""
+    own, _ = charged_tables(table.acc, table.charge, table.top)
+    if deadline is None or table.gains is None:
+        return own_bound(own, cands, table.top, max_shapes)[0]
+    return gained_own_bound(own, cands, max_shapes, table.gains, deadline)[0]
 
 
 def best_table(one: Problem, pools_b: WindowPools, cands: np.ndarray, lam: float, allowed: int | None,
-               deadline: Deadline) -> tuple[float, float, tuple, list]:
+               deadline: Deadline) -> tuple[float, float, Table, list[Table]]:
     """(own bound less lam * allowance, lam, table, every table) of the price mixture whose own bound is the
     highest, the first of every table being the LP prices alone."""
     tables = bucket_tables(one, pools_b, cands, lam, deadline)
     values = [own_value(table, cands, one.max_shapes) - lam * (allowed or 0) for table in tables]
     k = int(np.argmax(values))
     return values[k], lam, tables[k], tables
+
+
+def refined(one: Problem, pools_b: WindowPools, cands: np.ndarray, allowed: int, tried: list[tuple],
+            deadline: Deadline) -> tuple:
+    """The best of ``tried`` (best_table results, by lam) after REFINE_ROUNDS bisections (geometric) on each
+    side of the best multiplier: the bound is concave in lam, so its peak lies between the best's neighbours."""
+    tried = sorted(tried, key=lambda t: t[1])
+    for _ in range(REFINE_ROUNDS):
+        k = max(range(len(tried)), key=lambda i: tried[i][0])
+        sides = [(tried[k - 1][1], tried[k][1]) if k > 0 else None,
+                 (tried[k][1], tried[k + 1][1]) if k + 1 < len(tried) else None]
+        for lo, hi in (side for side in sides if side is not None):
+            if deadline.expired():
+                return max(tried, key=lambda t: t[0])
+            mid = float(np.sqrt(lo * hi)) if lo > 0 else 0.5 * hi
+            tried.append(best_table(one, pools_b, cands, mid, allowed, deadline))
+        tried.sort(key=lambda t: t[1])
+    return max(tried, key=lambda t: t[0])
 
 
 def p95_bound(problem: Problem, deadline: Deadline) -> LimitBound:
@@ -151,18 +195,20 @@ def p95_bound(problem: Problem, deadline: Deadline) -> LimitBound:
     for pools_b, allowed in zip(pools, allowance, strict=True):
         best = best_table(one, pools_b, cands, 0.0, allowed, deadline)
         scale = best[0] / max(1, len(one.buckets[pools_b.bucket]))  # a request's mean price
+        tried = [best]
         for step in LAMBDA_STEPS if allowed is not None else ():  # an allowance of 0 is a limit too
             if deadline.expired():
                 break
-            trial = best_table(one, pools_b, cands, step * scale, allowed, deadline)
-            best = max(best, trial, key=lambda t: t[0])
-        chosen.append(best)
+            tried.append(best_table(one, pools_b, cands, step * scale, allowed, deadline))
+        chosen.append(refined(one, pools_b, cands, allowed, tried, deadline) if allowed is not None else best)
     lams = tuple(lam for _, lam, _, _ in chosen)
     subtract = sum(lam * (a or 0) for lam, a in zip(lams, allowance, strict=True))
     joint_value = -np.inf
-    if len(pools) > 1:  # the joint DP over each bucket's chosen tables, and over the LP prices alone
+    if len(pools) > 1:  # the joint DP over each bucket's chosen tables, and over the LP prices alone (no gains)
         for pick in ([table for _, _, table, _ in chosen], [tables[0] for _, _, _, tables in chosen]):
-            joint = sum(charged_tables(*table)[1] for table in pick)
+            joint = sum(charged_tables(table.acc, table.charge, table.top)[1] for table in pick)
             joint_value = max(joint_value, shape_dp(joint, cands, problem.max_shapes)[0] - subtract)
-    owns = tuple(value for value, _, _, _ in chosen)
+    # each bucket's own bound with its top interval's gains (``top_interval``), valid there alone
+    owns = tuple(max(value, own_value(table, cands, problem.max_shapes, deadline) - lam * (a or 0))
+                 for (value, lam, table, _), a in zip(chosen, allowance, strict=True))
     return LimitBound(max(joint_value, sum(owns)), lams, owns)
