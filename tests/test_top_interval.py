@@ -1,8 +1,8 @@
 """The top interval's gains (``model.planning.top_interval``): the leave floor against every batch and every
 member leaving it (across the decode-regime switch, with and without a KV capacity and a P95 penalty), the
-mixed duals y1 feasible for every batch of a small pool, the lazy DP equal to the DP over every gain, the
-gained bound never above the brute-force optimum and strictly above the ungained one where a bucket's top
-members ride apart, and the embedded default scenario's bound raised."""
+mixed duals feasible for every batch of a small pool, the lazy DP equal to the DP over every gain, the gained
+bound never above the brute-force optimum on 40 more seeded instances and tight (strictly above the ungained
+one) on four where it binds, and the embedded default scenario's bound raised by more than 10,000 ms."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ import pytest
 from helpers import brute_force, bucket, problem
 from test_limit_bound import TOY
 
+import model.planning.top_interval as top_interval_module
 from model.base.runtime import Deadline
 from model.cost.device import batch_time
 from model.cost.model import cost_model
 from model.domain.schema import Limits
 from model.planning.limit_bound import LimitBound, one_window, p95_bound, shape_prices
 from model.planning.shapes import charged_tables, own_bound
-import model.planning.top_interval as top_interval_module
 from model.planning.top_interval import gain, gained_own_bound, leave_floor, top_interval
-from model.planning.window_bound import candidate_shapes, interval_table, penalised
+from model.planning.window_bound import candidate_shapes, interval_table, lp_duals, penalised
 from model.planning.window_runs import window_pools
 
 
@@ -90,7 +90,6 @@ def test_the_mixed_duals_are_feasible_for_every_batch_at_the_top(seed):
         phi = np.minimum.accumulate(psi[:, ::-1], axis=1)[:, ::-1]
         ctx = top_interval(TOY, None, pb.S[0], pb.G[0], cands, psi, phi, penalty)
         assert ctx is not None
-        from model.planning.window_bound import lp_duals
         for lo in range(-1, ctx.top):
             M = ctx.j_of > lo
             y1 = ctx.floors.copy()
@@ -151,6 +150,7 @@ def test_the_gain_lifts_the_bound_to_the_optimum_where_it_binds(seed, monkeypatc
     assert gained.bound == pytest.approx(best, rel=1e-9)  # tight here, and never above (the oracle test)
 
 
+@pytest.mark.slow  # 2 s; scripts/bench.py --main-job measures the same bound
 def test_the_default_scenario_bound_rises(monkeypatch):
     from model import pipeline
     prob, _ = pipeline.load_problem(pipeline.InputSpec(scenario=pipeline.DEFAULT_SCENARIO, max_shapes=8))
