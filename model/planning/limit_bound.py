@@ -183,6 +183,13 @@ def refined(one: Problem, pools_b: WindowPools, cands: np.ndarray, allowed: int,
     return max(tried, key=lambda t: t[0])
 
 
+def gained(entry: tuple, allowed: int | None, cands: np.ndarray, max_shapes: int, deadline: Deadline) -> float:
+    """A bucket's own bound from a ``best_table`` entry with its top interval's gains (never below the entry's
+    own value: a gain cut by the deadline is zero)."""
+    value, lam, table, _ = entry
+    return max(value, own_value(table, cands, max_shapes, deadline) - lam * (allowed or 0))
+
+
 def p95_bound(problem: Problem, deadline: Deadline) -> LimitBound:
     """The LP-price bound with each bucket's P95 limit priced by its best multiplier found before ``deadline``
     (see module docstring); without a P95 limit, lam = 0 alone (the LP prices, and the floors where better)."""
@@ -191,7 +198,7 @@ def p95_bound(problem: Problem, deadline: Deadline) -> LimitBound:
     one = one_window(problem)
     pools = window_pools(one)
     cands = candidate_shapes(pools, problem.max_seq_len)
-    chosen = []
+    chosen, owns = [], []
     for pools_b, allowed in zip(pools, allowance, strict=True):
         best = best_table(one, pools_b, cands, 0.0, allowed, deadline)
         scale = best[0] / max(1, len(one.buckets[pools_b.bucket]))  # a request's mean price
@@ -200,7 +207,15 @@ def p95_bound(problem: Problem, deadline: Deadline) -> LimitBound:
             if deadline.expired():
                 break
             tried.append(best_table(one, pools_b, cands, step * scale, allowed, deadline))
-        chosen.append(refined(one, pools_b, cands, allowed, tried, deadline) if allowed is not None else best)
+        # each bucket's own bound with its top interval's gains (``top_interval``, valid there alone): at the
+        # best step first (the gains cost a few LPs, the bisection a few tables), then at the bisected lam
+        stepped = max(tried, key=lambda t: t[0])
+        own = gained(stepped, allowed, cands, problem.max_shapes, deadline)
+        if allowed is not None:
+            stepped = refined(one, pools_b, cands, allowed, tried, deadline)
+            own = max(own, gained(stepped, allowed, cands, problem.max_shapes, deadline))
+        chosen.append(stepped)
+        owns.append(own)
     lams = tuple(lam for _, lam, _, _ in chosen)
     subtract = sum(lam * (a or 0) for lam, a in zip(lams, allowance, strict=True))
     joint_value = -np.inf
@@ -208,7 +223,4 @@ def p95_bound(problem: Problem, deadline: Deadline) -> LimitBound:
         for pick in ([table for _, _, table, _ in chosen], [tables[0] for _, _, _, tables in chosen]):
             joint = sum(charged_tables(table.acc, table.charge, table.top)[1] for table in pick)
             joint_value = max(joint_value, shape_dp(joint, cands, problem.max_shapes)[0] - subtract)
-    # each bucket's own bound with its top interval's gains (``top_interval``), valid there alone
-    owns = tuple(max(value, own_value(table, cands, problem.max_shapes, deadline) - lam * (a or 0))
-                 for (value, lam, table, _), a in zip(chosen, allowance, strict=True))
-    return LimitBound(max(joint_value, sum(owns)), lams, owns)
+    return LimitBound(max(joint_value, sum(owns)), lams, tuple(owns))
