@@ -22,7 +22,7 @@ from model.domain.schema import Limits
 from model.planning.limit_bound import LimitBound, one_window, p95_bound, shape_prices
 from model.planning.shapes import charged_tables, own_bound
 from model.planning.top_interval import gain, gained_own_bound, leave_floor, top_interval
-from model.planning.window_bound import candidate_shapes, interval_table, lp_duals, penalised
+from model.planning.window_bound import candidate_shapes, interval_table, lp_duals, penalised, suffix_min
 from model.planning.window_runs import window_pools
 
 
@@ -37,7 +37,7 @@ def batch_penalised(n: int, s: int, G: int, prof, penalty) -> float:
 def test_a_member_leaving_lowers_the_batch_by_at_least_its_floor(kv, penalty, shape):
     prof = replace(TOY, kv_capacity_tokens=kv)
     gens = np.array([3, 10, 40, 41, 90, 200])
-    floors = leave_floor(prof, shape, gens, np.unique(gens), None, penalty)
+    floors = leave_floor(prof, shape, gens, None, penalty)
     checked = 0
     for size in range(1, len(gens) + 1):
         for batch in itertools.combinations(range(len(gens)), size):
@@ -58,7 +58,7 @@ def test_the_floor_sees_a_batch_whose_time_rises_when_a_member_leaves():
     gens = np.array([50, 50, 50])
     three = batch_penalised(3, 64, 50, TOY, None)
     two = batch_penalised(2, 64, 50, TOY, None)
-    floor = leave_floor(TOY, 64, gens, np.unique(gens), None, None)
+    floor = leave_floor(TOY, 64, gens, None, None)
     assert three - two < 0 and floor[0] <= three - two + 1e-9
 
 
@@ -87,8 +87,7 @@ def test_the_mixed_duals_are_feasible_for_every_batch_at_the_top(seed):
     pb = pools[0]
     for penalty in (None, (lim, 30.0)):
         psi = shape_prices(one, pb.S[0], pb.G[0], cands, Deadline.after(30), penalty)[0]
-        phi = np.minimum.accumulate(psi[:, ::-1], axis=1)[:, ::-1]
-        ctx = top_interval(TOY, None, pb.S[0], pb.G[0], cands, psi, phi, penalty)
+        ctx = top_interval(TOY, None, pb.S[0], pb.G[0], cands, psi, penalty)
         assert ctx is not None
         for lo in range(-1, ctx.top):
             M = ctx.j_of > lo
@@ -110,10 +109,9 @@ def test_the_lazy_dp_equals_the_dp_over_every_gain():
     cands = candidate_shapes(pools, prob.max_seq_len)
     pb = pools[0]
     psi = shape_prices(one, pb.S[0], pb.G[0], cands, Deadline.after(30))[0]
-    phi_rows = np.minimum.accumulate(psi[:, ::-1], axis=1)[:, ::-1]
-    ctx = top_interval(TOY, None, pb.S[0], pb.G[0], cands, psi, phi_rows, None)
-    phi = np.empty_like(phi_rows)
-    phi[pb.rows[0]] = phi_rows
+    ctx = top_interval(TOY, None, pb.S[0], pb.G[0], cands, psi, None)
+    phi = np.empty_like(psi)
+    phi[pb.rows[0]] = suffix_min(psi)
     acc, charge, top = interval_table(one, pb, phi, cands)
     own, _ = charged_tables(acc, charge, top)
     lazy, computed = gained_own_bound(own, cands, prob.max_shapes, ctx, Deadline.never())

@@ -36,7 +36,7 @@ from model.cost.common import allowed_above
 from model.domain.schema import Problem, Windowing
 from model.packers.grouping import batch_capacity
 from model.planning.shapes import charged_tables, own_bound, shape_dp
-from model.planning.top_interval import TopInterval, gained_own_bound, top_interval
+from model.planning.top_interval import gained_own_bound, top_interval
 from model.planning.window_bound import (
     anchors,
     candidate_shapes,
@@ -44,6 +44,7 @@ from model.planning.window_bound import (
     growth,
     interval_table,
     lp_duals,
+    suffix_min,
 )
 from model.planning.window_runs import WindowPools, window_pools
 
@@ -53,13 +54,13 @@ REFINE_ROUNDS = 2  # bisections of the multiplier on each side of the best step
 
 @dataclass(frozen=True)
 class Table:
-    """One bucket's interval table (``window_bound.interval_table``: acc, charge, top) and, where it is one
-    window, what its top interval's gains need (``top_interval.TopInterval``)."""
+    """One bucket's interval table (``window_bound.interval_table``: acc, charge, top) and, where the bucket is
+    one window, that window's prices psi (its requests in gen order), which its top interval's gains need."""
 
     acc: np.ndarray
     charge: np.ndarray
     top: int
-    gains: TopInterval | None
+    psi: np.ndarray | None
 
 
 @dataclass(frozen=True)
@@ -125,19 +126,17 @@ def bucket_tables(one: Problem, pools_b: WindowPools, cands: np.ndarray, lam: fl
                   ) -> list[Table]:
     """One bucket's interval tables (``window_bound.interval_table``), one per price mixture of
     ``shape_prices``, with its batches priced at the penalised time for ``lam`` (lam = 0: the plain LP), each
-    with the top-interval gains' context where the bucket is one window (``top_interval``)."""
+    with its window's prices where the bucket is one window."""
     penalty = penalty_of(one, pools_b.bucket, lam)
     phis = [np.full((len(one.buckets[pools_b.bucket]), len(cands)), np.inf) for _ in range(2)]
-    tops: list[TopInterval | None] = [None, None]
+    kept: list[np.ndarray | None] = [None, None]
     for w in range(len(pools_b)):
         psis = shape_prices(one, pools_b.S[w], pools_b.G[w], cands, deadline, penalty)
         for k, (phi, psi) in enumerate(zip(phis, psis, strict=True)):
-            suffix = np.minimum.accumulate(psi[:, ::-1], axis=1)[:, ::-1]
-            phi[pools_b.rows[w]] = suffix
+            phi[pools_b.rows[w]] = suffix_min(psi)
             if len(pools_b) == 1:
-                tops[k] = top_interval(one.cost.params, one.max_batch_size, pools_b.S[w], pools_b.G[w], cands,
-                                       psi, suffix, penalty)
-    return [Table(*interval_table(one, pools_b, phi, cands), top) for phi, top in zip(phis, tops, strict=True)]
+                kept[k] = psi
+    return [Table(*interval_table(one, pools_b, phi, cands), psi) for phi, psi in zip(phis, kept, strict=True)]
 
 
 def penalty_of(one: Problem, bucket: int, lam: float) -> tuple[float, float] | None:
@@ -146,13 +145,10 @@ def penalty_of(one: Problem, bucket: int, lam: float) -> tuple[float, float] | N
     return (float(limit), float(lam)) if limit is not None and lam > 0 else None
 
 
-def own_value(table: Table, cands: np.ndarray, max_shapes: int, deadline: Deadline | None = None) -> float:
-    """A bucket's own bound from its interval table (before subtracting lam * A); with ``deadline``, the top
-    interval's gains added until then (``top_interval.gained_own_bound``)."""
+def own_value(table: Table, cands: np.ndarray, max_shapes: int) -> float:
+    """A bucket's own bound from its interval table (before subtracting lam * A)."""
     own, _ = charged_tables(table.acc, table.charge, table.top)
-    if deadline is None or table.gains is None:
-        return own_bound(own, cands, table.top, max_shapes)[0]
-    return gained_own_bound(own, cands, max_shapes, table.gains, deadline)[0]
+    return own_bound(own, cands, table.top, max_shapes)[0]
 
 
 def best_table(one: Problem, pools_b: WindowPools, cands: np.ndarray, lam: float, allowed: int | None,
@@ -183,11 +179,20 @@ def refined(one: Problem, pools_b: WindowPools, cands: np.ndarray, allowed: int,
     return max(tried, key=lambda t: t[0])
 
 
-def gained(entry: tuple, allowed: int | None, cands: np.ndarray, max_shapes: int, deadline: Deadline) -> float:
-    """A bucket's own bound from a ``best_table`` entry with its top interval's gains (never below the entry's
-    own value: a gain cut by the deadline is zero)."""
+def gained(one: Problem, pools_b: WindowPools, cands: np.ndarray, allowed: int | None, entry: tuple,
+           deadline: Deadline) -> float:
+    """A bucket's own bound from a ``best_table`` entry with its top interval's gains added until ``deadline``
+    (``top_interval.gained_own_bound``); the entry's own value where the bucket is several windows or no gain
+    is certified, and never below it (a gain the deadline cut is zero)."""
     value, lam, table, _ = entry
-    return max(value, own_value(table, cands, max_shapes, deadline) - lam * (allowed or 0))
+    if table.psi is None:
+        return value
+    ctx = top_interval(one.cost.params, one.max_batch_size, pools_b.S[0], pools_b.G[0], cands, table.psi,
+                       penalty_of(one, pools_b.bucket, lam))
+    if ctx is None:
+        return value
+    own, _ = charged_tables(table.acc, table.charge, table.top)
+    return max(value, gained_own_bound(own, cands, one.max_shapes, ctx, deadline)[0] - lam * (allowed or 0))
 
 
 def p95_bound(problem: Problem, deadline: Deadline) -> LimitBound:
@@ -210,10 +215,10 @@ def p95_bound(problem: Problem, deadline: Deadline) -> LimitBound:
         # each bucket's own bound with its top interval's gains (``top_interval``, valid there alone): at the
         # best step first (the gains cost a few LPs, the bisection a few tables), then at the bisected lam
         stepped = max(tried, key=lambda t: t[0])
-        own = gained(stepped, allowed, cands, problem.max_shapes, deadline)
+        own = gained(one, pools_b, cands, allowed, stepped, deadline)
         if allowed is not None:
             stepped = refined(one, pools_b, cands, allowed, tried, deadline)
-            own = max(own, gained(stepped, allowed, cands, problem.max_shapes, deadline))
+            own = max(own, gained(one, pools_b, cands, allowed, stepped, deadline))
         chosen.append(stepped)
         owns.append(own)
     lams = tuple(lam for _, lam, _, _ in chosen)

@@ -36,23 +36,24 @@ from model.base.runtime import Deadline
 from model.cost.device import DeviceProfile, batch_time, per_member_ms
 from model.packers.grouping import batch_capacity
 from model.planning.shapes import own_bound
-from model.planning.window_bound import lp_duals, penalised
+from model.planning.window_bound import lp_duals, penalised, suffix_min
 
 ALPHAS = np.linspace(0.0, 1.0, 11)  # weights of y1 against psi[., c] tried per interval
 
 
-def leave_floor(prof: DeviceProfile, c: int, g: np.ndarray, gens: np.ndarray, max_batch: int | None,
+def leave_floor(prof: DeviceProfile, c: int, g: np.ndarray, max_batch: int | None,
                 penalty: tuple[float, float] | None) -> np.ndarray:
-    """Per member of gen g (each in ``gens``, the bucket's sorted distinct gens): the least a batch's penalised
-    time at shape c falls when that member leaves it (a profile's coefficients are non-negative, so a batch's
+    """Per member of gen g (one bucket's gens): the least a batch of them at shape c falls in penalised time
+    when that member leaves it (a profile's coefficients are non-negative, so a batch's
     time never falls as its longest gen grows).
 
-    The batch has n <= capacity(c, g) members and a longest gen G >= g (a member's, so one of ``gens``);
+    The batch has n <= capacity(c, g) members and a longest gen G >= g (a member's, so one of g's values);
     leaving, it keeps n - 1 and a longest gen G' <= G, so the fall is at least T'(n, G) - T'(n - 1, G).  That is
     T(1, G) >= T(1, g) when the batch empties; the per-member time at G >= that at g within one decode regime
     (the penalty then only adds); and at the regime switch n = decode_large_from, where T may rise as a member
     leaves, the exact T'(n, G) - T'(n - 1, G) minimised over every G >= g whose batch of n fits."""
     g = np.asarray(g, dtype=np.int64)
+    gens = np.unique(g)
     cap = batch_capacity(c, g, max_batch, prof.kv_capacity_tokens)
     out = batch_time(1, c, g, prof).astype(np.float64)
     n0 = prof.decode_large_from if prof.decode_large is not None else None
@@ -89,10 +90,10 @@ class TopInterval:
 
 
 def top_interval(prof: DeviceProfile, max_batch: int | None, S: np.ndarray, g: np.ndarray, cands: np.ndarray,
-                 psi: np.ndarray, phi: np.ndarray, penalty: tuple[float, float] | None) -> TopInterval | None:
+                 psi: np.ndarray, penalty: tuple[float, float] | None) -> TopInterval | None:
     """The context of ``gain`` for one bucket as one window (S, g its requests' entry shapes and gens sorted by
-    gen, psi its per-shape prices, phi their suffix minima); None where a request cannot run at the top
-    candidate (no gain is certified)."""
+    gen, psi its per-shape prices at ``penalty``); None where a request cannot run at the top candidate (no
+    gain is certified)."""
     j_of = np.searchsorted(cands, S)
     top = int(j_of.max())
     y2 = psi[:, top]
@@ -100,7 +101,7 @@ def top_interval(prof: DeviceProfile, max_batch: int | None, S: np.ndarray, g: n
         return None
     c = int(cands[top])
     return TopInterval(prof, max_batch, j_of, np.asarray(g, dtype=np.int64), top, c, y2,
-                       leave_floor(prof, c, g, np.unique(g), max_batch, penalty), phi, penalty)
+                       leave_floor(prof, c, g, max_batch, penalty), suffix_min(psi), penalty)
 
 
 def gain(ctx: TopInterval, lo: int) -> float:

@@ -84,6 +84,12 @@ def gen_levels(g: np.ndarray, most: int = LEVELS) -> np.ndarray:
     return picks[np.searchsorted(picks, g, side="right") - 1]
 
 
+def suffix_min(psi: np.ndarray) -> np.ndarray:
+    """phi[r, s] = min over candidates s' >= s of psi[r, s'] (see module docstring: it keeps every batch's
+    prices below its cost and makes phi grow with s)."""
+    return np.minimum.accumulate(psi[:, ::-1], axis=1)[:, ::-1]
+
+
 def penalised(T: np.ndarray, n, penalty: tuple[float, float] | None) -> np.ndarray:
     """Batch times T of n members with ``penalty`` = (limit, lam): lam per member where T exceeds the limit."""
     if penalty is None:
@@ -255,7 +261,7 @@ def floor_windows(problem: Problem, pools_b: WindowPools, windows: list[int], ca
         sl = slice(lo, lo + step)
         psi = floor_prices(problem, S[sl, None], g[sl, None], cands[None, :], pool[win[sl]])
         psi = np.where(cands[None, :] >= S[sl, None], psi, np.inf)
-        phi[sl] = np.minimum.accumulate(psi[:, ::-1], axis=1)[:, ::-1]
+        phi[sl] = suffix_min(psi)
     return rows, phi
 
 
@@ -270,7 +276,7 @@ def _price_windows(item: tuple[int, range]) -> tuple[list[tuple[np.ndarray, np.n
     while rest and use_lp and not deadline.expired():
         w = rest.pop(0)
         psi = window_prices(problem, pools[b].S[w], pools[b].G[w], cands, True, deadline)
-        out.append((pools[b].rows[w], np.minimum.accumulate(psi[:, ::-1], axis=1)[:, ::-1]))
+        out.append((pools[b].rows[w], suffix_min(psi)))
     return out, rest
 
 

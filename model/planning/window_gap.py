@@ -32,7 +32,7 @@ from model.domain.schema import Batching, Bucket, Limits, Problem
 from model.domain.windowing import windows_of
 from model.planning.contract import Judge
 from model.planning.mip import plan_mip
-from model.planning.window_bound import window_prices
+from model.planning.window_bound import suffix_min, window_prices
 from model.planning.window_lp import window_lp
 from model.planning.window_runs import entry_shapes
 
@@ -138,7 +138,7 @@ def relax_prices(problem: Problem, S: np.ndarray, G: np.ndarray, shapes: np.ndar
     the prices taken over those shapes only (``window_prices``, then the least over the shapes above)."""
     order = np.argsort(G, kind="stable")
     psi = window_prices(problem, S[order], G[order], shapes, problem.cost.shared_batch_time, deadline)
-    phi = np.minimum.accumulate(psi[:, ::-1], axis=1)[:, ::-1]
+    phi = suffix_min(psi)
     out = np.empty(len(S))
     out[order] = phi[np.arange(len(S)), np.searchsorted(shapes, S[order])]
     return out
