@@ -36,7 +36,7 @@ from model.domain.schema import Batching, Problem
 from model.planning.contract import Judge, Judged
 from model.planning.count_runs import counted_runs, unit_for, work
 from model.planning.groups import Group, groups_of, moved_up
-from model.planning.rebatch import counted
+from model.planning.rebatch import counted, improved_candidates
 
 log = logging.getLogger("shapeplan")
 
@@ -205,13 +205,4 @@ def moved_candidates(problem: Problem, judge: Judge, candidates: list[Judged], d
                      most: int = 1) -> list[Judged]:
     """The ``most`` cheapest acceptable candidates with members moved up (``moved``), cheapest first while the
     deadline allows: the ones that came out cheaper, as more candidates (device mode; none elsewhere)."""
-    if not problem.cost.shared_batch_time:
-        return []
-    out = []
-    for cand in sorted((c for c in candidates if c.acceptable), key=lambda c: c.cost)[:most]:
-        if deadline.expired():
-            break
-        found = moved(problem, judge, cand, deadline)
-        if found is not None:
-            out.append(found)
-    return out
+    return improved_candidates(problem, judge, candidates, deadline, most, moved)

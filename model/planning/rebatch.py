@@ -198,6 +198,14 @@ def rebatched_candidates(problem: Problem, judge: Judge, candidates: list[Judged
     """The ``most`` cheapest acceptable candidates re-batched (``rebatched``), cheapest first while the deadline
     allows: the ones that came out cheaper, as more candidates (device mode; none elsewhere).  Not only the
     cheapest: on 12k long-context requests dpfill's plan, dearer than the MIP's, re-batched cheaper than it."""
+    return improved_candidates(problem, judge, candidates, deadline, most, rebatched)
+
+
+def improved_candidates(problem: Problem, judge: Judge, candidates: list[Judged], deadline: Deadline, most: int,
+                        improve) -> list[Judged]:
+    """``improve(problem, judge, candidate, deadline)`` (a cheaper judged plan, or None) on the ``most``
+    cheapest acceptable candidates, cheapest first while the deadline allows, each plan once: what came out,
+    as more candidates (device mode; none elsewhere)."""
     if not problem.cost.shared_batch_time:
         return []
     out = []
@@ -209,7 +217,7 @@ def rebatched_candidates(problem: Problem, judge: Judge, candidates: list[Judged
         if key in seen:  # the same plan under two names (the MIP returning its start): once is enough
             continue
         seen.add(key)
-        found = rebatched(problem, judge, cand, deadline)
+        found = improve(problem, judge, cand, deadline)
         if found is not None:
             out.append(found)
     return out
