@@ -201,3 +201,25 @@ def test_shapes_never_change_and_every_batch_fits():
         assert len(set(wins[members].tolist())) == 1
         assert prob.cost.batch_fits(len(members), bt.shape_of[k], prob.buckets[0].gen_len[members].max())
     assert list(itertools.chain(found.notes))
+
+
+def test_the_start_rebatches_the_cheapest_fallback_and_the_end_skips_it():
+    """``mip.rebatched_fallback``: the cheapest fallback re-batched at the start (so the search's time cannot
+    squeeze it), the tried one marked, the new one marked too, and ``rebatched_candidates`` at the end skips
+    both (re-batching a re-batched plan again finds nothing and costs the DP's time)."""
+    from model.planning.mip import rebatched_fallback
+    from model.planning.rebatch import rebatched_candidates
+    rng = np.random.default_rng(11)
+    n = 40
+    b = bucket(rng.integers(100, 900, n).tolist(), np.maximum(1, rng.lognormal(3.5, 1.0, n)).astype(int).tolist())
+    prob = device(b, k=3, limits=Limits(max_pad_ratio=3.0, max_p95_latency_ms=1500.0))
+    fallbacks = [pipeline.judge(prob, name, PACKERS[name](prob)) for name in ("dpfill", "solo")]
+    assert all(f.acceptable for f in fallbacks)
+    out = rebatched_fallback(prob, pipeline.judge, fallbacks, Deadline.never())
+    cheapest = min(range(2), key=lambda i: fallbacks[i].cost)
+    assert [f.rebatched for f in out[:2]] == [i == cheapest for i in range(2)]
+    assert len(out) == 3 and out[2].rebatched and out[2].acceptable and out[2].cost < fallbacks[cheapest].cost
+    again = rebatched(prob, pipeline.judge, fallbacks[cheapest], Deadline.never())
+    assert again is not None and again.cost == pytest.approx(out[2].cost)
+    assert rebatched_candidates(prob, pipeline.judge, [f for f in out if f.rebatched], Deadline.never()) == []
+    assert rebatched_fallback(prob, pipeline.judge, [], Deadline.never()) == []

@@ -85,8 +85,11 @@ class GroupRuns:
         return np.searchsorted(bounds, np.arange(self.take.shape[0] - 1), side="right")
 
 
-S_PER_STATE = 6e-8  # the DP's time per (member, count, run size) (measured 2.7e-8 to 6e-8 on 12k long-context)
-S_PER_MEMBER = 8e-6  # and per member, whatever its counts (numpy's per-step overhead)
+# the DP's time per (member, count, run size), and per member whatever its counts (numpy's per-step
+# overhead): measured 1.8e-8 and 6e-5 on the 12k long-context trace's groups (87..3,444 members, counts 50..600,
+# runs 2..57, 2 cores, quiet), kept about 1.5x above that so a loaded host still fits the time it is given
+S_PER_STATE = 3e-8
+S_PER_MEMBER = 9e-5
 
 
 def fits(members: int, most: int) -> bool:

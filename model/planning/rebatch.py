@@ -45,7 +45,8 @@ RUNS_S_PER_MEMBER = 1e-5  # the runs DP's time per member (about a second on 10^
 DOUBLINGS = 14  # weights tried from a tiny one up, doubling, before a bisection between the last two
 BISECTIONS = 3
 COUNT_RETRIES = (0, 1, 2, 4, 8, 16)  # counts below the allowance tried when the judge finds more members over
-COUNT_SHARE = 0.5  # of the time left, what one counted DP may take (its count unit is chosen to fit)
+COUNT_SHARE = 0.8  # of the time left, what one counted DP may take (its count unit is chosen to fit): most of
+# it, as the cheapest candidate comes first and an exact count needs no weights after it
 
 
 def cut(problem: Problem, groups: list[Group], n: int, pad_weight: float, over_weight: float | None,
@@ -175,8 +176,9 @@ def rebatched(problem: Problem, judge: Judge, judged: Judged, deadline: Deadline
     if not found.acceptable or found.cost >= judged.cost * (1 - 1e-12):
         return None
     log.info("re-batching the %s plan's shapes exactly: %.6e -> %.6e", judged.name, judged.cost, found.cost)
-    return replace(found, notes=(f"the {judged.name} plan's requests kept on their shapes and re-batched by the "
-                                 f"exact runs DP under the limits: cost {judged.cost:.6g} -> {found.cost:.6g}",),
+    return replace(found, rebatched=True,
+                   notes=(f"the {judged.name} plan's requests kept on their shapes and re-batched by the "
+                          f"exact runs DP under the limits: cost {judged.cost:.6g} -> {found.cost:.6g}",),
                    method=f"the {judged.name} plan re-batched exactly on its own shapes (the exact-runs DP under "
                           "the limits)")
 
@@ -198,7 +200,8 @@ def rebatched_candidates(problem: Problem, judge: Judge, candidates: list[Judged
     """The ``most`` cheapest acceptable candidates re-batched (``rebatched``), cheapest first while the deadline
     allows: the ones that came out cheaper, as more candidates (device mode; none elsewhere).  Not only the
     cheapest: on 12k long-context requests dpfill's plan, dearer than the MIP's, re-batched cheaper than it."""
-    return improved_candidates(problem, judge, candidates, deadline, most, rebatched)
+    fresh = [c for c in candidates if not c.rebatched]  # the start's fallbacks were re-batched already
+    return improved_candidates(problem, judge, fresh, deadline, most, rebatched)
 
 
 def improved_candidates(problem: Problem, judge: Judge, candidates: list[Judged], deadline: Deadline, most: int,
