@@ -302,3 +302,26 @@ def test_the_lp_price_bound_tightens_the_default_scenario_and_plan_mip_reports_i
     lp = whole_trace_bound(prob, Deadline.after(30))
     assert lp > 1.2 * shape_relaxation(prob, [build_histogram(b) for b in prob.buckets]).bound
     assert plan_mip(prob, time_limit=2).report.bound >= lp * (1 - 1e-12)
+
+
+def test_a_flow_model_is_not_built_once_its_deadline_has_passed(monkeypatch):
+    """Building the flow model takes half a second at 4 x 10^5 columns: with the deadline already past nothing
+    is built and no solver runs, and the search reports the time limit without a solution."""
+    import model.planning.device_search as ds
+    from model.planning.options import PlannerOptions
+    from solvers.backends import get_backend
+    from solvers.backends.result import Status
+
+    def never(*args, **kwargs):
+        raise AssertionError("the flow model was built")
+
+    monkeypatch.setattr(ds, "build_flow_model", never)
+    rng = np.random.default_rng(3)
+    prob = problem(bucket(rng.integers(1, 300, 6).tolist(), rng.integers(1, 200, 6).tolist()), k=2,
+                   params=TOY, mode="device")
+    hists = [build_histogram(b) for b in prob.buckets]
+    options = PlannerOptions()
+    levels = ds.flow_levels(prob, hists, options, "ceil")
+    model, blocks, result = ds.solve_levels(prob, hists, ds.bucket_models(prob, hists), levels,
+                                            get_backend("highs"), Deadline.after(-1.0), None, True, options)
+    assert model is None and blocks is None and result.status is Status.TIME_LIMIT_NO_SOLUTION

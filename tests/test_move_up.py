@@ -105,3 +105,21 @@ def test_with_no_time_left_nothing_is_searched():
     judged = pipeline.judge(prob, "solo", PACKERS["solo"](prob))
     assert moved(prob, pipeline.judge, judged, Deadline.never()) is not None
     assert moved_bucket(prob, 0, judged, pipeline.judge, Deadline.after(0.0)) is None
+
+
+def test_a_first_fold_that_cannot_fit_the_time_left_is_not_started(monkeypatch):
+    """The first fold's counted DP cannot stop part-way, so when even its coarsest count needs more than the
+    time left (``count_runs.dp_seconds``), no DP runs at all (on 12k long-context requests at a 3 s limit it
+    ran 0.6 s past the limit)."""
+    import model.planning.move_up as move_up
+    rng = np.random.default_rng(51)
+    b = bucket(rng.integers(1, 300, 5).tolist(), rng.integers(1, 200, 5).tolist())
+    prob = problem(b, k=2, params=TOY, mode="device")
+    judged = pipeline.judge(prob, "solo", PACKERS["solo"](prob))
+
+    def no_dp(*args, **kwargs):
+        raise AssertionError("a counted DP was started")
+
+    monkeypatch.setattr(move_up, "counted_runs", no_dp)
+    monkeypatch.setattr(move_up, "dp_seconds", lambda works, most: 3600.0)
+    assert moved_bucket(prob, 0, judged, pipeline.judge, Deadline.after(60.0)) is None

@@ -278,7 +278,13 @@ def solve_levels(problem: Problem, hists: list[Histogram], bms: list[BucketModel
                  solver: Backend, until: Deadline, warm: tuple[Batching, ...] | None, spikes: bool,
                  options: PlannerOptions):
     """Build and solve one flow model; returns (model, blocks, result).  With the deadline already past
-    when the model is built, no backend is called (a child process alone takes a second to start)."""
+    before the model is built, nothing is built (half a second at 4 x 10^5 columns: a short limit overran by
+    it) and (None, None, result) returned; past once it is built, no backend is called (a child process
+    alone takes a second to start)."""
+    if until.expired():
+        log.info("flow model: not built, the time limit has passed")
+        return None, None, BackendResult(Status.TIME_LIMIT_NO_SOLUTION, None, None, None, None, 0.0, solver.name,
+                                         solver.version(), "the time limit passed before the flow model was built")
     model, blocks = build_flow_model(bms, levels, problem.max_shapes, problem.max_batch_size, spikes=spikes,
                                      max_graphs=problem.graph_cap)
     start = warm_vector(problem, hists, bms, levels, blocks, model.n_cols, warm)

@@ -34,7 +34,7 @@ from model.base.runtime import Deadline, check_interrupt
 from model.cost.common import allowed_above
 from model.domain.schema import Batching, Problem
 from model.planning.contract import Judge, Judged
-from model.planning.count_runs import counted_runs, unit_for, work
+from model.planning.count_runs import counted_runs, dp_seconds, unit_for, work
 from model.planning.groups import Group, groups_of, moved_up
 from model.planning.rebatch import counted, improved_candidates
 
@@ -154,6 +154,8 @@ def moved_bucket(problem: Problem, b: int, judged: Judged, judge: Judge, deadlin
     allowed = allowed_above(n) if problem.limits[b].max_p95_latency_ms is not None else 0
     works = [work(problem, g) for g in groups]
     unit = unit_for(works, allowed, TRIAL_SHARE * deadline.left())  # a search is a few dozen folds
+    if dp_seconds(works, allowed // unit) > deadline.left():
+        return None  # not even the first fold fits (it cannot stop part-way): a short limit overran by it
     t0 = time.perf_counter()
     search = Search(problem, groups, allowed // unit, unit)
     if not np.isfinite(search.value):
