@@ -116,6 +116,7 @@ def test_a_first_fold_that_cannot_fit_the_time_left_is_not_started(monkeypatch):
     b = bucket(rng.integers(1, 300, 5).tolist(), rng.integers(1, 200, 5).tolist())
     prob = problem(b, k=2, params=TOY, mode="device")
     judged = pipeline.judge(prob, "solo", PACKERS["solo"](prob))
+    assert len(groups_of(prob, 0, judged.batchings[0])) >= 2  # a pair to move between: the check is reached
 
     def no_dp(*args, **kwargs):
         raise AssertionError("a counted DP was started")

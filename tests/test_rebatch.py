@@ -203,10 +203,11 @@ def test_shapes_never_change_and_every_batch_fits():
     assert list(itertools.chain(found.notes))
 
 
-def test_the_start_rebatches_the_cheapest_fallback_and_the_end_skips_it():
+def test_the_start_rebatches_the_cheapest_fallback_and_the_end_skips_it_only_when_complete():
     """``mip.rebatched_fallback``: the cheapest fallback re-batched at the start (so the search's time cannot
-    squeeze it), the tried one marked, the new one marked too, and ``rebatched_candidates`` at the end skips
-    both (re-batching a re-batched plan again finds nothing and costs the DP's time)."""
+    squeeze it).  With all the time it needs the search is complete: the tried one and the new one are marked,
+    re-batching the new one finds nothing, and the end's ``rebatched_candidates`` re-batches only the other
+    fallback.  With no time the tried one stays unmarked and the end re-batches it after all."""
     from model.planning.mip import rebatched_fallback
     from model.planning.rebatch import rebatched_candidates
     rng = np.random.default_rng(11)
@@ -214,12 +215,13 @@ def test_the_start_rebatches_the_cheapest_fallback_and_the_end_skips_it():
     b = bucket(rng.integers(100, 900, n).tolist(), np.maximum(1, rng.lognormal(3.5, 1.0, n)).astype(int).tolist())
     prob = device(b, k=3, limits=Limits(max_pad_ratio=3.0, max_p95_latency_ms=1500.0))
     fallbacks = [pipeline.judge(prob, name, PACKERS[name](prob)) for name in ("dpfill", "solo")]
-    assert all(f.acceptable for f in fallbacks)
+    assert all(f.acceptable for f in fallbacks) and fallbacks[0].cost < fallbacks[1].cost
     out = rebatched_fallback(prob, pipeline.judge, fallbacks, Deadline.never())
-    cheapest = min(range(2), key=lambda i: fallbacks[i].cost)
-    assert [f.rebatched for f in out[:2]] == [i == cheapest for i in range(2)]
-    assert len(out) == 3 and out[2].rebatched and out[2].acceptable and out[2].cost < fallbacks[cheapest].cost
-    again = rebatched(prob, pipeline.judge, fallbacks[cheapest], Deadline.never())
-    assert again is not None and again.cost == pytest.approx(out[2].cost)
-    assert rebatched_candidates(prob, pipeline.judge, [f for f in out if f.rebatched], Deadline.never()) == []
+    assert [f.rebatched for f in out[:2]] == [True, False]
+    assert len(out) == 3 and out[2].rebatched and out[2].acceptable and out[2].cost < fallbacks[0].cost
+    assert rebatched(prob, pipeline.judge, out[2], Deadline.never()) is None
+    assert [j.name for j in rebatched_candidates(prob, pipeline.judge, out, Deadline.never())] == ["solo"]
+    cut = rebatched_fallback(prob, pipeline.judge, fallbacks, Deadline.after(-1.0))
+    assert len(cut) == 2 and not any(f.rebatched for f in cut)
+    assert [j.name for j in rebatched_candidates(prob, pipeline.judge, cut, Deadline.never())] == ["dpfill", "solo"]
     assert rebatched_fallback(prob, pipeline.judge, [], Deadline.never()) == []

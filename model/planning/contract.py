@@ -44,7 +44,7 @@ class Judged:
     evaluation: Evaluation
     notes: tuple[str, ...] = ()
     method: str = ""  # what made this plan when it is not the candidate's name (a re-batching of it, say)
-    rebatched: bool = False  # its batches are already ``model.planning.rebatch``'s on its own shapes
+    rebatched: bool = False  # re-batched on its own shapes by a complete ``model.planning.rebatch`` search
 
     @property
     def cost(self) -> float:

@@ -45,7 +45,7 @@ from model.planning.diagnose import alone_message, explain_infeasible, single_li
 from model.planning.exact_runs import device_start
 from model.planning.move_up import moved_candidates
 from model.planning.options import PlannerOptions
-from model.planning.rebatch import rebatched, rebatched_candidates
+from model.planning.rebatch import rebatch_plan, rebatched_candidates
 from model.planning.reshape import redeclared
 from model.planning.shapes import ShapeChoice
 from model.planning.stages import SearchOutcome, ShapeSetup, greedy_plan, search, shape_setup
@@ -93,16 +93,17 @@ def device_fallbacks(problem: Problem, judge: Judge, deadline: Deadline = Deadli
 
 def rebatched_fallback(problem: Problem, judge: Judge, fallbacks: list[Judged], deadline: Deadline
                        ) -> list[Judged]:
-    """The fallbacks with the cheapest re-batched exactly on its own shapes (``rebatch.rebatched``) within
-    ``deadline``, the cheaper plan added and the one tried marked (the end's re-batching skips it).  Done at
-    the start, with a share of the whole limit, not at the end with what the search leaves: "never costlier
-    than the cheapest packer re-batched exactly" then holds whenever that DP fits the share (4 s on 12k
-    long-context requests), whatever the search takes."""
+    """The fallbacks with the cheapest re-batched exactly on its own shapes (``rebatch.rebatch_plan``) within
+    ``deadline``, the cheaper plan added; where that search was complete the one tried is marked (the end's
+    re-batching skips it), else the end tries it again with its own time.  Done at the start, with a share of
+    the whole limit, not at the end with what the search leaves: "never costlier than the cheapest packer
+    re-batched exactly" then holds whenever that DP fits the share (4 s on 12k long-context requests),
+    whatever the search takes."""
     if not fallbacks or not problem.cost.shared_batch_time:
         return fallbacks
     k = min(range(len(fallbacks)), key=lambda i: fallbacks[i].cost)
-    found = rebatched(problem, judge, fallbacks[k], deadline)
-    out = [replace(f, rebatched=True) if i == k else f for i, f in enumerate(fallbacks)]
+    found, complete = rebatch_plan(problem, judge, fallbacks[k], deadline)
+    out = [replace(f, rebatched=complete) if i == k else f for i, f in enumerate(fallbacks)]
     return out + ([found] if found is not None else [])
 
 
@@ -254,7 +255,8 @@ class FlowSearch:
         if exact_start is not None:
             greedy, name = exact_start, "exact-runs start"
         fallbacks = device_fallbacks(problem, judge, clock.share(options.fallback_share), options)
-        fallbacks = rebatched_fallback(problem, judge, fallbacks, clock.share(options.start_rebatch_share))
+        if options.rebatch_share > 0 and options.start_rebatch_share > 0:  # 0: no re-batching (per-window MIPs)
+            fallbacks = rebatched_fallback(problem, judge, fallbacks, clock.share(options.start_rebatch_share))
         return Start(greedy, name, fallbacks, relaxation)
 
     def matching_s(self, fine: list[Histogram], options: PlannerOptions) -> float:

@@ -154,8 +154,8 @@ def moved_bucket(problem: Problem, b: int, judged: Judged, judge: Judge, deadlin
     allowed = allowed_above(n) if problem.limits[b].max_p95_latency_ms is not None else 0
     works = [work(problem, g) for g in groups]
     unit = unit_for(works, allowed, TRIAL_SHARE * deadline.left())  # a search is a few dozen folds
-    if dp_seconds(works, allowed // unit) > deadline.left():
-        return None  # not even the first fold fits (it cannot stop part-way): a short limit overran by it
+    if 4.0 * dp_seconds(works, allowed // unit) > deadline.left():
+        return None  # the first fold (it cannot stop part-way), three more held back for the end: no time
     t0 = time.perf_counter()
     search = Search(problem, groups, allowed // unit, unit)
     if not np.isfinite(search.value):

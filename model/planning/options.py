@@ -87,10 +87,10 @@ class PlannerOptions:
       match_s_per_cell: device mode: the flow solution's matching to requests (0.48 s on 68k cells).
       rebatch_share: device mode: share of the time limit kept back from the search for re-batching the
         cheapest candidates' shapes exactly under the limits (``model.planning.rebatch``: 1 s with the weights
-        and 2.5 s with the counted DP on 12k long-context requests) and moving members up a shape
+        and 4 s with the counted DP in single members on 12k long-context requests) and moving members up a shape
         (``model.planning.move_up``) -- a quarter, or on a long trace the bound's second pass leaves the counted
-        DP too little for counts in single members; 0: no re-batching (the windowed planner's per-window MIPs,
-        whose merged plan it re-batches once).
+        DP too little for counts in single members; 0: no re-batching, at the start or the end (the
+        windowed planner's per-window MIPs, whose merged plan it re-batches once).
       flow_stall_s, flow_stall_share: device mode's flow MIP gives its time back once it has found no
         better incumbent for the larger of these (seconds; share of the time it was given), counted from its
         start: on the embedded default it never beats the exact-runs start and ran 58 s for nothing.

@@ -46,7 +46,8 @@ DOUBLINGS = 14  # weights tried from a tiny one up, doubling, before a bisection
 BISECTIONS = 3
 COUNT_RETRIES = (0, 1, 2, 4, 8, 16)  # counts below the allowance tried when the judge finds more members over
 COUNT_SHARE = 0.8  # of the time left, what one counted DP may take (its count unit is chosen to fit): most of
-# it, as the cheapest candidate comes first and an exact count needs no weights after it
+# it, as candidates come cheapest first and an exact count needs no weights after it; with several buckets the
+# first may leave the later ones little (they keep their own batches then)
 
 
 def cut(problem: Problem, groups: list[Group], n: int, pad_weight: float, over_weight: float | None,
@@ -125,9 +126,11 @@ def least_weight(trial, scale: float, deadline: Deadline) -> float | None:
 
 
 def rebatch_bucket(problem: Problem, b: int, judged: Judged, judge: Judge, deadline: Deadline
-                   ) -> tuple[Batching, float]:
-    """Bucket b's cheapest re-batching found that meets its limits, and its cost; the plan's own batching and
-    cost when none is cheaper (see the module docstring for the search)."""
+                   ) -> tuple[Batching, float, bool]:
+    """Bucket b's cheapest re-batching found that meets its limits, its cost (the plan's own batching and cost
+    when none is cheaper; see the module docstring for the search) and whether the search was complete: no
+    cut refused for time and, with a P95 limit, the count kept exactly (in single members, the whole
+    allowance) -- what more time could not improve."""
     batching = judged.batchings[b]
     metrics = judged.evaluation.results[b].metrics
     own = (batching, float(metrics.cost) if metrics is not None else np.inf)
@@ -135,11 +138,13 @@ def rebatch_bucket(problem: Problem, b: int, judged: Judged, judge: Judge, deadl
     n = len(problem.buckets[b])
     groups = groups_of(problem, b, batching)
     best = [own]
+    short = [False]  # some step was refused for time
 
     def trial(pad_weight: float, over_weight: float | None) -> bool:
         """Cut and judge; keep the cut when cheaper and acceptable; True when acceptable."""
         bt = cut(problem, groups, n, pad_weight, over_weight, deadline)
         if bt is None:
+            short[0] |= deadline.left() < RUNS_S_PER_MEMBER * n
             return False
         found = judge(sub, judged.name, (bt,))
         if found.acceptable and found.cost < best[0][1]:
@@ -152,6 +157,8 @@ def rebatch_bucket(problem: Problem, b: int, judged: Judged, judge: Judge, deadl
         tokens = max(1.0, float(metrics.pad_tokens + metrics.real_tokens)) if metrics is not None else 1.0
         found = least_weight(lambda w: trial(w, None), own[1] / tokens, deadline)
         pad_weight = found if found is not None else 0.0
+        short[0] |= deadline.expired()
+    exact = None
     if lim.max_p95_latency_ms is not None:
         # the count kept exactly first (what a weight cannot reach), then the weights while time is left
         exact = counted(problem, b, groups, pad_weight, judge, judged.name, deadline)
@@ -159,28 +166,37 @@ def rebatch_bucket(problem: Problem, b: int, judged: Judged, judge: Judge, deadl
             best[0] = exact[:2]
         if exact is None or not exact[2] or pad_weight:  # exact, unweighted: the weights search no more
             least_weight(lambda w: trial(pad_weight, w), own[1] / max(1, n), deadline)
-    return best[0]
+    complete = not short[0] and (lim.max_p95_latency_ms is None or (exact is not None and exact[2]))
+    return (*best[0], complete)
 
 
 def rebatched(problem: Problem, judge: Judge, judged: Judged, deadline: Deadline) -> Judged | None:
-    """The judged plan with every bucket re-batched (``rebatch_bucket``), judged whole; None unless it is
-    cheaper and meets every limit (or in a mode where a batch's size does not set its time)."""
+    """``rebatch_plan``'s plan alone."""
+    return rebatch_plan(problem, judge, judged, deadline)[0]
+
+
+def rebatch_plan(problem: Problem, judge: Judge, judged: Judged, deadline: Deadline) -> tuple[Judged | None, bool]:
+    """The judged plan with every bucket re-batched (``rebatch_bucket``), judged whole -- None unless it is
+    cheaper and meets every limit (or in a mode where a batch's size does not set its time) -- and whether every
+    bucket's search was complete (more time could not find more); a complete plan is marked ``rebatched``."""
     if not problem.cost.shared_batch_time or not judged.acceptable:
-        return None
-    out = []
+        return None, False
+    out, complete = [], True
     for b in range(len(problem.buckets)):
-        out.append(rebatch_bucket(problem, b, judged, judge, deadline)[0])
+        bt, _, done = rebatch_bucket(problem, b, judged, judge, deadline)
+        out.append(bt)
+        complete &= done
     if all(new is old for new, old in zip(out, judged.batchings, strict=True)):
-        return None
+        return None, complete
     found = judge(problem, judged.name, tuple(out))
     if not found.acceptable or found.cost >= judged.cost * (1 - 1e-12):
-        return None
+        return None, complete
     log.info("re-batching the %s plan's shapes exactly: %.6e -> %.6e", judged.name, judged.cost, found.cost)
-    return replace(found, rebatched=True,
+    return replace(found, rebatched=complete,
                    notes=(f"the {judged.name} plan's requests kept on their shapes and re-batched by the "
                           f"exact runs DP under the limits: cost {judged.cost:.6g} -> {found.cost:.6g}",),
                    method=f"the {judged.name} plan re-batched exactly on its own shapes (the exact-runs DP under "
-                          "the limits)")
+                          "the limits)"), complete
 
 
 def canonical(batching: Batching) -> bytes:
@@ -195,28 +211,36 @@ def canonical(batching: Batching) -> bytes:
     return renumbered.tobytes() + b"|" + shapes.tobytes()
 
 
+def plan_key(judged: Judged) -> int:
+    """A judged plan's content whatever its names and batch numbers (``canonical`` of every bucket)."""
+    return hash(tuple(canonical(bt) for bt in judged.batchings))
+
+
 def rebatched_candidates(problem: Problem, judge: Judge, candidates: list[Judged], deadline: Deadline,
                          most: int = 5) -> list[Judged]:
     """The ``most`` cheapest acceptable candidates re-batched (``rebatched``), cheapest first while the deadline
     allows: the ones that came out cheaper, as more candidates (device mode; none elsewhere).  Not only the
-    cheapest: on 12k long-context requests dpfill's plan, dearer than the MIP's, re-batched cheaper than it."""
-    fresh = [c for c in candidates if not c.rebatched]  # the start's fallbacks were re-batched already
-    return improved_candidates(problem, judge, fresh, deadline, most, rebatched)
+    cheapest: on 12k long-context requests dpfill's plan, dearer than the MIP's, re-batched cheaper than it.
+    A candidate marked ``rebatched`` (the start's cheapest fallback, whose re-batching was complete) is skipped,
+    and so is the same plan under another name (the MIP returning that start)."""
+    done = [c for c in candidates if c.rebatched]
+    fresh = [c for c in candidates if not c.rebatched]
+    return improved_candidates(problem, judge, fresh, deadline, most, rebatched, skip=done)
 
 
 def improved_candidates(problem: Problem, judge: Judge, candidates: list[Judged], deadline: Deadline, most: int,
-                        improve) -> list[Judged]:
+                        improve, skip: list[Judged] = ()) -> list[Judged]:
     """``improve(problem, judge, candidate, deadline)`` (a cheaper judged plan, or None) on the ``most``
-    cheapest acceptable candidates, cheapest first while the deadline allows, each plan once: what came out,
-    as more candidates (device mode; none elsewhere)."""
+    cheapest acceptable candidates, cheapest first while the deadline allows, each plan once and none that
+    ``skip`` holds: what came out, as more candidates (device mode; none elsewhere)."""
     if not problem.cost.shared_batch_time:
         return []
     out = []
-    seen: set[int] = set()
+    seen = {plan_key(c) for c in skip}
     for cand in sorted((c for c in candidates if c.acceptable), key=lambda c: c.cost)[:most]:
         if deadline.expired():
             break
-        key = hash(tuple(canonical(bt) for bt in cand.batchings))
+        key = plan_key(cand)
         if key in seen:  # the same plan under two names (the MIP returning its start): once is enough
             continue
         seen.add(key)
