@@ -274,6 +274,12 @@ def start_switches(model, bms: list[BucketModel], blocks: list[FlowBlocks], star
         start[q.slice()] = used.astype(float)
 
 
+def unsolved(solver: Backend, what: str) -> BackendResult:
+    """The result of a flow model the time limit left no time to be ``what`` (built, solved)."""
+    return BackendResult(Status.TIME_LIMIT_NO_SOLUTION, None, None, None, None, 0.0, solver.name, solver.version(),
+                         f"the time limit passed before the flow model was {what}")
+
+
 def solve_levels(problem: Problem, hists: list[Histogram], bms: list[BucketModel], levels: list[Levels],
                  solver: Backend, until: Deadline, warm: tuple[Batching, ...] | None, spikes: bool,
                  options: PlannerOptions):
@@ -283,16 +289,14 @@ def solve_levels(problem: Problem, hists: list[Histogram], bms: list[BucketModel
     alone takes a second to start)."""
     if until.expired():
         log.info("flow model: not built, the time limit has passed")
-        return None, None, BackendResult(Status.TIME_LIMIT_NO_SOLUTION, None, None, None, None, 0.0, solver.name,
-                                         solver.version(), "the time limit passed before the flow model was built")
+        return None, None, unsolved(solver, "built")
     model, blocks = build_flow_model(bms, levels, problem.max_shapes, problem.max_batch_size, spikes=spikes,
                                      max_graphs=problem.graph_cap)
     start = warm_vector(problem, hists, bms, levels, blocks, model.n_cols, warm)
     if start is not None:
         start_switches(model, bms, blocks, start, len(levels[0].ts))
     if until.expired():
-        result = BackendResult(Status.TIME_LIMIT_NO_SOLUTION, None, None, None, None, 0.0, solver.name,
-                               solver.version(), "the time limit passed before the flow model was solved")
+        result = unsolved(solver, "solved")
         log.info("flow model: %d columns, %d rows: not solved, the time limit has passed", model.n_cols,
                  model.n_rows)
         return model, blocks, result
