@@ -66,7 +66,8 @@ class PlannerOptions:
         within (a packer is not started after it).
       start_rebatch_share: device mode: share of the time left after the fallbacks within which the cheapest
         of them is re-batched exactly on its own shapes (``mip.rebatched_fallback``; 4 s with the counted DP in
-        single members on 12k long-context requests): a candidate that the search's time cannot squeeze.
+        single members on 12k long-context requests, whose time model asks 7.5 s: 0.3 of a 30 s run's 25 s left
+        was too little): a candidate that the search's time cannot squeeze.
       relaxation_share: share of the time limit device mode's shape relaxation may use
         (10 s on 10^5 long-context requests); cut short, it gives no bound and the one
         shape covering every prompt as the start.
@@ -121,7 +122,7 @@ class PlannerOptions:
     start_share: float = 0.2
     relaxation_share: float = 0.3
     fallback_share: float = 0.3
-    start_rebatch_share: float = 0.3
+    start_rebatch_share: float = 0.4
     lp_price_share: float = 0.2
     lp_price_max_cells: int = 20_000_000
     judge_margin: float = 1.5
