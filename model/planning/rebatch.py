@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from model.base.runtime import Deadline, check_interrupt
+from model.base.runtime import Deadline, DeadlineExceeded, check_interrupt
 from model.cost.common import allowed_above
 from model.domain.schema import Batching, Problem
 from model.planning.contract import Judge, Judged
@@ -53,12 +53,13 @@ COUNT_SHARE = 0.8  # of the time left, what one counted DP may take (its count u
 def cut(problem: Problem, groups: list[Group], n: int, pad_weight: float, over_weight: float | None,
         deadline: Deadline) -> Batching | None:
     """Every group cut into optimal runs under the weights (``optimal_runs``): the bucket's batching, or None
-    when a group cannot be cut (its classes) or the deadline passes first."""
+    when a group cannot be cut (its classes).  Raises DeadlineExceeded when a group's DP, which cannot stop
+    part-way, would not fit the time left."""
     runs = []
     for g in groups:
         check_interrupt()
-        if deadline.left() < RUNS_S_PER_MEMBER * len(g.rows):  # one DP call cannot stop part-way
-            return None
+        if deadline.left() < RUNS_S_PER_MEMBER * len(g.rows):
+            raise DeadlineExceeded("re-batching")
         try:
             _, batch = optimal_runs(g.gens, g.shape, problem.cost, problem.max_batch_size, g.limit,
                                     None if g.classes is None else set(g.classes), pad_weight, over_weight)
@@ -66,6 +67,11 @@ def cut(problem: Problem, groups: list[Group], n: int, pad_weight: float, over_w
             return None
         runs.append(batch)
     return batching_of(groups, runs, n)
+
+
+def alone(problem: Problem, b: int) -> Problem:
+    """Bucket b as a problem of its own (its limits with it): what a trial of its batching is judged on."""
+    return replace(problem, buckets=(problem.buckets[b],), limits=(problem.limits[b],))
 
 
 def counted(problem: Problem, b: int, groups: list[Group], pad_weight: float, judge: Judge, name: str,
@@ -77,7 +83,7 @@ def counted(problem: Problem, b: int, groups: list[Group], pad_weight: float, ju
     (``count_runs.unit_for``; one member where it can).  Without a P95 limit the groups are cut once, with no
     count."""
     n = len(problem.buckets[b])
-    sub = replace(problem, buckets=(problem.buckets[b],), limits=(problem.limits[b],))
+    sub = alone(problem, b)
     limited = problem.limits[b].max_p95_latency_ms is not None
     allowed = allowed_above(n) if limited else 0  # without a limit nobody is over: one DP, no count
     works = [work(problem, g) for g in groups]
@@ -134,17 +140,20 @@ def rebatch_bucket(problem: Problem, b: int, judged: Judged, judge: Judge, deadl
     batching = judged.batchings[b]
     metrics = judged.evaluation.results[b].metrics
     own = (batching, float(metrics.cost) if metrics is not None else np.inf)
-    sub = replace(problem, buckets=(problem.buckets[b],), limits=(problem.limits[b],))
+    sub = alone(problem, b)
     n = len(problem.buckets[b])
     groups = groups_of(problem, b, batching)
     best = [own]
-    short = [False]  # some step was refused for time
+    short = [False]  # some cut was refused for time
 
     def trial(pad_weight: float, over_weight: float | None) -> bool:
         """Cut and judge; keep the cut when cheaper and acceptable; True when acceptable."""
-        bt = cut(problem, groups, n, pad_weight, over_weight, deadline)
+        try:
+            bt = cut(problem, groups, n, pad_weight, over_weight, deadline)
+        except DeadlineExceeded:
+            short[0] = True
+            return False
         if bt is None:
-            short[0] |= deadline.left() < RUNS_S_PER_MEMBER * n
             return False
         found = judge(sub, judged.name, (bt,))
         if found.acceptable and found.cost < best[0][1]:
@@ -157,7 +166,6 @@ def rebatch_bucket(problem: Problem, b: int, judged: Judged, judge: Judge, deadl
         tokens = max(1.0, float(metrics.pad_tokens + metrics.real_tokens)) if metrics is not None else 1.0
         found = least_weight(lambda w: trial(w, None), own[1] / tokens, deadline)
         pad_weight = found if found is not None else 0.0
-        short[0] |= deadline.expired()
     exact = None
     if lim.max_p95_latency_ms is not None:
         # the count kept exactly first (what a weight cannot reach), then the weights while time is left
@@ -166,7 +174,9 @@ def rebatch_bucket(problem: Problem, b: int, judged: Judged, judge: Judge, deadl
             best[0] = exact[:2]
         if exact is None or not exact[2] or pad_weight:  # exact, unweighted: the weights search no more
             least_weight(lambda w: trial(pad_weight, w), own[1] / max(1, n), deadline)
-    complete = not short[0] and (lim.max_p95_latency_ms is None or (exact is not None and exact[2]))
+    # a weight search the deadline stopped counts as cut short too (conservative: the end only tries again)
+    complete = not short[0] and not deadline.expired() and (lim.max_p95_latency_ms is None
+                                                            or (exact is not None and exact[2]))
     return (*best[0], complete)
 
 
