@@ -119,7 +119,7 @@ def test_the_split_puts_each_bucket_beside_the_lp_on_its_own_shapes():
     from model.domain.schema import Limits
     from model.packers import PACKERS
     from model.pipeline import judge
-    from model.planning.shape_lp import batching_split
+    from model.planning.fixed_set import batching_split
 
     x = bucket([60, 100, 130, 64, 250, 190], [10, 30, 20, 40, 10, 200], "x")
     y = bucket([51, 100, 130, 700, 64], [19, 53, 20, 300, 16], "y")
@@ -134,7 +134,8 @@ def test_the_split_puts_each_bucket_beside_the_lp_on_its_own_shapes():
     for row, res in zip(split, judged.evaluation.results, strict=True):
         assert row.batches + row.compiles == pytest.approx(res.metrics.cost, rel=1e-12)
         assert row.shapes == tuple(res.metrics.shapes)
-        assert row.lp.converged and 0 < row.lp.bound <= row.batches * (1 + 1e-9)
+        assert row.on_shapes.lp.converged and 0 < row.on_shapes.bound <= row.batches * (1 + 1e-9)
+        assert row.on_shapes.chain.bound <= row.on_shapes.lp.bound * (1 + 1e-6)
     assert batching_split(problem(x, y, k=4), plan) is None
 
 
@@ -148,7 +149,7 @@ def test_the_fixed_set_bound_is_below_the_brute_force_optimum(seed):
     from helpers import brute_force, plan_mip
     from test_limit_bound import instance as limited
 
-    from model.planning.shape_lp import fixed_set_bound
+    from model.planning.fixed_set import fixed_set_bound
 
     prob = limited(seed)
     top = max(int(align(b.prompt_len).max()) for b in prob.buckets)
@@ -174,7 +175,7 @@ def test_the_fixed_set_bound_prices_what_the_limit_keeps_apart():
     assert two - one > TOY.compile_ms  # alone, even the member the compile spike lands on stays within
     prob = problem(bucket([60, 100], [3000, 3000]), k=1, params=TOY, mode="device", allowed_shapes=(128,),
                    limits=Limits(max_p95_latency_ms=(one + TOY.compile_ms + two) / 2))
-    from model.planning.shape_lp import fixed_set_bound
+    from model.planning.fixed_set import fixed_set_bound
 
     assert fixed_set_bound(prob) == pytest.approx(2 * one + TOY.compile_ms, rel=1e-8)
     rep = plan_mip(prob, time_limit=10).report

@@ -252,6 +252,9 @@ class SolveReport:
     bound_by: str = ""
     termination: str = ""
     more_time: str = ""
+    # device mode: a certified lower bound on every plan that compiles the same shapes in every bucket (None: not
+    # priced), so (objective - on_shapes) / objective bounds what better batching on the plan's shapes could save
+    on_shapes: float | None = None
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,7 @@ class Candidates:
     bound_by: str = ""  # the method that gave ``bound``
     stalled: bool = False  # the last search gave its time back (nothing better found for a while)
     start: tuple[str, float] | None = None  # the search's start plan: its method and exact cost
+    on_shapes: float | None = None  # a bound on every plan compiling the shapes of the cheapest of ``judged``
 
 
 def plan_status(gap: float, last: Status, clock: Deadline) -> Status:
@@ -176,4 +177,5 @@ def select(found: Candidates) -> tuple[Priced, SolveReport]:
     ended, more = how_it_ended(gap, found)
     return chosen, SolveReport(plan_status(gap, found.search_status, found.deadline), chosen.cost, found.bound,
                                gap, elapsed, found.backend, found.version, found.bucket_bounds, notes,
-                               plan_method(chosen, found.start), found.bound_by, ended, more)
+                               plan_method(chosen, found.start), found.bound_by, ended, more,
+                               found.on_shapes)

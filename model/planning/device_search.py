@@ -27,9 +27,9 @@ from model.formulation.boxes import BucketModel, variant_of_size
 from model.formulation.device_flow import FlowBlocks, Levels, bucket_levels, build_flow_model, entry_levels
 from model.histogram.cells import Histogram
 from model.packers.grouping import balanced_batching
+from model.planning.fixed_set import FIXED_SET_SHARE, fixed_set_bound
 from model.planning.limit_bound import p95_bound
 from model.planning.options import PlannerOptions
-from model.planning.shape_lp import FIXED_SET_SHARE, fixed_set_bound
 from model.planning.shapes import ShapeChoice, choose_shapes
 from model.planning.stages import SearchOutcome, bucket_models
 from solvers.backends import Backend

@@ -43,6 +43,7 @@ from model.planning.contract import Candidates, Judge, Judged, select
 from model.planning.device_search import all_shapes, flow_search, shape_levels, shape_relaxation
 from model.planning.diagnose import alone_message, explain_infeasible, single_limit, unmeetable
 from model.planning.exact_runs import device_start
+from model.planning.fixed_set import on_shapes_bound
 from model.planning.move_up import moved_candidates
 from model.planning.options import PlannerOptions
 from model.planning.rebatch import rebatch_plan, rebatched_candidates
@@ -377,9 +378,14 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     # the backend asked for, whichever candidate won (the notes say when it is not the MIP's plan): the last
     # search's own record may name the LP backend column generation used instead
     start_cost = (start.name, judged_greedy.cost) if judged_greedy is not None and judged_greedy.acceptable else None
+    on_shapes = None
+    if options.on_shapes_share > 0 and first.bound is not None:
+        on_shapes = on_shapes_bound(problem, min(said, key=lambda j: j.cost).batchings,
+                                    clock.share(options.on_shapes_share))
     chosen, report = select(Candidates(tuple(said), first.bound, solver.name, solver.version(), t0, clock,
                                        outcome.status, first.bucket_bounds, tuple(first.notes),
-                                       bound_by=first.bound_by, stalled=outcome.stalled, start=start_cost))
+                                       bound_by=first.bound_by, stalled=outcome.stalled, start=start_cost,
+                                       on_shapes=on_shapes))
     return Planned(chosen.batchings, report, chosen.plans, chosen.evaluation)
 
 

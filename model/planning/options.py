@@ -92,6 +92,10 @@ class PlannerOptions:
         (``model.planning.move_up``) -- a quarter, or on a long trace the bound's second pass leaves the counted
         DP too little for counts in single members; 0: no re-batching, at the start or the end (the
         windowed planner's per-window MIPs, whose merged plan it re-batches once).
+      on_shapes_share: device mode: share of the time left after the final judging within which the returned
+        plan's own shapes are priced (``model.planning.fixed_set.on_shapes_bound``: the rider chain, 0.7 s on the
+        embedded default): a bound on every plan compiling those shapes, which tells how much of the gap better
+        batching could close; 0: not priced (the windowed planner's per-window MIPs).
       flow_stall_s, flow_stall_share: device mode's flow MIP gives its time back once it has found no
         better incumbent for the larger of these (seconds; share of the time it was given), counted from its
         start: on the embedded default it never beats the exact-runs start and ran 58 s for nothing.
@@ -134,3 +138,4 @@ class PlannerOptions:
     rebatch_share: float = 0.25
     flow_stall_s: float = 2.0
     flow_stall_share: float = 0.05
+    on_shapes_share: float = 0.5

@@ -41,10 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from model.base.runtime import Deadline, check_interrupt
-from model.cost.common import align, allowed_above
+from model.cost.common import allowed_above
 from model.cost.model import CostModel
-from model.domain.shapeset import usable
-from model.planning.reshape import batch_needs
 from solvers.backends import get_backend
 from solvers.backends.milp import Block, MipArrays
 from solvers.backends.result import SolveOptions, Status
@@ -280,75 +278,3 @@ def shape_lp(cost: CostModel, S: np.ndarray, G: np.ndarray, shapes, limit: float
             break
         chosen += fresh[np.argsort(rc[fresh], kind="stable")][:BOXES_PER_ROUND].tolist()
     return ShapeLP(best, converged, rounds, len(chosen))
-
-
-@dataclass(frozen=True)
-class BucketSplit:
-    """One bucket of a plan: its shapes, what its batches cost (compiles aside), their compile charge, and the
-    LP bound on the batches of any plan of the bucket on those shapes (``shape_lp``)."""
-
-    bucket: str
-    shapes: tuple[int, ...]
-    batches: float
-    compiles: float
-    lp: ShapeLP
-
-
-def batching_split(problem, batchings, deadline: Deadline = Deadline.never(), backend: str = "highs"
-                   ) -> tuple[BucketSplit, ...] | None:
-    """Per bucket, how far the plan's batches are from the best its own shapes allow: the plan's batch cost
-    beside ``shape_lp`` at its shapes, its batches the start.  Any plan that compiles the same shapes in every
-    bucket costs at least the sum of the LP bounds plus the same compiles, so the difference between that and
-    the plan is at most what better batching on these shapes could save, and the difference between that and
-    the certified bound is what the bound does not charge or other shapes might save.  Device mode with a free
-    batch only (None otherwise: a graph's compile and the windows' split are not modelled here); the deadline is
-    shared equally by the buckets still to go."""
-    cost = problem.cost
-    if not (cost.shared_batch_time and cost.batch_buckets is None):
-        return None
-    out = []
-    for b, (bucket, bt) in enumerate(zip(problem.buckets, batchings, strict=True)):
-        S, G = align(bucket.prompt_len), np.asarray(bucket.gen_len, dtype=np.int64)
-        nb = len(bt.shape_of)
-        _, sizes, g_max = batch_needs(bucket, bt)
-        batches = float(np.sum(cost.batch_total(sizes, bt.shape_of, g_max)))
-        shapes = tuple(int(s) for s in np.unique(bt.shape_of))
-        members = np.argsort(bt.batch_of, kind="stable")
-        ends = np.cumsum(sizes)
-        start = [(int(bt.shape_of[k]), members[ends[k] - sizes[k]:ends[k]]) for k in range(nb)]
-        share = deadline.share(1.0 / (len(problem.buckets) - b))
-        lp = shape_lp(cost, S, G, shapes, problem.limits[b].max_p95_latency_ms, problem.max_batch_size, start,
-                      share, backend)
-        out.append(BucketSplit(bucket.name, shapes, batches, float(np.sum(cost.shape_charge(np.array(shapes)))),
-                               lp))
-    return tuple(out)
-
-
-FIXED_SET_MAX_ENTRIES = 2_000_000  # (requests x allowed shapes) beyond which the fixed-set bound is not tried
-FIXED_SET_SHARE = 0.5  # of the time left after the search, at most
-
-
-def fixed_set_bound(problem, deadline: Deadline = Deadline.never(), backend: str = "highs") -> float:
-    """With a fixed set of allowed shapes, a certified bound on every plan of the problem: per bucket the LP over
-    every batch on the allowed shapes (``shape_lp``, its P95 limit kept) plus one compile (every bucket compiles
-    at least one shape); the shape cap K is relaxed.  Device mode with a free batch only, and only where the
-    LP's size (requests x allowed shapes) is modest; -inf where it does not apply or the deadline leaves
-    nothing.  Windows only restrict which batches exist, so the bound holds with them too."""
-    cost = problem.cost
-    shapes = usable(problem)
-    if shapes is None or not (cost.shared_batch_time and cost.batch_buckets is None):
-        return -np.inf
-    if not len(shapes) or sum(len(b) for b in problem.buckets) * len(shapes) > FIXED_SET_MAX_ENTRIES:
-        return -np.inf
-    total = 0.0
-    for b, bucket in enumerate(problem.buckets):
-        S = align(bucket.prompt_len)
-        if (S > shapes[-1]).any():
-            return -np.inf  # no plan exists; the planner says so by its own proof
-        share = deadline.share(1.0 / (len(problem.buckets) - b))
-        lp = shape_lp(cost, S, np.asarray(bucket.gen_len, dtype=np.int64), shapes,
-                      problem.limits[b].max_p95_latency_ms, problem.max_batch_size, (), share, backend)
-        if not np.isfinite(lp.bound):
-            return -np.inf
-        total += lp.bound + float(np.min(cost.shape_charge(shapes)))
-    return total

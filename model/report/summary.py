@@ -118,6 +118,7 @@ class Certainty:
     bound_by: str | None = None
     detail: str = ""
     more_time: str | None = None  # the planner's own word on whether a longer run could help (SolveReport.more_time)
+    on_shapes_gap: float | None = None  # how far the plan is from every plan on its own shapes (SolveReport.on_shapes)
 
     def sentence(self, unit: str = "") -> str:
         """The one sentence to read about how sure we are."""
@@ -134,6 +135,9 @@ class Certainty:
                         f"{stop}, so up to {self.gap:.2%} might still be saved ("
                         + (f"more time: {self.more_time}" if self.more_time else
                            "a longer --time-limit can narrow the gap") + ")")
+                if self.on_shapes_gap is not None:
+                    text += (f"; on its own shapes no plan is more than {self.on_shapes_gap:.2%} cheaper, so the rest "
+                             "of the gap is the choice of shapes")
         elif self.kind == "heuristic":
             text = f"a heuristic plan from {self.plan_by}, with no lower bound: nothing is proven about how far " \
                    "it is from the best"
@@ -159,8 +163,12 @@ def certainty_of(report, solver: str) -> Certainty:
     plan_by, bound_by = report_sources(report, solver)
     if report.bound is None or report.gap is None or not math.isfinite(report.gap):
         return Certainty("heuristic", str(report.status.value), None, None, plan_by, None)
+    on_shapes = getattr(report, "on_shapes", None)
+    within = None
+    if on_shapes is not None and report.objective:
+        within = max(0.0, (float(report.objective) - float(on_shapes)) / float(report.objective))
     return Certainty("bound", str(report.status.value), float(report.gap), float(report.bound), plan_by, bound_by,
-                     more_time=report.more_time or None)
+                     more_time=report.more_time or None, on_shapes_gap=within)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,206 @@
+"""Device mode: near-optimal duals of the fixed-shape-set LP in a fraction of a second ("the rider chain").
+
+What it answers.  The same question as ``model.planning.shape_lp``: for the requests of one bucket and a
+shape set Y, a certified bound on the batches of every plan that declares only shapes of Y and meets the
+bucket's P95 limit.  Column generation reaches the LP optimum but its restricted LPs hold a cone per box
+(55,766 rows on the embedded default's chat bucket: 62 s); these prices take 0.1 s there and certify
+261,830 against the LP's 262,089 (0.1 % below).
+
+The prices.  Requests are the LP's cells (interval of Y, gen).  A batch at shape y_i holds members of
+interval i and "riders" from the intervals below (requests of interval i can run nowhere lower).  So the
+intervals are priced bottom up: interval 0 at y_0 alone, then interval i at y_i with the riders' prices
+already fixed.  For a batch of ``a`` members of interval i and ``r`` riders of a box (shape y_i, longest
+gen g, size range [lo, hi], time ``fixed + n * pe`` with pe the per-member time plus the P95 multiplier mu
+where the box is over the limit), the members' prices must satisfy
+
+    sum of the a members' prices  <=  T'(a, g) = min over r of  fixed + (a + r) * pe - C_g(r),
+
+C_g(r) the r largest rider prices with gen <= g (concave in r, so the minimum is at r* = the riders priced
+above pe, clipped to the box's size range).  Members' prices are taken nondecreasing in gen, so the a
+largest with gen <= g are the last a in gen order and ``window_bound.lp_duals``' projections (greatest
+convex cumulative price under every such difference constraint) find them with T' in place of T.  A
+price feasible at y_i stays feasible at every larger shape (a batch's time grows with its shape), which is
+why the riders' prices can be fixed: every interval's prices are feasible wherever its requests can run.
+
+The bound.  Whatever the prices, ``shape_lp.least_reduced_costs`` prices every batch of every box exactly
+and the Lagrangian bound ``sum n_c pi_c - mu * A + m * min(0, least reduced cost)`` (m <= the requests)
+holds; the chain only proposes pi, so a flaw in it could only weaken the bound, never make it invalid.
+The bound is concave in mu; a geometric sweep and bisections around the best step find the multiplier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from model.base.runtime import Deadline, check_interrupt
+from model.cost.common import allowed_above
+from model.cost.model import CostModel
+from model.planning.shape_lp import SAFETY, Boxes, Cells, all_boxes, cells_of, least_reduced_costs
+from model.planning.window_bound import MAX_ITERS, lower_hull
+
+MU_STEPS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # multiples of a request's mean price tried for mu
+MU_BISECTIONS = 3  # geometric bisections on each side of the best step
+BLOCK = 2_000_000  # (boxes x sizes) entries of the riders' arrays built at once
+
+
+@dataclass(frozen=True)
+class ChainBound:
+    """The certified bound on one bucket's batches (compiles aside) under a fixed shape set, the P95 multiplier
+    that gave it (0 without a limit) and how many multipliers were priced before the deadline."""
+
+    bound: float
+    mu: float
+    evaluations: int
+
+
+def rider_units(p: np.ndarray, n: np.ndarray, G: np.ndarray, gens: np.ndarray, most: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(units, count): per box gen, the ``most`` largest rider prices with gen <= it, one per request (0 past
+    the last rider), and how many riders there are.  ``p`` sorted descending."""
+    units = np.zeros((len(gens), most))
+    if not len(p) or most < 1:
+        return units, np.zeros(len(gens), dtype=np.int64)
+    take = np.where(G[None, :] <= gens[:, None], n[None, :], 0)
+    cum = np.cumsum(take, axis=1)  # riders' requests up to each, in price order
+    # unit r of box k is the first rider whose cumulative count exceeds r: one searchsorted over the rows laid
+    # end to end (each row shifted above the one before)
+    span = int(cum[:, -1].max()) + most + 1
+    shift = np.arange(len(gens))[:, None] * span
+    idx = np.searchsorted((cum + shift).ravel(), (np.arange(most)[None, :] + shift).ravel(), side="right")
+    idx = idx.reshape(len(gens), most) - np.arange(len(gens))[:, None] * len(p)
+    ok = np.arange(most)[None, :] < cum[:, -1:]
+    units[ok] = p[np.minimum(idx, len(p) - 1)][ok]
+    return units, cum[:, -1]
+
+
+def member_limits(boxes: Boxes, at: np.ndarray, levels: np.ndarray, own_total: int, rider_p: np.ndarray,
+                  rider_n: np.ndarray, rider_G: np.ndarray, mu: float) -> tuple[np.ndarray, float]:
+    """(T'[level, a], theta): T' (a = 0..amax; inf where no box constrains) is the least, over the boxes at this
+    shape whose gen falls in the level's range, of what a members of the level and below may be priced together;
+    theta >= 1 is how far the riders alone overrun a batch here (a batch's time is not monotone in its size:
+    with enough requests at this shape a batch reaches the cheaper decode regime, which none below could), by
+    which their prices must be divided first."""
+    width = int(boxes.hi[at].max(initial=0))
+    amax = int(min(own_total, width))
+    Tp = np.full((len(levels), amax + 1), np.inf)
+    theta = 1.0
+    step = max(1, BLOCK // max(1, width + len(rider_p)))
+    lev = np.searchsorted(levels, boxes.g[at], side="right") - 1
+    if len(rider_p) and width >= 1:  # riders alone (a batch's members of this interval priced 0 at least)
+        r = np.arange(width + 1)
+        for lo in range(0, len(at), step):
+            ks = at[lo:lo + step]
+            units, count = rider_units(rider_p, rider_n, rider_G, boxes.g[ks], width)
+            C = np.concatenate([np.zeros((len(ks), 1)), np.cumsum(units, axis=1)], axis=1)
+            pe = boxes.per[ks] + mu * boxes.over[ks]
+            T = boxes.fixed[ks][:, None] + np.maximum(r[None, :], boxes.lo[ks][:, None]) * pe[:, None]
+            ok = (r[None, :] >= 1) & (r[None, :] <= np.minimum(count, boxes.hi[ks])[:, None])
+            theta = max(theta, float(np.max(np.where(ok, C / T, 0.0), initial=0.0)))
+    at, lev = at[lev >= 0], lev[lev >= 0]
+    if not len(at) or amax < 1:
+        return Tp, theta
+    if theta > 1.0:
+        rider_p = rider_p / theta
+    a = np.arange(amax + 1)
+    for lo in range(0, len(at), step):
+        ks, lv = at[lo:lo + step], lev[lo:lo + step]
+        units, count = rider_units(rider_p, rider_n, rider_G, boxes.g[ks], width)
+        C = np.concatenate([np.zeros((len(ks), 1)), np.cumsum(units, axis=1)], axis=1)  # C[k, r], r = 0..width
+        pe = boxes.per[ks] + mu * boxes.over[ks]
+        r_star = (units > pe[:, None]).sum(axis=1)  # the riders worth more than their per-member time
+        r_lo = np.maximum(0, boxes.lo[ks][:, None] - a[None, :])
+        r_hi = np.minimum(boxes.hi[ks][:, None] - a[None, :], np.minimum(count, width)[:, None])
+        ok = (r_lo <= r_hi) & (a[None, :] >= 1)
+        r = np.clip(r_star[:, None], r_lo, np.maximum(r_lo, r_hi))
+        val = boxes.fixed[ks][:, None] + (a[None, :] + r) * pe[:, None] - np.take_along_axis(C, r, axis=1)
+        np.minimum.at(Tp, lv, np.where(ok, val, np.inf))
+    return Tp, theta
+
+
+def interval_prices(levels_n: np.ndarray, Tp: np.ndarray) -> np.ndarray:
+    """Per level, the members' price (nondecreasing): the greatest convex cumulative price V over the members in
+    gen order with V[N_l] - V[N_l - a] <= Tp[l, a] (``window_bound.lp_duals``' projections)."""
+    c = levels_n.astype(np.float64)
+    N = np.r_[0.0, np.cumsum(c)]
+    n = np.arange(1, Tp.shape[1])
+    T = Tp[:, 1:]
+    T = np.where(n[None, :] <= N[1:, None], T, np.inf)
+    src = np.maximum(N[1:, None] - n[None, :], 0.0)
+    single = Tp[:, 1] if Tp.shape[1] > 1 else np.zeros(len(c))
+    V = np.r_[0.0, np.cumsum(c * np.where(np.isfinite(single), np.maximum(single, 0.0), 0.0))]
+    for _ in range(MAX_ITERS):
+        V = lower_hull(N, V)
+        new = np.min(np.interp(src, N, V) + T, axis=1)
+        if np.all(V[1:] <= new * (1 + 1e-12)):
+            break
+        V[1:] = np.minimum(V[1:], new)
+    V = lower_hull(N, V)
+    return np.maximum(np.diff(V) / c, 0.0)
+
+
+def chain_duals(cells: Cells, boxes: Boxes, mu: float, deadline: Deadline = Deadline.never()) -> np.ndarray:
+    """pi per cell, interval by interval (see module docstring); cells of intervals the deadline left priced 0."""
+    pi = np.zeros(len(cells.n))
+    for i in np.unique(cells.j).tolist():
+        check_interrupt()
+        if deadline.expired():
+            break
+        own = np.flatnonzero(cells.j == i)
+        order = np.argsort(cells.G[own], kind="stable")
+        own = own[order]
+        riders = np.flatnonzero(cells.j < i)
+        riders = riders[np.argsort(-pi[riders], kind="stable")]
+        at = np.flatnonzero(boxes.i == i)
+        Tp, theta = member_limits(boxes, at, cells.G[own], int(cells.n[own].sum()), pi[riders],
+                                  cells.n[riders], cells.G[riders], mu)
+        pi[riders] /= theta  # every interval below: still feasible wherever it ran (lower prices only)
+        pi[own] = interval_prices(cells.n[own], Tp)
+    return pi
+
+
+def certified(cells: Cells, boxes: Boxes, pi: np.ndarray, mu: float, allowed: int | None, requests: int) -> float:
+    """The Lagrangian bound of prices (pi, mu) (see module docstring), lowered by SAFETY for the float sums."""
+    rc = least_reduced_costs(cells, boxes, pi, mu)
+    value = float(cells.n @ pi) - mu * (allowed or 0) + requests * float(min(0.0, rc.min(initial=0.0)))
+    return value - SAFETY * abs(value)
+
+
+def chain_bound(cost: CostModel, S: np.ndarray, G: np.ndarray, shapes, limit: float | None = None,
+                max_batch: int | None = None, deadline: Deadline = Deadline.never()) -> ChainBound:
+    """The certified bound on the batches of any plan of these requests (entry shapes S, gens G) that declares
+    only ``shapes`` and keeps the P95 latency within ``limit``: the rider chain's prices at the best multiplier
+    found before ``deadline`` (-inf if none was priced)."""
+    S, G = np.asarray(S, dtype=np.int64), np.asarray(G, dtype=np.int64)
+    if len(S) == 0:
+        return ChainBound(0.0, 0.0, 0)
+    shapes = np.unique(np.asarray(shapes, dtype=np.int64))
+    cells = cells_of(S, G, shapes)
+    boxes = all_boxes(cost, cells, shapes, limit, max_batch)
+    allowed = allowed_above(len(S)) if limit is not None else None
+    tried: dict[float, float] = {}
+
+    def value(mu: float) -> float:
+        if mu not in tried:
+            pi = chain_duals(cells, boxes, mu, deadline)
+            tried[mu] = -np.inf if deadline.expired() else certified(cells, boxes, pi, mu, allowed, len(S))
+        return tried[mu]
+
+    base = value(0.0)
+    if limit is not None and np.isfinite(base):
+        scale = max(base, 1e-9) / len(S)
+        for step in MU_STEPS:
+            if deadline.expired():
+                break
+            value(step * scale)
+        for _ in range(MU_BISECTIONS):
+            mus = sorted(tried)
+            k = max(range(len(mus)), key=lambda q: tried[mus[q]])
+            sides = [(mus[q], mus[q + 1]) for q in (k - 1, k) if 0 <= q < len(mus) - 1]
+            for lo, hi in sides:
+                if deadline.expired():
+                    break
+                value(float(np.sqrt(lo * hi)) if lo > 0 else 0.5 * hi)
+    mu = max(tried, key=lambda q: tried[q])
+    return ChainBound(tried[mu], mu, len(tried))
