@@ -61,8 +61,9 @@ def run_account(rep) -> list[str]:
 def on_shapes_text(rep) -> str:
     """The gap split in two: what better batching on the plan's own shapes could save at most, and the rest, which
     is the shape choice (another set may be cheaper) or what the bound does not see ("" where not priced)."""
-    if rep.on_shapes is None or not rep.objective or rep.gap is None:
-        return ""
+    if rep.on_shapes is None or not rep.objective or rep.gap is None or rep.bound is None \
+            or rep.on_shapes <= rep.bound:
+        return ""  # not priced, or no tighter than the bound (which holds for plans on these shapes too)
     within = max(0.0, (rep.objective - rep.on_shapes) / rep.objective)
     rest = max(0.0, rep.gap - within)
     return (f"every plan compiling the same shapes costs at least {rep.on_shapes:,.1f} (rider-chain prices, "

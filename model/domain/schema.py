@@ -254,6 +254,7 @@ class SolveReport:
     more_time: str = ""
     # device mode: a certified lower bound on every plan that compiles the same shapes in every bucket (None: not
     # priced), so (objective - on_shapes) / objective bounds what better batching on the plan's shapes could save
+    # (where it is above ``bound``: else the bound, which holds for those plans too, says more)
     on_shapes: float | None = None
 
 

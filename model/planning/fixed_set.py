@@ -18,7 +18,7 @@ from model.base.runtime import Deadline
 from model.cost.common import align
 from model.domain.shapeset import usable
 from model.planning.reshape import batch_needs
-from model.planning.rider_chain import ChainBound, chain_bound
+from model.planning.rider_chain import MU_BISECTIONS, ChainBound, chain_bound
 from model.planning.shape_lp import ShapeLP, shape_lp
 
 FIXED_SET_MAX_ENTRIES = 2_000_000  # (requests x allowed shapes) beyond which the fixed-set bound is not tried
@@ -47,11 +47,11 @@ NO_LP = ShapeLP(-np.inf, False, 0, 0)  # the LP not run
 
 def set_bound(cost, S: np.ndarray, G: np.ndarray, shapes, limit: float | None, max_batch: int | None,
               start: list[tuple[int, np.ndarray]] = (), deadline: Deadline = Deadline.never(),
-              backend: str = "highs", lp: bool = True) -> SetBound:
+              backend: str = "highs", lp: bool = True, bisections: int = MU_BISECTIONS) -> SetBound:
     """Both bounds on the batches of any plan of these requests that declares only ``shapes`` and keeps the P95
     latency within ``limit``: the chain first, then (with ``lp``) the LP (``start`` its first boxes) until
     ``deadline``."""
-    chain = chain_bound(cost, S, G, shapes, limit, max_batch, deadline)
+    chain = chain_bound(cost, S, G, shapes, limit, max_batch, deadline, bisections=bisections)
     return SetBound(chain, shape_lp(cost, S, G, shapes, limit, max_batch, start, deadline, backend) if lp
                     else NO_LP)
 
@@ -69,7 +69,7 @@ class BucketSplit:
 
 
 def batching_split(problem, batchings, deadline: Deadline = Deadline.never(), backend: str = "highs",
-                   lp: bool = True) -> tuple[BucketSplit, ...] | None:
+                   lp: bool = True, bisections: int = MU_BISECTIONS) -> tuple[BucketSplit, ...] | None:
     """Per bucket, how far the plan's batches are from the best its own shapes allow: the plan's batch cost
     beside ``set_bound`` at its shapes, its batches the LP's start.  Any plan that compiles the same shapes in
     every bucket costs at least the sum of the bounds plus the same compiles, so the difference between that and
@@ -95,7 +95,7 @@ def batching_split(problem, batchings, deadline: Deadline = Deadline.never(), ba
         start = [(int(bt.shape_of[k]), members[ends[k] - sizes[k]:ends[k]]) for k in range(nb)]
         share = deadline.share(1.0 / (len(problem.buckets) - b))
         on_shapes = set_bound(cost, S, G, shapes, problem.limits[b].max_p95_latency_ms, problem.max_batch_size,
-                              start, share, backend, lp)
+                              start, share, backend, lp, bisections)
         out.append(BucketSplit(bucket.name, shapes, batches, float(np.sum(cost.shape_charge(np.array(shapes)))),
                                on_shapes))
     return tuple(out)
@@ -103,9 +103,10 @@ def batching_split(problem, batchings, deadline: Deadline = Deadline.never(), ba
 
 def on_shapes_bound(problem, batchings, deadline: Deadline) -> float | None:
     """A certified lower bound on every plan that compiles the same shapes in every bucket as ``batchings``: the
-    chain's bound per bucket on its own shapes plus their compiles (``batching_split`` without the LP); None
+    chain's bound per bucket on its own shapes plus their compiles (``batching_split`` without the LP, one round
+    of bisections of its multiplier: 0.1 % lower on the embedded default than three, 0.3 s sooner); None
     outside device mode with a free batch or where the deadline left a bucket unpriced."""
-    split = batching_split(problem, batchings, deadline, lp=False)
+    split = batching_split(problem, batchings, deadline, lp=False, bisections=1)
     if split is None or not all(np.isfinite(row.on_shapes.bound) for row in split):
         return None
     return float(sum(row.on_shapes.bound + row.compiles for row in split))

@@ -39,6 +39,7 @@ from model.cost.model import CostModel
 from model.domain.schema import Batching, Planned, Problem, Status
 from model.histogram.cells import Histogram, build_histogram
 from model.packers import PACKERS
+from model.planning.chain_shapes import chain_candidates
 from model.planning.contract import Candidates, Judge, Judged, select
 from model.planning.device_search import all_shapes, flow_search, shape_levels, shape_relaxation
 from model.planning.diagnose import alone_message, explain_infeasible, single_limit, unmeetable
@@ -353,6 +354,9 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     if options.rebatch_share > 0:
         candidates += rebatched_candidates(problem, judge, candidates, Deadline(clock.at - judge_reserve(
             spent, clock.left(), options)))
+        if options.chain_shapes_share > 0:  # before the moves: they then take the cheapest, wherever it came from
+            candidates += chain_candidates(problem, judge, candidates, Deadline(clock.at - judge_reserve(
+                spent, clock.left(), options)).share(options.chain_shapes_share))
         candidates += moved_candidates(problem, judge, candidates, Deadline(clock.at - judge_reserve(
             spent, clock.left(), options)))
     said = []

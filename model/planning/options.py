@@ -96,6 +96,9 @@ class PlannerOptions:
         plan's own shapes are priced (``model.planning.fixed_set.on_shapes_bound``: the rider chain, 0.7 s on the
         embedded default): a bound on every plan compiling those shapes, which tells how much of the gap better
         batching could close; 0: not priced (the windowed planner's per-window MIPs).
+      chain_shapes_share: device mode: share of the time left after the re-batching within which each bucket's
+        shape set is searched near the cheapest plan's by the rider chain's bound and the best found planned on
+        (``model.planning.chain_shapes``; the main job: 465,198 -> 455,720); 0: not searched.
       flow_stall_s, flow_stall_share: device mode's flow MIP gives its time back once it has found no
         better incumbent for the larger of these (seconds; share of the time it was given), counted from its
         start: on the embedded default it never beats the exact-runs start and ran 58 s for nothing.
@@ -139,3 +142,4 @@ class PlannerOptions:
     flow_stall_s: float = 2.0
     flow_stall_share: float = 0.05
     on_shapes_share: float = 0.5
+    chain_shapes_share: float = 0.3

@@ -81,41 +81,45 @@ def member_limits(boxes: Boxes, at: np.ndarray, levels: np.ndarray, own_total: i
     shape whose gen falls in the level's range, of what a members of the level and below may be priced together;
     theta >= 1 is how far the riders alone overrun a batch here (a batch's time is not monotone in its size:
     with enough requests at this shape a batch reaches the cheaper decode regime, which none below could), by
-    which their prices must be divided first."""
+    which their prices must be divided first (T' is for the divided prices)."""
     width = int(boxes.hi[at].max(initial=0))
     amax = int(min(own_total, width))
     Tp = np.full((len(levels), amax + 1), np.inf)
-    theta = 1.0
+    if width < 1:
+        return Tp, 1.0
     step = max(1, BLOCK // max(1, width + len(rider_p)))
     lev = np.searchsorted(levels, boxes.g[at], side="right") - 1
-    if len(rider_p) and width >= 1:  # riders alone (a batch's members of this interval priced 0 at least)
-        r = np.arange(width + 1)
-        for lo in range(0, len(at), step):
-            ks = at[lo:lo + step]
-            units, count = rider_units(rider_p, rider_n, rider_G, boxes.g[ks], width)
-            C = np.concatenate([np.zeros((len(ks), 1)), np.cumsum(units, axis=1)], axis=1)
-            pe = boxes.per[ks] + mu * boxes.over[ks]
-            T = boxes.fixed[ks][:, None] + np.maximum(r[None, :], boxes.lo[ks][:, None]) * pe[:, None]
-            ok = (r[None, :] >= 1) & (r[None, :] <= np.minimum(count, boxes.hi[ks])[:, None])
-            theta = max(theta, float(np.max(np.where(ok, C / T, 0.0), initial=0.0)))
-    at, lev = at[lev >= 0], lev[lev >= 0]
-    if not len(at) or amax < 1:
-        return Tp, theta
-    if theta > 1.0:
-        rider_p = rider_p / theta
-    a = np.arange(amax + 1)
+    r = np.arange(width + 1)
+    blocks, theta = [], 1.0
     for lo in range(0, len(at), step):
-        ks, lv = at[lo:lo + step], lev[lo:lo + step]
+        ks = at[lo:lo + step]
         units, count = rider_units(rider_p, rider_n, rider_G, boxes.g[ks], width)
         C = np.concatenate([np.zeros((len(ks), 1)), np.cumsum(units, axis=1)], axis=1)  # C[k, r], r = 0..width
         pe = boxes.per[ks] + mu * boxes.over[ks]
+        if len(rider_p):  # riders alone (the members of this interval in their batch priced 0 at least)
+            T = boxes.fixed[ks][:, None] + np.maximum(r[None, :], boxes.lo[ks][:, None]) * pe[:, None]
+            ok = (r[None, :] >= 1) & (r[None, :] <= np.minimum(count, boxes.hi[ks])[:, None])
+            theta = max(theta, float(np.max(np.where(ok, C / T, 0.0), initial=0.0)))
+        blocks.append((ks, lev[lo:lo + step], units, count, C, pe))
+    if amax < 1:
+        return Tp, theta
+    a = np.arange(amax + 1)
+    for ks, lv, units, count, C, pe in blocks:
+        keep = lv >= 0
+        if not keep.any():
+            continue
+        ks, lv, units, count, C, pe = ks[keep], lv[keep], units[keep] / theta, count[keep], C[keep] / theta, pe[keep]
         r_star = (units > pe[:, None]).sum(axis=1)  # the riders worth more than their per-member time
         r_lo = np.maximum(0, boxes.lo[ks][:, None] - a[None, :])
         r_hi = np.minimum(boxes.hi[ks][:, None] - a[None, :], np.minimum(count, width)[:, None])
         ok = (r_lo <= r_hi) & (a[None, :] >= 1)
-        r = np.clip(r_star[:, None], r_lo, np.maximum(r_lo, r_hi))
-        val = boxes.fixed[ks][:, None] + (a[None, :] + r) * pe[:, None] - np.take_along_axis(C, r, axis=1)
-        np.minimum.at(Tp, lv, np.where(ok, val, np.inf))
+        rr = np.clip(r_star[:, None], r_lo, np.maximum(r_lo, r_hi))
+        val = np.where(ok, boxes.fixed[ks][:, None] + (a[None, :] + rr) * pe[:, None]
+                       - np.take_along_axis(C, rr, axis=1), np.inf)
+        order = np.argsort(lv, kind="stable")  # each level's least over its boxes: one reduceat per block
+        lv, val = lv[order], val[order]
+        first = np.flatnonzero(np.r_[True, lv[1:] != lv[:-1]])
+        Tp[lv[first]] = np.minimum(Tp[lv[first]], np.minimum.reduceat(val, first, axis=0))
     return Tp, theta
 
 
@@ -168,10 +172,12 @@ def certified(cells: Cells, boxes: Boxes, pi: np.ndarray, mu: float, allowed: in
 
 
 def chain_bound(cost: CostModel, S: np.ndarray, G: np.ndarray, shapes, limit: float | None = None,
-                max_batch: int | None = None, deadline: Deadline = Deadline.never()) -> ChainBound:
+                max_batch: int | None = None, deadline: Deadline = Deadline.never(),
+                steps: tuple[float, ...] = MU_STEPS, bisections: int = MU_BISECTIONS) -> ChainBound:
     """The certified bound on the batches of any plan of these requests (entry shapes S, gens G) that declares
     only ``shapes`` and keeps the P95 latency within ``limit``: the rider chain's prices at the best multiplier
-    found before ``deadline`` (-inf if none was priced)."""
+    found before ``deadline`` (-inf if none was priced): ``steps`` times a request's mean price, then
+    ``bisections`` rounds around the best."""
     S, G = np.asarray(S, dtype=np.int64), np.asarray(G, dtype=np.int64)
     if len(S) == 0:
         return ChainBound(0.0, 0.0, 0)
@@ -190,11 +196,11 @@ def chain_bound(cost: CostModel, S: np.ndarray, G: np.ndarray, shapes, limit: fl
     base = value(0.0)
     if limit is not None and np.isfinite(base):
         scale = max(base, 1e-9) / len(S)
-        for step in MU_STEPS:
+        for step in steps:
             if deadline.expired():
                 break
             value(step * scale)
-        for _ in range(MU_BISECTIONS):
+        for _ in range(bisections):
             mus = sorted(tried)
             k = max(range(len(mus)), key=lambda q: tried[mus[q]])
             sides = [(mus[q], mus[q + 1]) for q in (k - 1, k) if 0 <= q < len(mus) - 1]

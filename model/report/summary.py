@@ -165,7 +165,7 @@ def certainty_of(report, solver: str) -> Certainty:
         return Certainty("heuristic", str(report.status.value), None, None, plan_by, None)
     on_shapes = getattr(report, "on_shapes", None)
     within = None
-    if on_shapes is not None and report.objective:
+    if on_shapes is not None and report.objective and on_shapes > report.bound:
         within = max(0.0, (float(report.objective) - float(on_shapes)) / float(report.objective))
     return Certainty("bound", str(report.status.value), float(report.gap), float(report.bound), plan_by, bound_by,
                      more_time=report.more_time or None, on_shapes_gap=within)
