@@ -124,9 +124,12 @@ def test_the_lazy_dp_equals_the_dp_over_every_gain():
 
 
 def without_gains(prob, monkeypatch) -> float:
-    """The bound with every gain zero (what ``limit_bound`` gave before the top intervals' gains)."""
+    """The bound with every gain zero and no riders' entries (what ``limit_bound`` gave before the top intervals'
+    gains: the riders' bound, ``model.planning.rider_bound``, reaches the optimum on some of these by itself)."""
+    import model.planning.limit_bound as limit_bound_module
     with monkeypatch.context() as m:
         m.setattr(top_interval_module, "gain", lambda ctx, lo: 0.0)
+        m.setattr(limit_bound_module, "raised_own_bound", lambda *args, **kw: -np.inf)
         return p95_bound(prob, Deadline.after(30)).bound
 
 

@@ -35,6 +35,7 @@ from model.base.runtime import Deadline
 from model.cost.common import allowed_above
 from model.domain.schema import Problem, Windowing
 from model.packers.grouping import batch_capacity
+from model.planning.rider_bound import raised_own_bound
 from model.planning.shapes import charged_tables, own_bound, shape_dp
 from model.planning.top_interval import gained_own_bound, top_interval
 from model.planning.window_bound import (
@@ -219,6 +220,11 @@ def p95_bound(problem: Problem, deadline: Deadline) -> LimitBound:
         if allowed is not None:
             stepped = refined(one, pools_b, cands, allowed, tried, deadline)
             own = max(own, gained(one, pools_b, cands, allowed, stepped, deadline))
+        value, lam, table, _ = stepped
+        if table.psi is not None and not deadline.expired():  # the riders' bound on the same prices
+            raised = raised_own_bound(one, pools_b.S[0], pools_b.G[0], table.psi, table.acc, table.charge, table.top,
+                                      cands, lam, one.limits[pools_b.bucket].max_p95_latency_ms, deadline)
+            own = max(own, raised - lam * (allowed or 0))
         chosen.append(stepped)
         owns.append(own)
     lams = tuple(lam for _, lam, _, _ in chosen)

@@ -93,15 +93,17 @@ class PlannerOptions:
         DP too little for counts in single members; 0: no re-batching, at the start or the end (the
         windowed planner's per-window MIPs, whose merged plan it re-batches once).
       on_shapes_share: device mode: share of the time left after the final judging within which the returned
-        plan's own shapes are priced (``model.planning.fixed_set.on_shapes_bound``: the rider chain, 0.7 s on the
-        embedded default): a bound on every plan compiling those shapes, which tells how much of the gap better
-        batching could close; 0: not priced (the windowed planner's per-window MIPs).
+        plan's own shapes are priced (``model.planning.fixed_set.on_shapes_bound``: the rider chain, 0.5 s on the
+        embedded default, 7.6 s with its whole multiplier sweep on 12k long-context requests, so a quarter of what
+        is left cuts the sweep there): a bound on every plan compiling those shapes, which tells how much of the
+        gap better batching could close; 0: not priced (the windowed planner's per-window MIPs).
       chain_shapes_share: device mode: share of the time left after the re-batching within which each bucket's
         shape set is searched near the cheapest plan's by the rider chain's bound and the best found planned on
         (``model.planning.chain_shapes``; the main job: 465,198 -> 455,720); 0: not searched.
       flow_stall_s, flow_stall_share: device mode's flow MIP gives its time back once it has found no
         better incumbent for the larger of these (seconds; share of the time it was given), counted from its
-        start: on the embedded default it never beats the exact-runs start and ran 58 s for nothing.
+        start: on the embedded default it never beats the exact-runs start and ran 58 s for nothing (1.5 s and 3 %:
+        2.5 s there at 2 s and 5 %; the Azure traces' plans unchanged at 30 s).
     """
 
     max_gen_values: int = 2048
@@ -139,7 +141,7 @@ class PlannerOptions:
     solver_stop_share: float = 0.1
     match_s_per_cell: float = 7e-6
     rebatch_share: float = 0.25
-    flow_stall_s: float = 2.0
-    flow_stall_share: float = 0.05
-    on_shapes_share: float = 0.5
+    flow_stall_s: float = 1.5
+    flow_stall_share: float = 0.03
+    on_shapes_share: float = 0.25
     chain_shapes_share: float = 0.3

@@ -40,7 +40,8 @@ from model.cost.model import CostModel
 from model.planning.shape_lp import SAFETY, Boxes, Cells, all_boxes, cells_of, least_reduced_costs
 from model.planning.window_bound import MAX_ITERS, lower_hull
 
-MU_STEPS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # multiples of a request's mean price tried for mu
+MU_STEPS = (4.0, 2.0, 8.0, 1.0, 16.0, 0.5, 0.25)  # multiples of a request's mean price tried for mu, the
+# likeliest first (the best was 5.6 and 2.8 on the embedded default's buckets) for a deadline that cuts the sweep
 MU_BISECTIONS = 3  # geometric bisections on each side of the best step
 BLOCK = 2_000_000  # (boxes x sizes) entries of the riders' arrays built at once
 
@@ -76,7 +77,7 @@ def rider_units(p: np.ndarray, n: np.ndarray, G: np.ndarray, gens: np.ndarray, m
 
 
 def member_limits(boxes: Boxes, at: np.ndarray, levels: np.ndarray, own_total: int, rider_p: np.ndarray,
-                  rider_n: np.ndarray, rider_G: np.ndarray, mu: float) -> tuple[np.ndarray, float]:
+                  rider_n: np.ndarray, rider_G: np.ndarray, mu: float, scale: bool = True) -> tuple[np.ndarray, float]:
     """(T'[level, a], theta): T' (a = 0..amax; inf where no box constrains) is the least, over the boxes at this
     shape whose gen falls in the level's range, of what a members of the level and below may be priced together;
     theta >= 1 is how far the riders alone overrun a batch here (a batch's time is not monotone in its size:
@@ -101,6 +102,8 @@ def member_limits(boxes: Boxes, at: np.ndarray, levels: np.ndarray, own_total: i
             ok = (r[None, :] >= 1) & (r[None, :] <= np.minimum(count, boxes.hi[ks])[:, None])
             theta = max(theta, float(np.max(np.where(ok, C / T, 0.0), initial=0.0)))
         blocks.append((ks, lev[lo:lo + step], units, count, C, pe))
+    if not scale:
+        theta = 1.0
     if amax < 1:
         return Tp, theta
     a = np.arange(amax + 1)
