@@ -62,18 +62,27 @@ def test_no_time_no_search():
     assert chain_candidates(prob, pipeline.judge, [judged], Deadline(0.0)) == []
 
 
-@pytest.mark.parametrize("change", ["windows", "graphs", "allowed", "strict"])
+@pytest.mark.parametrize("change", ["windows", "graphs", "strict"])
 def test_it_stays_out_where_the_chains_batch_model_is_not_the_plans(change):
-    """Windows (a batch never spans two), compiled batch sizes (a batch runs in its graph's time), a fixed set of
-    allowed shapes (nothing to search) and the analytic modes: no candidate."""
+    """Windows (a batch never spans two), compiled batch sizes (a batch runs in its graph's time) and the analytic
+    modes: no candidate."""
     from model.domain.schema import Windowing
 
     x = bucket([60, 100, 130, 64, 250, 190], [10, 30, 20, 40, 10, 200], "x")
     base = problem(x, k=3, params=TOY, mode="device")
     prob = {"windows": replace(base, windowing=Windowing(1.0, 0.0)),
             "graphs": problem(x, k=3, params=replace(TOY, batch_buckets=(1, 2, 4)), mode="device"),
-            "allowed": replace(base, allowed_shapes=(128, 256)),
             "strict": problem(x, k=3, mode="strict")}[change]
     judged = pipeline.judge(base, "dpfill", PACKERS["dpfill"](base))  # an acceptable plan to start from
     assert judged.acceptable
     assert chain_candidates(prob, pipeline.judge, [judged], Deadline.never()) == []
+
+
+def test_with_allowed_shapes_it_searches_among_them_only():
+    """The embedded default with the shapes the free search found allowed (and a few more): the set found is a
+    subset of the allowed ones for every bucket."""
+    prob = replace(default_problem(), allowed_shapes=(192, 256, 320, 704, 1024, 1088, 2048))
+    judged = pipeline.judge(prob, "start", on_sets(prob, ((320, 1024, 2048), (320, 704))))
+    found = searched_sets(prob, judged, Deadline.never())
+    assert found is not None
+    assert all(set(u) <= set(prob.allowed_shapes) for u in found)

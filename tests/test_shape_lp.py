@@ -181,3 +181,19 @@ def test_the_fixed_set_bound_prices_what_the_limit_keeps_apart():
     rep = plan_mip(prob, time_limit=10).report
     assert rep.bound >= fixed_set_bound(prob) * (1 - 1e-12)
     assert rep.objective == pytest.approx(rep.bound, rel=1e-8)
+
+
+def test_the_subsets_bound_charges_the_compiles_a_bucket_must_pay_and_gives_up_on_too_many_subsets():
+    """Two requests at 64 and one allowed shape set (64, 128, 192): every plan compiles at least 64 or a larger
+    one, so the bound is at least the cheapest subset's batches plus its compile; with 9 allowed shapes and K = 8
+    (more than MAX_SUBSETS subsets) it gives up (-inf) and the caller keeps one compile per bucket."""
+    from model.planning.fixed_set import MAX_SUBSETS, subsets_bound
+
+    cost = cost_model("device", TOY)
+    S, G = np.array([64, 64]), np.array([100, 100])
+    got = subsets_bound(cost, S, G, np.array([64, 128, 192]), None, None, 3, 0.0, Deadline.never())
+    best = float(cost.batch_total(2, 64, 100)) + TOY.compile_ms
+    assert got == pytest.approx(best, rel=1e-8)
+    many = np.arange(1, 10) * 64
+    assert sum(1 for k in range(1, 9) for _ in itertools.combinations(range(9), k)) > MAX_SUBSETS
+    assert subsets_bound(cost, S, G, many, None, None, 8, 0.0, Deadline.never()) == -np.inf

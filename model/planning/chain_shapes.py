@@ -32,6 +32,7 @@ import numpy as np
 from model.base.runtime import Deadline, check_interrupt
 from model.cost.common import align, allowed_above
 from model.domain.schema import Batching, Problem
+from model.domain.shapeset import usable
 from model.planning.contract import Judge, Judged
 from model.planning.rebatch import rebatch_plan
 from model.planning.rider_chain import chain_bound, chain_duals
@@ -42,8 +43,12 @@ MU_STEPS = (1.0, 2.0, 4.0, 8.0)  # the multiplier for a bucket's search: its bes
 
 
 def entry_candidates(problem: Problem, b: int) -> np.ndarray:
-    """The shapes a set of bucket b may hold: its requests' own entry shapes (a shape between two of them can be
-    lowered to the one below without raising any cost), within the longest allowed."""
+    """The shapes a set of bucket b may hold: with a fixed set of allowed shapes, those; else its requests' own
+    entry shapes (a shape between two of them can be lowered to the one below without raising any cost), within
+    the longest allowed."""
+    allowed = usable(problem)
+    if allowed is not None:
+        return allowed
     S = np.unique(align(problem.buckets[b].prompt_len))
     return S[S <= problem.max_seq_len] if problem.max_seq_len is not None else S
 
@@ -148,8 +153,7 @@ def chain_candidates(problem: Problem, judge: Judge, candidates: list[Judged], d
     re-batching (device mode with a free batch, no windows): the plan, as one more candidate, if it came out
     cheaper (the moves up a shape, which follow in the planner, then take the cheapest candidate)."""
     cost = problem.cost
-    if not (cost.shared_batch_time and cost.batch_buckets is None and problem.windowing is None
-            and problem.allowed_shapes is None):
+    if not (cost.shared_batch_time and cost.batch_buckets is None and problem.windowing is None):
         return []
     ok = [c for c in candidates if c.acceptable]
     if not ok:

@@ -386,7 +386,8 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
             # a fixed shape set: the LP over every batch on it, with the P95 rows, bounds every plan
             fixed = fixed_set_bound(problem, deadline.share(FIXED_SET_SHARE))
             if fixed > bound:
-                bound, by = fixed, "the LP over every batch on the allowed shapes (with the P95 limits)"
+                bound, by = fixed, ("the allowed shapes' own bound: rider-chain prices on every subset a bucket "
+                                    "may use, with its compiles (or the LP over every batch on them), P95 limits kept")
     whole = exact and not any(reserves or ()) and problem.cost.shared_batch_time
     if not result.has_solution:
         return SearchOutcome(None, None, bound, None, result.status, result.backend, result.version, tuple(notes),

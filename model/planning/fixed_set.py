@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.base.runtime import Deadline
-from model.cost.common import align
+from model.base.runtime import Deadline, check_interrupt
+from model.cost.common import align, allowed_above
 from model.domain.shapeset import usable
 from model.planning.reshape import batch_needs
 from model.planning.rider_chain import MU_BISECTIONS, ChainBound, chain_bound
@@ -112,13 +112,49 @@ def on_shapes_bound(problem, batchings, deadline: Deadline) -> float | None:
     return float(sum(row.on_shapes.bound + row.compiles for row in split))
 
 
+MAX_SUBSETS = 256  # subsets of the allowed shapes priced one by one at most (beyond: one compile per bucket)
+
+
+def subsets_bound(cost, S: np.ndarray, G: np.ndarray, shapes: np.ndarray, limit: float | None, max_batch: int | None,
+                  max_shapes: int, mu: float, deadline: Deadline) -> float:
+    """One bucket's bound over the subsets U of the allowed ``shapes`` it may use (covering its longest prompt, at
+    most ``max_shapes``): the least over them of the chain's certified bound on U at multiplier mu plus U's
+    compiles (any plan of the bucket uses some such U and compiles each of its shapes); -inf where there are more
+    than MAX_SUBSETS or ``deadline`` cut the enumeration."""
+    from itertools import combinations
+
+    from model.planning.rider_chain import certified, chain_duals
+    from model.planning.shape_lp import all_boxes, cells_of
+
+    top = int(S.max())
+    subsets = [u for k in range(1, min(max_shapes, len(shapes)) + 1) for u in combinations(shapes.tolist(), k)
+               if max(u) >= top]
+    if len(subsets) > MAX_SUBSETS:
+        return -np.inf
+    allowed = allowed_above(len(S)) if limit is not None else None
+    mu = mu if limit is not None else 0.0
+    best = np.inf
+    for u in subsets:
+        check_interrupt()
+        if deadline.expired():
+            return -np.inf
+        arr = np.asarray(u, dtype=np.int64)
+        cells = cells_of(S, G, arr)
+        boxes = all_boxes(cost, cells, arr, limit, max_batch)
+        value = certified(cells, boxes, chain_duals(cells, boxes, mu), mu, allowed, len(S))
+        best = min(best, value + float(np.sum(cost.shape_charge(arr))))
+    return float(best)
+
+
 def fixed_set_bound(problem, deadline: Deadline = Deadline.never(), backend: str = "highs") -> float:
-    """With a fixed set of allowed shapes, a certified bound on every plan of the problem: per bucket the better
-    of the chain's and the LP's bound on every batch on the allowed shapes (``set_bound``, its P95 limit kept)
-    plus one compile (every bucket compiles at least one shape); the shape cap K is relaxed.  Device mode with a
-    free batch only, and only where the LP's size (requests x allowed shapes) is modest; -inf where it does not
-    apply or the deadline leaves nothing.  Windows only restrict which batches exist, so the bound holds with
-    them too."""
+    """With a fixed set of allowed shapes, a certified bound on every plan of the problem: per bucket the larger of
+    (the better of the chain's and the LP's bound on every batch on the allowed shapes, ``set_bound``, its P95
+    limit kept, plus one compile: every bucket compiles at least one shape) and the least over the subsets of the
+    allowed shapes it may use of the chain's bound plus their compiles (``subsets_bound``, at the multiplier the
+    first chain found); the shape cap across buckets is relaxed.  Device mode with a free batch only, and only
+    where the LP's size (requests x allowed shapes) is modest; -inf where it does not apply or the deadline leaves
+    nothing.  The LP runs only where the subsets could not all be priced.  Windows only restrict which batches
+    exist, so the bound holds with them too."""
     cost = problem.cost
     shapes = usable(problem)
     if shapes is None or not (cost.shared_batch_time and cost.batch_buckets is None):
@@ -130,10 +166,18 @@ def fixed_set_bound(problem, deadline: Deadline = Deadline.never(), backend: str
         S = align(bucket.prompt_len)
         if (S > shapes[-1]).any():
             return -np.inf  # no plan exists; the planner says so by its own proof
+        G = np.asarray(bucket.gen_len, dtype=np.int64)
+        limit = problem.limits[b].max_p95_latency_ms
         share = deadline.share(1.0 / (len(problem.buckets) - b))
-        lp = set_bound(cost, S, np.asarray(bucket.gen_len, dtype=np.int64), shapes,
-                       problem.limits[b].max_p95_latency_ms, problem.max_batch_size, (), share, backend)
-        if not np.isfinite(lp.bound):
+        chain = chain_bound(cost, S, G, shapes, limit, problem.max_batch_size, share)
+        subsets = subsets_bound(cost, S, G, shapes, limit, problem.max_batch_size, problem.max_shapes, chain.mu,
+                                share.share(0.5))
+        # the LP (a minute on the embedded default's chat bucket) only where the subsets could not be priced: on
+        # every set it bounds one compile, which the subsets' compiles beat wherever a compile is dear
+        lp = SetBound(chain, shape_lp(cost, S, G, shapes, limit, problem.max_batch_size, (), share, backend)
+                      if not np.isfinite(subsets) else NO_LP)
+        whole = lp.bound + float(np.min(cost.shape_charge(shapes)))
+        if not np.isfinite(max(whole, subsets)):
             return -np.inf
-        total += lp.bound + float(np.min(cost.shape_charge(shapes)))
+        total += max(whole, subsets)
     return total
