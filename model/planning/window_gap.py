@@ -9,7 +9,8 @@ the compiles.  A gap between it and a plan mixes three things, which this module
    shape set costs it (or what another set could save a plan);
 2. per window, with the plan's shapes fixed every window is a problem of its own, and
    ``model.planning.window_lp`` bounds it by the set-partitioning LP (column generation
-   started from the bound's own prices, so it never ends below them): the plan's batches
+   started from the bound's own prices, so it never ends below them; the rider chain's
+   certified bound, ``model.planning.rider_chain``, where that is higher): the plan's batches
    above that LP bound are at most what the plan leaves to gain under its shapes (``plan
    part``: exact where the LP converged and is integral, an upper bound elsewhere), and the
    LP bound above the bound's prices is what the prices fail to charge (``bound part``).
@@ -32,6 +33,7 @@ from model.domain.schema import Batching, Bucket, Limits, Problem
 from model.domain.windowing import windows_of
 from model.planning.contract import Judge
 from model.planning.mip import plan_mip
+from model.planning.rider_chain import chain_bound
 from model.planning.window_bound import suffix_min, window_prices
 from model.planning.window_lp import window_lp
 from model.planning.window_runs import entry_shapes
@@ -182,12 +184,14 @@ def gap_split(problem: Problem, batchings: tuple[Batching, ...], cost: float, bo
             break
         g = found[i]
         S, G, shapes, cols, prices = detail[(g.bucket, g.window)]
-        res = window_lp(problem.cost, S, G, shapes, problem.max_batch_size, cols,
-                        Deadline(min(deadline.at, Deadline.after(window_s).at)), center=prices)
+        until = Deadline(min(deadline.at, Deadline.after(window_s).at))
+        # the rider chain's certified bound first (a fraction of a second): the LP below often stops short of it
+        chain = chain_bound(problem.cost, S, G, shapes, None, problem.max_batch_size, until).bound
+        res = window_lp(problem.cost, S, G, shapes, problem.max_batch_size, cols, until, center=prices)
         better = None
         if judge is not None and all(not lim.items() for lim in problem.limits) and not deadline.expired():
             rows = np.flatnonzero(windows_of(problem, problem.buckets[g.bucket]) == g.window)
             better = window_mip(problem, g.bucket, rows, shapes, judge, min(window_s, deadline.left()))
-        found[i] = WindowGap(g.bucket, g.window, g.requests, g.plan, g.relax, max(res.bound, g.relax), res.converged,
-                             better)
+        found[i] = WindowGap(g.bucket, g.window, g.requests, g.plan, g.relax, max(res.bound, chain, g.relax),
+                             res.converged, better)
     return GapSplit(cost, bound, compile_cost, tuple(found))
