@@ -15,7 +15,7 @@ from model.cost.common import allowed_above
 from model.planning import limit_bound as L
 from model.planning.rider_bound import raised_own_bound
 from model.planning.shapes import charged_tables, own_bound
-from model.planning.window_bound import candidate_shapes
+from model.planning.window_bound import candidate_shapes, suffix_min
 from model.planning.window_runs import window_pools
 
 
@@ -30,8 +30,8 @@ def raised_and_plain(prob, lam: float) -> tuple[float, float]:
     for table in L.bucket_tables(one, pools[0], cands, lam, Deadline.never()):
         own, _ = charged_tables(table.acc, table.charge, table.top)
         plain = own_bound(own, cands, table.top, prob.max_shapes)[0]
-        raised = raised_own_bound(one, pools[0].S[0], pools[0].G[0], table.psi, table.acc, table.charge,
-                                  table.top, cands, lam, lim, Deadline.never())
+        raised = raised_own_bound(one, [(pools[0].S[0], pools[0].G[0], suffix_min(table.psi))], table.acc,
+                                  table.charge, table.top, cands, lam, lim, Deadline.never())
         out.append((raised - lam * allowed, plain - lam * allowed))
     return max(out)
 

@@ -98,6 +98,9 @@ def check_against_oracle(prob: Problem) -> tuple[float, float]:
     best = windowed_brute_force(prob).cost
     wb = window_bound(prob, window_pools(prob), Deadline.never(), use_lp=prob.cost.shared_batch_time)
     assert wb.bound <= best * (1 + 1e-9), (wb.bound, best)
+    raised = window_bound(prob, window_pools(prob), Deadline.never(), use_lp=prob.cost.shared_batch_time,
+                          raise_until=Deadline.never())  # with the riders' entries (device mode)
+    assert wb.bound * (1 - 1e-9) <= raised.bound <= best * (1 + 1e-9), (raised.bound, wb.bound, best)
     try:
         planned = plan_windowed(prob, time_limit=20)
     except (NoPlanFound, InfeasibleError) as exc:

@@ -222,8 +222,9 @@ def p95_bound(problem: Problem, deadline: Deadline) -> LimitBound:
             own = max(own, gained(one, pools_b, cands, allowed, stepped, deadline))
         value, lam, table, _ = stepped
         if table.psi is not None and not deadline.expired():  # the riders' bound on the same prices
-            raised = raised_own_bound(one, pools_b.S[0], pools_b.G[0], table.psi, table.acc, table.charge, table.top,
-                                      cands, lam, one.limits[pools_b.bucket].max_p95_latency_ms, deadline)
+            raised = raised_own_bound(one, [(pools_b.S[0], pools_b.G[0], suffix_min(table.psi))], table.acc,
+                                      table.charge, table.top, cands, lam,
+                                      one.limits[pools_b.bucket].max_p95_latency_ms, deadline)
             own = max(own, raised - lam * (allowed or 0))
         chosen.append(stepped)
         owns.append(own)

@@ -34,7 +34,7 @@ from model.domain.schema import Problem
 from model.planning.rider_chain import member_limits
 from model.planning.shape_lp import Cells, all_boxes
 from model.planning.shapes import charged_tables, own_bound
-from model.planning.window_bound import MAX_ITERS, lower_hull, suffix_min
+from model.planning.window_bound import MAX_ITERS, lower_hull
 
 MAX_ROUNDS = 200  # DP rounds (each raises the best set's unraised entries)
 
@@ -90,14 +90,14 @@ def rider_entry(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray,
     return float(prices.sum())
 
 
-def raised_own_bound(problem: Problem, S: np.ndarray, G: np.ndarray, psi: np.ndarray, acc: np.ndarray,
+def raised_own_bound(problem: Problem, windows: list[tuple[np.ndarray, np.ndarray, np.ndarray]], acc: np.ndarray,
                      charge: np.ndarray, top: int, cands: np.ndarray, lam: float, limit: float | None,
                      deadline: Deadline) -> float:
     """One bucket's own bound (before lam times its allowance) with the entries of the DP's best set raised
-    until they all are or ``deadline`` passes (see module docstring); ``psi`` is its LP prices at every
-    candidate penalised at lam for its P95 ``limit``, ``acc`` its interval table on them
-    (``window_bound.interval_table``)."""
-    phi = suffix_min(psi)
+    until they all are or ``deadline`` passes (see module docstring).  ``windows`` holds each window's requests
+    (entry shapes, gens) and their prices phi at every candidate (the suffix minimum of the LP prices penalised
+    at lam for the P95 ``limit``); ``acc`` is the bucket's interval table on them (``window_bound.interval_table``).
+    Batches never span two windows, so each window's part of an entry is the larger of its old and raised sums."""
     limit = limit if lam > 0 else None
     acc = acc.copy()
     raised = np.zeros(acc.shape, dtype=bool)
@@ -112,7 +112,13 @@ def raised_own_bound(problem: Problem, S: np.ndarray, G: np.ndarray, psi: np.nda
             break
         for lo, hi in todo:
             if deadline.expired():
-                break
-            acc[lo + 1, hi] = max(acc[lo + 1, hi], rider_entry(problem, S, G, phi, cands, lo, hi, top, lam, limit))
+                return value
+            total = 0.0
+            for S, G, phi in windows:
+                inside = (S <= cands[hi]) & ((S > cands[lo]) if lo >= 0 else True)
+                if inside.any():
+                    old = float(phi[inside, hi].sum())
+                    total += max(old, rider_entry(problem, S, G, phi, cands, lo, hi, top, lam, limit))
+            acc[lo + 1, hi] = max(acc[lo + 1, hi], total)
             raised[lo + 1, hi] = True
     return value

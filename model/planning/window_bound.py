@@ -348,8 +348,8 @@ def interval_table(problem: Problem, pools_b: WindowPools, phi: np.ndarray, cand
     return acc, charge, int(j_of.max())
 
 
-def window_bound(problem: Problem, pools: list[WindowPools], deadline: Deadline, use_lp: bool = True
-                 ) -> WindowBound:
+def window_bound(problem: Problem, pools: list[WindowPools], deadline: Deadline, use_lp: bool = True,
+                 raise_until: Deadline | None = None) -> WindowBound:
     """The certified lower bound of the windowed problem (see module docstring), and per bucket the bound of
     that bucket alone.
 
@@ -357,7 +357,8 @@ def window_bound(problem: Problem, pools: list[WindowPools], deadline: Deadline,
     its own DP charges a compile on every interval; jointly, over the union of those sets, a bucket need
     not use a shape that covers some of its requests, so only its longest request's interval is charged.
     The bound is the larger of the joint DP and the sum of the buckets' own; its shapes are the one
-    bucket's own DP's, or with several the joint DP's."""
+    bucket's own DP's, or with several the joint DP's.  With ``raise_until`` (device mode) each bucket's own
+    bound has its entries raised by the riders' bound (``model.planning.rider_bound``) until then."""
     cands = candidate_shapes(pools, problem.max_seq_len)
     phis, lp_windows = all_prices(problem, pools, cands, use_lp and problem.cost.shared_batch_time, deadline)
     joint, bucket_bounds, own_shapes, own_sets = 0.0, [], (), ()
@@ -367,6 +368,10 @@ def window_bound(problem: Problem, pools: list[WindowPools], deadline: Deadline,
         joint = joint + joint_table
         value, own_shapes = own_bound(own_table, cands, top, problem.max_shapes)
         own_sets = shape_sets(own_table[:top + 2, :top + 1], cands[:top + 1], problem.max_shapes)
+        if raise_until is not None and problem.cost.shared_batch_time and not raise_until.expired():
+            from model.planning.rider_bound import raised_own_bound  # it builds on this module's prices
+            windows = [(pools_b.S[w], pools_b.G[w], phi[pools_b.rows[w]]) for w in range(len(pools_b))]
+            value = max(value, raised_own_bound(problem, windows, acc, charge, top, cands, 0.0, None, raise_until))
         bucket_bounds.append(value)
     value, shapes = shape_dp(joint, cands, problem.max_shapes)
     sets = shape_sets(joint, cands, problem.max_shapes)

@@ -80,8 +80,9 @@ class GapSplit:
 
     @property
     def shape_part(self) -> float:
-        """Share of the cost between the bound at the plan's shapes and the bound (part 1)."""
-        return (self.relax_total - self.bound) / self.cost
+        """Share of the cost between the bound at the plan's shapes and the bound (part 1); 0 where the bound is
+        above its plain prices at the plan's shapes (the riders' entries raise the bound, not those prices)."""
+        return max(0.0, (self.relax_total - self.bound) / self.cost)
 
     def plan_at_least(self) -> float | None:
         """The share of the rest of the gap that is surely the plan's: on the sample, the plan's batches above

@@ -347,7 +347,8 @@ def plan_windowed(problem: Problem, backend: str = "highs", time_limit: float = 
     solver = get_backend(backend)  # an unknown backend is bad input whichever path runs
     pools = window_pools(problem)
     runs_mode = problem.cost.pads_to_shape  # a batch's cost follows from (declared shape, longest gen, size)
-    bound = window_bound(problem, pools, part(BOUND_SHARE), use_lp=problem.cost.shared_batch_time)
+    bound = window_bound(problem, pools, part(BOUND_SHARE), use_lp=problem.cost.shared_batch_time,
+                         raise_until=part(BOUND_SHARE))
     log.info("windows: %d windows of %g s; bound %.6e (LP prices in %d of %d window-buckets) at shapes %s",
              n_windows(problem), problem.windowing.seconds, bound.bound, bound.lp_windows, bound.windows,
              list(bound.shapes))
