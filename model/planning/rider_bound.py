@@ -31,10 +31,10 @@ import numpy as np
 
 from model.base.runtime import Deadline, check_interrupt
 from model.domain.schema import Problem
+from model.planning.projections import MAX_ITERS, lower_hull
 from model.planning.rider_chain import member_limits
 from model.planning.shape_lp import Cells, all_boxes
 from model.planning.shapes import charged_tables, own_bound
-from model.planning.window_bound import MAX_ITERS, lower_hull
 
 MAX_ROUNDS = 200  # DP rounds (each raises the best set's unraised entries)
 

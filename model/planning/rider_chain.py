@@ -37,8 +37,8 @@ import numpy as np
 from model.base.runtime import Deadline, check_interrupt
 from model.cost.common import allowed_above
 from model.cost.model import CostModel
+from model.planning.projections import MAX_ITERS, lower_hull
 from model.planning.shape_lp import SAFETY, Boxes, Cells, all_boxes, cells_of, least_reduced_costs
-from model.planning.window_bound import MAX_ITERS, lower_hull
 
 MU_STEPS = (4.0, 2.0, 8.0, 1.0, 16.0, 0.5, 0.25)  # multiples of a request's mean price tried for mu, the
 # likeliest first (the best was 5.6 and 2.8 on the embedded default's buckets) for a deadline that cuts the sweep

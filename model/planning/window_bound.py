@@ -48,31 +48,15 @@ from model.cost.device import DeviceProfile, batch_time, linear_parts
 from model.domain.schema import Problem, Windowing
 from model.packers.grouping import batch_capacity
 from model.planning.parallel import chunks, run_items, shared, workers_available
+from model.planning.projections import MAX_ITERS, lower_hull
+from model.planning.rider_bound import raised_own_bound
 from model.planning.shapes import charged_tables, own_bound, shape_dp, shape_sets
 from model.planning.window_runs import WindowPools, window_pools
 
-# gen levels per LP (gens rounded down to request-weighted quantiles beyond that) and projection rounds:
-# with 48 and 400 the whole-trace bound on the Azure code trace was 3.20e6, with 1000 and 3000 it converges
-# at 3.48e6 (windows of 60 s: 3.98e6 -> 4.14e6) in about the same time (the iteration stops once stable)
+# gen levels per LP (gens rounded down to request-weighted quantiles beyond that); with 48 levels and 400
+# projection rounds the whole-trace bound on the Azure code trace was 3.20e6, with 1000 and 3000
+# (``projections.MAX_ITERS``) it converges at 3.48e6 (windows of 60 s: 3.98e6 -> 4.14e6) in about the same time
 LEVELS = 1000
-MAX_ITERS = 3000
-
-
-def lower_hull(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """The greatest convex minorant of the points (x, y) (x strictly increasing), evaluated at x.
-
-    A point whose left slope exceeds its right slope lies above the segment joining its
-    neighbours, so it is not on the lower hull; dropping every such point at once and
-    repeating until none is left keeps exactly the hull (vectorised passes).
-    """
-    idx = np.arange(len(x))
-    while len(idx) > 2:
-        dx, dy = np.diff(x[idx]), np.diff(y[idx])
-        above = dy[:-1] * dx[1:] > dy[1:] * dx[:-1]  # slope left > slope right
-        if not above.any():
-            break
-        idx = np.delete(idx, 1 + np.flatnonzero(above))
-    return np.interp(x, x[idx], y[idx])
 
 
 def gen_levels(g: np.ndarray, most: int = LEVELS) -> np.ndarray:
@@ -369,7 +353,6 @@ def window_bound(problem: Problem, pools: list[WindowPools], deadline: Deadline,
         value, own_shapes = own_bound(own_table, cands, top, problem.max_shapes)
         own_sets = shape_sets(own_table[:top + 2, :top + 1], cands[:top + 1], problem.max_shapes)
         if raise_until is not None and problem.cost.shared_batch_time and not raise_until.expired():
-            from model.planning.rider_bound import raised_own_bound  # it builds on this module's prices
             windows = [(pools_b.S[w], pools_b.G[w], phi[pools_b.rows[w]]) for w in range(len(pools_b))]
             value = max(value, raised_own_bound(problem, windows, acc, charge, top, cands, 0.0, None, raise_until))
         bucket_bounds.append(value)

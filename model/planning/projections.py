@@ -1,0 +1,31 @@
+"""The convex projections behind every set-partitioning dual of device mode's bounds.
+
+At one shape a batch's time depends only on its size and its longest gen, so with prices nondecreasing in
+gen the constraints that matter are differences of a convex cumulative price V over the members in gen
+order; ``window_bound.lp_duals``, ``rider_chain.interval_prices`` and ``rider_bound.free_prices`` find the
+greatest such V by alternating the convex minorant (``lower_hull``) with the difference constraints, at most
+MAX_ITERS rounds (the iteration stops once stable).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAX_ITERS = 3000
+
+
+def lower_hull(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The greatest convex minorant of the points (x, y) (x strictly increasing), evaluated at x.
+
+    A point whose left slope exceeds its right slope lies above the segment joining its
+    neighbours, so it is not on the lower hull; dropping every such point at once and
+    repeating until none is left keeps exactly the hull (vectorised passes).
+    """
+    idx = np.arange(len(x))
+    while len(idx) > 2:
+        dx, dy = np.diff(x[idx]), np.diff(y[idx])
+        above = dy[:-1] * dx[1:] > dy[1:] * dx[:-1]  # slope left > slope right
+        if not above.any():
+            break
+        idx = np.delete(idx, 1 + np.flatnonzero(above))
+    return np.interp(x, x[idx], y[idx])
