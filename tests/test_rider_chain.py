@@ -38,6 +38,7 @@ def test_never_above_the_best_plan_nor_the_lp_on_the_shapes(seed):
     assert chain.bound > 0
 
 
+@pytest.mark.slow  # 4 s: the LPs again (the default run's per-seed test checks the chain is never above them)
 def test_it_is_near_the_lp_on_the_seeded_instances():
     """Summed over the seeded instances the chain is within 8 % of the LP optimum (measured 6.6 %: the toy profile
     switches to the cheaper decode regime at 3 members, which a bottom-up chain sees late)."""
