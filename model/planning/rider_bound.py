@@ -31,7 +31,7 @@ import numpy as np
 
 from model.base.runtime import Deadline, check_interrupt
 from model.domain.schema import Problem
-from model.planning.projections import MAX_ITERS, lower_hull
+from model.planning.projections import greatest_convex
 from model.planning.rider_chain import member_limits
 from model.planning.shape_lp import Cells, all_boxes
 from model.planning.shapes import charged_tables, own_bound
@@ -49,13 +49,7 @@ def free_prices(levels_n: np.ndarray, Tp: np.ndarray) -> np.ndarray:
     src = np.maximum(N[1:, None] - n[None, :], 0.0)
     single = Tp[:, 1] if Tp.shape[1] > 1 else np.zeros(len(c))
     V = np.r_[0.0, np.cumsum(c * np.where(np.isfinite(single), single, 0.0))]
-    for _ in range(MAX_ITERS):
-        V = lower_hull(N, V)
-        new = np.min(np.interp(src, N, V) + T, axis=1)
-        if np.all(V[1:] <= new + 1e-12 * np.abs(new)):
-            break
-        V[1:] = np.minimum(V[1:], new)
-    V = lower_hull(N, V)
+    V = greatest_convex(N, V, T, src)
     # the last iterate may sit a hair above a constraint: lower every level by the worst excess per member
     sums = V[1:, None] - np.interp(src, N, V)
     excess = np.where(np.isfinite(T), sums - T, -np.inf).max(initial=0.0)

@@ -37,7 +37,7 @@ import numpy as np
 from model.base.runtime import Deadline, check_interrupt
 from model.cost.common import allowed_above
 from model.cost.model import CostModel
-from model.planning.projections import MAX_ITERS, lower_hull
+from model.planning.projections import greatest_convex
 from model.planning.shape_lp import SAFETY, Boxes, Cells, all_boxes, cells_of, least_reduced_costs
 
 MU_STEPS = (4.0, 2.0, 8.0, 1.0, 16.0, 0.5, 0.25)  # multiples of a request's mean price tried for mu, the
@@ -137,13 +137,7 @@ def interval_prices(levels_n: np.ndarray, Tp: np.ndarray) -> np.ndarray:
     src = np.maximum(N[1:, None] - n[None, :], 0.0)
     single = Tp[:, 1] if Tp.shape[1] > 1 else np.zeros(len(c))
     V = np.r_[0.0, np.cumsum(c * np.where(np.isfinite(single), np.maximum(single, 0.0), 0.0))]
-    for _ in range(MAX_ITERS):
-        V = lower_hull(N, V)
-        new = np.min(np.interp(src, N, V) + T, axis=1)
-        if np.all(V[1:] <= new * (1 + 1e-12)):
-            break
-        V[1:] = np.minimum(V[1:], new)
-    V = lower_hull(N, V)
+    V = greatest_convex(N, V, T, src)
     return np.maximum(np.diff(V) / c, 0.0)
 
 

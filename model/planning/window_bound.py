@@ -48,7 +48,7 @@ from model.cost.device import DeviceProfile, batch_time, linear_parts
 from model.domain.schema import Problem, Windowing
 from model.packers.grouping import batch_capacity
 from model.planning.parallel import chunks, run_items, shared, workers_available
-from model.planning.projections import MAX_ITERS, lower_hull
+from model.planning.projections import greatest_convex
 from model.planning.rider_bound import raised_own_bound
 from model.planning.shapes import charged_tables, own_bound, shape_dp, shape_sets
 from model.planning.window_runs import WindowPools, window_pools
@@ -103,13 +103,7 @@ def lp_duals(g: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None,
     T = np.where(valid, T, np.inf)
     src = np.maximum(N[1:, None] - n[None, :], 0.0)
     V = np.r_[0.0, np.cumsum(c * penalised(batch_time(1, s, h, prof), 1, penalty))]  # everyone alone: above P
-    for _ in range(MAX_ITERS):
-        V = lower_hull(N, V)
-        new = np.min(np.interp(src, N, V) + T, axis=1)
-        if np.all(V[1:] <= new * (1 + 1e-12)):
-            break
-        V[1:] = np.minimum(V[1:], new)
-    V = lower_hull(N, V)
+    V = greatest_convex(N, V, T, src)
     sums = V[1:, None] - np.interp(src, N, V)
     theta = max(1.0, float(np.max(np.where(valid, sums / T, 0.0))))
     slope = np.diff(V) / c / theta
