@@ -33,7 +33,7 @@ from model.domain.schema import (
     Problem,
     Scenario,
 )
-from model.domain.shapeset import check_fits, check_kv_fits
+from model.domain.shapeset import check_fits, check_kv_fits, check_shape_cover
 from model.domain.windowing import windowed
 from model.evaluation.validate import evaluate_plans
 from model.expand.assemble import assemble_all
@@ -240,6 +240,7 @@ def judge(problem: Problem, name: str, batchings: tuple[Batching, ...]) -> Judge
 def plan(problem: Problem, solver: str = MIP, backend: str = "highs", time_limit: float = 60.0) -> Planned:
     """Run one planner by name: batchings for every bucket with a typed report (``contract.select``'s)."""
     check_kv_fits(problem)
+    check_shape_cover(problem)
     check_graph_cap(problem)
     if problem.choose_buckets:
         return plan_choosing(problem, solver, backend, time_limit)
@@ -257,7 +258,12 @@ def plan_fixed(problem: Problem, solver: str, backend: str, time_limit: float) -
     if solver not in PACKERS:
         raise InputError("--solver", None, None, unknown_name("solver", solver, solver_names()))
     t0 = time.perf_counter()
-    chosen, report = select(Candidates((judge(problem, solver, PACKERS[solver](problem)),), None,
+    try:
+        batchings = PACKERS[solver](problem)
+    except InfeasibleError as exc:  # the packer's own rule cannot hold a request (check_kv_fits passed): no proof
+        raise NoPlanFound(f"{exc}: the packer {solver}'s shapes cannot hold it, other shapes may (not proven "
+                          "infeasible; the mip planner chooses shapes that fit)") from None
+    chosen, report = select(Candidates((judge(problem, solver, batchings),), None,
                                        f"packer:{solver}", "1", t0, Deadline.never()))
     return Planned(chosen.batchings, report, chosen.plans, chosen.evaluation)
 

@@ -118,3 +118,55 @@ def check_kv_fits(problem: Problem) -> None:
                 f"bucket {b.name}: request {b.request_ids[k]!r} ({b.source}:{int(b.lines[k])}) does not fit one "
                 f"batch at its smallest shape {int(shape[k])}: {held} KV tokens > the KV capacity {capacity} "
                 f"({int(over.sum())} request(s) of this bucket do not fit); no plan can hold it")
+
+
+def shapes_needed(problem: Problem) -> tuple[int, int, int, int]:
+    """(m, a, b, s): the fewest distinct shapes any plan must declare under a KV capacity, with the flat
+    indices (over the buckets in order) of two requests that witness the last step: a fits no shape above s,
+    b needs one above it (-1, -1, 0 when m <= 1).
+
+    A request may run at any declared shape from its smallest (``check_kv_fits``) up to the largest at which
+    it still fits one batch alone (``batch_fits`` is monotone in the shape), so each request is an interval
+    of shapes and the shapes declared must stab every interval; the greedy by right end finds the fewest
+    (the classic interval-stabbing argument).  Shapes above the longest aligned prompt stab nothing more."""
+    lens = [align(b.prompt_len) for b in problem.buckets if len(b)]
+    if problem.cost.kv_capacity is None or not lens:
+        return (1 if lens else 0), -1, -1, 0
+    allowed = usable(problem)
+    prompts = np.concatenate(lens)
+    gens = np.concatenate([b.gen_len for b in problem.buckets if len(b)])
+    grid = allowed if allowed is not None else np.arange(GRANULARITY, int(prompts.max()) + 1, GRANULARITY)
+    left = np.searchsorted(grid, prompts, side="left")
+    lo, hi = left.copy(), np.full(len(left), len(grid) - 1)  # invariant: grid[lo] fits; the answer is in [lo, hi]
+    while (lo < hi).any():
+        mid = (lo + hi + 1) // 2
+        fit = problem.cost.batch_fits(1, grid[mid], gens)
+        lo, hi = np.where(fit, mid, lo), np.where(fit, hi, mid - 1)
+    order = np.lexsort((left, lo))
+    count, last, setter, a, b, s = 0, -1, -1, -1, -1, 0
+    for k in order.tolist():
+        if left[k] > last:  # not stabbed by the last shape: a new one at this request's largest
+            if setter >= 0:
+                a, b, s = setter, k, int(grid[last])
+            last, setter, count = int(lo[k]), k, count + 1
+    return count, a, b, s
+
+
+def check_shape_cover(problem: Problem) -> None:
+    """Under a KV capacity a short prompt with a long gen may fit its own shape only, so the K shapes may not
+    reach every request: InfeasibleError (a proof, ``shapes_needed``) naming two requests that need shapes
+    apart, the least count and the cap."""
+    need, a, b, top = shapes_needed(problem)
+    if need <= problem.max_shapes:
+        return
+    rows = [(bk, k) for bk in problem.buckets for k in range(len(bk))]
+
+    def named(j: int) -> str:
+        bk, k = rows[j]
+        return (f"request {bk.request_ids[k]!r} ({bk.source}:{int(bk.lines[k])}, prompt {int(bk.prompt_len[k])}, "
+                f"gen {int(bk.gen_len[k])})")
+
+    raise InfeasibleError(
+        f"under the KV capacity {problem.cost.kv_capacity} tokens every plan declares at least {need} shapes "
+        f"(a request runs at a shape from its own up to the largest it fits alone), more than the cap K = "
+        f"{problem.max_shapes}: e.g. {named(a)} fits no shape above {top}, while {named(b)} needs one above it")

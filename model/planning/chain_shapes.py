@@ -53,8 +53,10 @@ def entry_candidates(problem: Problem, b: int) -> np.ndarray:
     return S[S <= problem.max_seq_len] if problem.max_seq_len is not None else S
 
 
-def set_value(problem: Problem, b: int, shapes: tuple[int, ...], mu: float) -> float:
-    """Bucket b's chain price of ``shapes`` at multiplier mu, plus the shapes' compiles (a ranking)."""
+def set_value(problem: Problem, b: int, shapes: tuple[int, ...], mu: float,
+              deadline: Deadline = Deadline.never()) -> float:
+    """Bucket b's chain price of ``shapes`` at multiplier mu, plus the shapes' compiles (a ranking); inf where
+    ``deadline`` cut the pricing (a part-priced set would rank too cheap)."""
     bucket = problem.buckets[b]
     S, G = align(bucket.prompt_len), np.asarray(bucket.gen_len, dtype=np.int64)
     limit = problem.limits[b].max_p95_latency_ms
@@ -63,7 +65,9 @@ def set_value(problem: Problem, b: int, shapes: tuple[int, ...], mu: float) -> f
     boxes = all_boxes(problem.cost, cells, arr, limit, problem.max_batch_size)
     allowed = allowed_above(len(S)) if limit is not None else None
     mu = mu if limit is not None else 0.0
-    pi = chain_duals(cells, boxes, mu)
+    pi = chain_duals(cells, boxes, mu, deadline)
+    if deadline.expired():
+        return np.inf
     # the chain's own sum, not certified: a ranking needs no proof, and the certified bound was equal to 1e-6 on the
     # sets measured while costing a third more
     return float(cells.n @ pi) - mu * (allowed or 0) + float(np.sum(problem.cost.shape_charge(arr)))
@@ -111,7 +115,7 @@ def searched_sets(problem: Problem, judged: Judged, deadline: Deadline) -> tuple
 
         def value(shapes: tuple[int, ...]) -> float:
             if shapes not in seen:
-                seen[shapes] = set_value(problem, b, shapes, mu)
+                seen[shapes] = set_value(problem, b, shapes, mu, deadline)
             return seen[shapes]
 
         t0 = time.perf_counter()

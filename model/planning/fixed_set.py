@@ -141,7 +141,10 @@ def subsets_bound(cost, S: np.ndarray, G: np.ndarray, shapes: np.ndarray, limit:
         arr = np.asarray(u, dtype=np.int64)
         cells = cells_of(S, G, arr)
         boxes = all_boxes(cost, cells, arr, limit, max_batch)
-        value = certified(cells, boxes, chain_duals(cells, boxes, mu), mu, allowed, len(S))
+        pi = chain_duals(cells, boxes, mu, deadline)  # cut short: the intervals left are priced 0 (still valid)
+        if deadline.expired():
+            return -np.inf  # ... but the least over the subsets needs every one of them priced
+        value = certified(cells, boxes, pi, mu, allowed, len(S))
         best = min(best, value + float(np.sum(cost.shape_charge(arr))))
     return float(best)
 

@@ -35,7 +35,10 @@ def greatest_convex(N: np.ndarray, V: np.ndarray, T: np.ndarray, src: np.ndarray
     """The greatest convex V at the cumulative counts N, at most the start ``V`` (which must lie above it), with
     V[i] - V(src[i, k]) <= T[i, k] for every level i and size k (V between counts by interpolation; inf: no
     constraint).  Both projections keep every feasible convex V below, so the iteration descends onto it; the
-    last iterate may sit a relative 1e-12 above a constraint, which the callers' own checks take back."""
+    last iterate may sit a relative 1e-12 above a constraint, which the callers' own checks take back.  Where
+    no batch fits at the shape (T has no column) only convexity constrains V."""
+    if T.shape[1] == 0:
+        return lower_hull(N, V)
     for _ in range(MAX_ITERS):
         V = lower_hull(N, V)
         new = np.min(np.interp(src, N, V) + T, axis=1)

@@ -33,7 +33,7 @@ from model.base.runtime import Deadline, check_interrupt
 from model.domain.schema import Problem
 from model.planning.projections import greatest_convex
 from model.planning.rider_chain import member_limits
-from model.planning.shape_lp import Cells, all_boxes
+from model.planning.shape_lp import SAFETY, Cells, all_boxes
 from model.planning.shapes import charged_tables, own_bound
 
 MAX_ROUNDS = 200  # DP rounds (each raises the best set's unraised entries)
@@ -81,7 +81,8 @@ def rider_entry(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray,
     if hi < top:
         ranked = mem[np.argsort(G[mem], kind="stable")]
         prices = np.minimum(prices, phi[ranked, hi + 1])
-    return float(prices.sum())
+    total = float(prices.sum())
+    return total - SAFETY * abs(total)  # float sums at a tie must not lift the entry above the optimum
 
 
 def raised_own_bound(problem: Problem, windows: list[tuple[np.ndarray, np.ndarray, np.ndarray]], acc: np.ndarray,

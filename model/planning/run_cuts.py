@@ -175,7 +175,8 @@ def filled_cost(gens: np.ndarray, s: int, cost: CostModel, max_batch: int | None
     the compiles those runs need (``compile_units``).
 
     An upper bound on ``priced_runs`` that costs one step per batch instead of one per
-    member: what the shape DP ranks intervals by before the chosen shapes are batched exactly.
+    member: what the shape DP ranks intervals by before the chosen shapes are batched exactly.  inf where a
+    request does not fit one batch at s (under a KV capacity a request may fit its own shape only).
     """
     n = len(gens)
     total, p = 0.0, 0
@@ -184,8 +185,8 @@ def filled_cost(gens: np.ndarray, s: int, cost: CostModel, max_batch: int | None
         window = int(min(n - p, cost.batch_cap(s, gens[p:p + 1], max_batch)[0] + 1))
         fits = np.arange(1, window + 1) <= cost.batch_cap(s, gens[p:p + window], max_batch)
         take = int(np.argmin(fits)) if not fits.all() else window
-        if take == 0:
-            raise ValueError(f"a request does not fit one batch at shape {s}")
+        if take == 0:  # this request fits at its own shape but not at s (KV capacity): no interval up to s
+            return np.inf
         total += float(cost.batch_total(take, s, gens[p + take - 1]))
         sizes.append(take)
         p += take
