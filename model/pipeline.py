@@ -50,6 +50,7 @@ from model.planning.bucket_choice import (
     with_buckets,
 )
 from model.planning.contract import Candidates, Judged, select
+from model.planning.diagnose import unmeetable
 from model.planning.mip import plan_mip
 from model.planning.window_graphs import plan_windowed_graphs
 from model.planning.windowed import plan_windowed
@@ -260,9 +261,12 @@ def plan_fixed(problem: Problem, solver: str, backend: str, time_limit: float) -
     t0 = time.perf_counter()
     try:
         batchings = PACKERS[solver](problem)
-    except InfeasibleError as exc:  # the packer's own rule cannot hold a request (check_kv_fits passed): no proof
-        raise NoPlanFound(f"{exc}: the packer {solver}'s shapes cannot hold it, other shapes may (not proven "
-                          "infeasible; the mip planner chooses shapes that fit)") from None
+    except InfeasibleError as exc:  # the packer's own rule failed: a proof only where no plan could meet a limit
+        proofs = unmeetable(problem, Deadline.after(max(0.0, time_limit - (time.perf_counter() - t0))))
+        if proofs:
+            raise InfeasibleError(f"{exc}; the limits cannot all be met: " + "; ".join(proofs)) from None
+        raise NoPlanFound(f"{exc}: the packer {solver}'s rule has no plan, another may (not proven infeasible: "
+                          "the mip planner chooses its own shapes and batches)") from None
     chosen, report = select(Candidates((judge(problem, solver, batchings),), None,
                                        f"packer:{solver}", "1", t0, Deadline.never()))
     return Planned(chosen.batchings, report, chosen.plans, chosen.evaluation)

@@ -36,7 +36,7 @@ def fewest_by_brute_force(prob) -> int:
     grid = list(allowed) if allowed is not None else list(range(64, int(P.max()) + 1, 64))
     for k in range(1, len(grid) + 1):
         for set_ in itertools.combinations(grid, k):
-            if all(any(s >= p and prob.cost.batch_fits(1, s, int(g)) for s in set_) for p, g in zip(P, G)):
+            if all(any(s >= p and prob.cost.batch_fits(1, s, int(g)) for s in set_) for p, g in zip(P, G, strict=True)):
                 return k
     return 10**9
 
