@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from model import pipeline
-from model.base.errors import InfeasibleError, InputError
+from model.base.errors import InfeasibleError, InputError, NoPlanFound
 from model.base.numbers import counted
 from model.base.runtime import Deadline, RunBudget
 from model.cost.common import align
@@ -188,6 +188,11 @@ def _attempt(problem: Problem, solver: str, backend: str, time_limit: float,
     except InfeasibleError as exc:
         messages.append(f"{what}: {exc}")
         return None
+    except NoPlanFound as exc:  # a packer's rule with no plan (pow2 at a shape a request does not fit): said
+        if solver == pipeline.MIP:
+            raise
+        messages.append(f"{what}: {exc}")
+        return None
 
 
 def check_shapes(split_: Split, shapes: tuple[int, ...], in_sample: float | None, solver: str = pipeline.MIP,
@@ -237,7 +242,7 @@ def pow2_cost(problem: Problem) -> float | None:
     """The pow2 rule's cost on a problem (None if it cannot plan it)."""
     try:
         return pipeline.run(problem, POW2).evaluation.total_cost
-    except InfeasibleError:
+    except (InfeasibleError, NoPlanFound):
         return None
 
 

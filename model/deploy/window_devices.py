@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from model import pipeline
-from model.base.errors import InfeasibleError
+from model.base.errors import InfeasibleError, NoPlanFound
 from model.cost.device import device_hours
 from model.domain.schema import Batching, Problem
 from model.report.devices import DeviceUse, device_use
@@ -180,7 +180,7 @@ def device_comparison(problem: Problem, planner: str, batchings: Sequence[Batchi
             continue
         try:
             run = pipeline.run(problem, name)
-        except InfeasibleError as exc:
+        except (InfeasibleError, NoPlanFound) as exc:  # a packer's rule with no plan: left out and said
             missing.append(f"{name}: {exc}")
             continue
         uses.append(device_use(problem, run.planned.batchings, name))

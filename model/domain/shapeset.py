@@ -11,6 +11,7 @@ top: a plan uses at most K of the allowed shapes.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -120,18 +121,29 @@ def check_kv_fits(problem: Problem) -> None:
                 f"({int(over.sum())} request(s) of this bucket do not fit); no plan can hold it")
 
 
-def shapes_needed(problem: Problem) -> tuple[int, int, int, int]:
-    """(m, a, b, s): the fewest distinct shapes any plan must declare under a KV capacity, with the flat
-    indices (over the buckets in order) of two requests that witness the last step: a fits no shape above s,
-    b needs one above it (-1, -1, 0 when m <= 1).
+@dataclass(frozen=True)
+class ShapeCover:
+    """The fewest distinct shapes any plan must declare (``count``), with its certificate: ``count`` requests
+    (flat indices over the buckets in order) whose shape ranges ``ranges`` (smallest, largest shape it may run
+    at) are pairwise disjoint, so no shape serves two of them."""
+
+    count: int
+    requests: tuple[int, ...]
+    ranges: tuple[tuple[int, int], ...]
+
+
+def shapes_needed(problem: Problem) -> ShapeCover:
+    """The fewest shapes every plan needs under a KV capacity (1 without one; 0 with no request).
 
     A request may run at any declared shape from its smallest (``check_kv_fits``) up to the largest at which
     it still fits one batch alone (``batch_fits`` is monotone in the shape), so each request is an interval
     of shapes and the shapes declared must stab every interval; the greedy by right end finds the fewest
-    (the classic interval-stabbing argument).  Shapes above the longest aligned prompt stab nothing more."""
+    (the classic interval-stabbing argument), and the requests that open a new shape have pairwise disjoint
+    intervals (each starts above the last one's end).  Shapes above the longest aligned prompt stab nothing
+    more.  The greedy runs over the distinct intervals, not the requests."""
     lens = [align(b.prompt_len) for b in problem.buckets if len(b)]
     if problem.cost.kv_capacity is None or not lens:
-        return (1 if lens else 0), -1, -1, 0
+        return ShapeCover(1 if lens else 0, (), ())
     allowed = usable(problem)
     prompts = np.concatenate(lens)
     gens = np.concatenate([b.gen_len for b in problem.buckets if len(b)])
@@ -142,31 +154,40 @@ def shapes_needed(problem: Problem) -> tuple[int, int, int, int]:
         mid = (lo + hi + 1) // 2
         fit = problem.cost.batch_fits(1, grid[mid], gens)
         lo, hi = np.where(fit, mid, lo), np.where(fit, hi, mid - 1)
-    order = np.lexsort((left, lo))
-    count, last, setter, a, b, s = 0, -1, -1, -1, -1, 0
-    for k in order.tolist():
-        if left[k] > last:  # not stabbed by the last shape: a new one at this request's largest
-            if setter >= 0:
-                a, b, s = setter, k, int(grid[last])
-            last, setter, count = int(lo[k]), k, count + 1
-    return count, a, b, s
+    pairs, first = np.unique(np.stack([lo, left], axis=1), axis=0, return_index=True)  # by right end, then left
+    last, opened = -1, []
+    for (right, start), k in zip(pairs.tolist(), first.tolist(), strict=True):
+        if start > last:  # not stabbed by the last shape: a new one at this interval's right end
+            last = right
+            opened.append(k)
+    return ShapeCover(len(opened), tuple(opened), tuple((int(grid[left[k]]), int(grid[lo[k]])) for k in opened))
+
+
+SHOWN = 4  # requests of the certificate named in the message
 
 
 def check_shape_cover(problem: Problem) -> None:
-    """Under a KV capacity a short prompt with a long gen may fit its own shape only, so the K shapes may not
-    reach every request: InfeasibleError (a proof, ``shapes_needed``) naming two requests that need shapes
-    apart, the least count and the cap."""
-    need, a, b, top = shapes_needed(problem)
-    if need <= problem.max_shapes:
+    """Under a KV capacity a short prompt with a long gen may fit its own shape only, so the shapes a plan may
+    declare (at most K, and at most the graph cap: each shape runs a graph) may not reach every request:
+    InfeasibleError (a proof, ``shapes_needed``) naming requests no shape can serve two of."""
+    if problem.cost.kv_capacity is None:
+        return
+    cap_graphs = problem.graph_cap
+    cap = problem.max_shapes if cap_graphs is None else min(problem.max_shapes, cap_graphs)
+    cover = shapes_needed(problem)
+    if cover.count <= cap:
         return
     rows = [(bk, k) for bk in problem.buckets for k in range(len(bk))]
 
-    def named(j: int) -> str:
+    def named(j: int, span: tuple[int, int]) -> str:
         bk, k = rows[j]
-        return (f"request {bk.request_ids[k]!r} ({bk.source}:{int(bk.lines[k])}, prompt {int(bk.prompt_len[k])}, "
-                f"gen {int(bk.gen_len[k])})")
+        return (f"{bk.request_ids[k]!r} ({bk.source}:{int(bk.lines[k])}, prompt {int(bk.prompt_len[k])}, gen "
+                f"{int(bk.gen_len[k])}: shapes {span[0]}..{span[1]})")
 
+    shown = ", ".join(named(j, span) for j, span in zip(cover.requests[:SHOWN], cover.ranges[:SHOWN], strict=True))
+    more = f" and {cover.count - SHOWN} more" if cover.count > SHOWN else ""
+    which = f"the cap K = {problem.max_shapes}" if cap == problem.max_shapes else f"the graph cap {cap}"
     raise InfeasibleError(
-        f"under the KV capacity {problem.cost.kv_capacity} tokens every plan declares at least {need} shapes "
-        f"(a request runs at a shape from its own up to the largest it fits alone), more than the cap K = "
-        f"{problem.max_shapes}: e.g. {named(a)} fits no shape above {top}, while {named(b)} needs one above it")
+        f"under the KV capacity {problem.cost.kv_capacity} tokens every plan declares at least {cover.count} "
+        f"shapes, more than {which}: no shape serves two of the requests {shown}{more} (a request runs at a "
+        "shape from its own up to the largest it fits alone)")
