@@ -241,8 +241,8 @@ def judge(problem: Problem, name: str, batchings: tuple[Batching, ...]) -> Judge
 def plan(problem: Problem, solver: str = MIP, backend: str = "highs", time_limit: float = 60.0) -> Planned:
     """Run one planner by name: batchings for every bucket with a typed report (``contract.select``'s)."""
     check_kv_fits(problem)
-    check_shape_cover(problem)
     check_graph_cap(problem)
+    check_shape_cover(problem)
     if problem.choose_buckets:
         return plan_choosing(problem, solver, backend, time_limit)
     return plan_fixed(problem, solver, backend, time_limit)

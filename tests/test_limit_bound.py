@@ -55,6 +55,8 @@ def test_the_p95_bound_is_below_the_brute_force_optimum(seed):
     assert cut.bound <= best * (1 + 1e-9), (cut, best)
     assert full.bound <= best * (1 + 1e-9), (full, best)
     assert full.bound >= plain * (1 - 1e-12)  # lam = 0 with the LP prices alone is one of the tables tried
+    searched = p95_bound(prob, Deadline.after(30), sets_s=30.0)  # every bucket's shape sets searched too
+    assert full.bound * (1 - 1e-12) <= searched.bound <= best * (1 + 1e-9), (searched, full, best)
 
 
 def alone_problem(n: int = 6) -> Problem:

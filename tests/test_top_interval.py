@@ -129,7 +129,7 @@ def without_gains(prob, monkeypatch) -> float:
     import model.planning.limit_bound as limit_bound_module
     with monkeypatch.context() as m:
         m.setattr(top_interval_module, "gain", lambda ctx, lo: 0.0)
-        m.setattr(limit_bound_module, "raised_own_bound", lambda *args, **kw: -np.inf)
+        m.setattr(limit_bound_module, "raised_table", lambda *args, **kw: (-np.inf, args[2]))
         return p95_bound(prob, Deadline.after(30)).bound
 
 

@@ -175,7 +175,7 @@ def check_shape_cover(problem: Problem) -> None:
     cap_graphs = problem.graph_cap
     cap = problem.max_shapes if cap_graphs is None else min(problem.max_shapes, cap_graphs)
     cover = shapes_needed(problem)
-    if cover.count <= cap:
+    if cover.count <= max(cap, 1):  # no shape at all is the caps' own check (``pipeline.check_graph_cap``)
         return
     rows = [(bk, k) for bk in problem.buckets for k in range(len(bk))]
 

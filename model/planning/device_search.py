@@ -331,7 +331,7 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
     plan_levels = flow_levels(problem, fine, options, "ceil", warm)
     exact = exact_levels(plan_levels, fine, problem)
     # the LP-price bound before the flow MIP, which spends the rest of the deadline
-    lp_price, lp_lams = -np.inf, ()
+    lp_price, lp_lams, lp_searched = -np.inf, (), False
     cells = sum(len(b) for b in problem.buckets) * len(all_shapes(problem, fine))
     # the LP-price bound prices batches of n members by the free batch's T(n): not a bound where a batch of n runs
     # in its graph's T(B(n)), which can be cheaper (decode_large), so it is left out with compiled batch sizes
@@ -341,17 +341,18 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
     if priceable and cells * LP_PRICE_S_PER_CELL <= 0.25 * deadline.left():
         # with P95 limits, the same bound with each limit priced by a Lagrangian (``limit_bound``)
         lp_until, t_lp = deadline.share(options.lp_price_share), time.perf_counter()
-        priced = p95_bound(problem, lp_until)
-        lp_price, lp_lams = priced.bound, priced.lams
+        sets_s = options.prefix_share * deadline.left()
+        priced = p95_bound(problem, lp_until, sets_s)
+        lp_price, lp_lams, lp_searched = priced.bound, priced.lams, priced.searched
         lp_cut, lp_s = lp_until.expired(), time.perf_counter() - t_lp  # cut: some shapes priced by floors only
     until = deadline
     model, blocks, result = solve_levels(problem, fine, bms, plan_levels, solver, until, warm,
                                          spikes=True, options=options)
     if lp_cut and result.stalled and deadline.left() >= 2.0 * lp_s:
         # the MIP gave time back that the bound's share lacked (a loaded host): the bound again, with all of it
-        again, lp_again = p95_bound(problem, deadline), True
+        again, lp_again = p95_bound(problem, deadline, sets_s), True
         if again.bound > lp_price:
-            lp_price, lp_lams = again.bound, again.lams
+            lp_price, lp_lams, lp_searched = again.bound, again.lams, again.searched
     graphs = problem.cost.batch_buckets
     notes = [f"{problem.cost.name} mode: flow model over {len(plan_levels[0].ts)} shape levels and "
              f"{', '.join(str(len(lv.gs)) for lv in plan_levels)} gen levels"
@@ -363,6 +364,7 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
         relaxed = (relaxation or shape_relaxation(problem, fine)).bound
         bound = max(relaxed, lp_price)
         by = ("LP-price bound" + (" with the P95 limits priced by a Lagrangian" if any(lp_lams) else "")
+              + (", raised by a search over each bucket's shape sets" if lp_searched else "")
               if lp_price > relaxed else "shape relaxation" if np.isfinite(relaxed) else "")
         notes.append("the bound is the largest of the shape relaxation (every request at its own gen in a full "
                      "batch under the best K shapes), the LP-price bound (set-partitioning duals per shape, the "

@@ -35,7 +35,8 @@ from model.base.runtime import Deadline
 from model.cost.common import allowed_above
 from model.domain.schema import Problem, Windowing
 from model.packers.grouping import batch_capacity
-from model.planning.rider_bound import raised_own_bound
+from model.planning.prefix_bound import prefix_bound
+from model.planning.rider_bound import raised_table
 from model.planning.shapes import charged_tables, own_bound, shape_dp
 from model.planning.top_interval import gained_own_bound, top_interval
 from model.planning.window_bound import (
@@ -66,12 +67,13 @@ class Table:
 
 @dataclass(frozen=True)
 class LimitBound:
-    """The certified bound, the multiplier each bucket's P95 limit got (0 without a limit) and each bucket's
-    own bound at it."""
+    """The certified bound, the multiplier each bucket's P95 limit got (0 without a limit), each bucket's
+    own bound at it, and whether the search over shape sets raised the bound."""
 
     bound: float
     lams: tuple[float, ...]
     bucket_bounds: tuple[float, ...]
+    searched: bool = False
 
 
 def one_window(problem: Problem) -> Problem:
@@ -196,15 +198,17 @@ def gained(one: Problem, pools_b: WindowPools, cands: np.ndarray, allowed: int |
     return max(value, gained_own_bound(own, cands, one.max_shapes, ctx, deadline)[0] - lam * (allowed or 0))
 
 
-def p95_bound(problem: Problem, deadline: Deadline) -> LimitBound:
+def p95_bound(problem: Problem, deadline: Deadline, sets_s: float = 0.0) -> LimitBound:
     """The LP-price bound with each bucket's P95 limit priced by its best multiplier found before ``deadline``
-    (see module docstring); without a P95 limit, lam = 0 alone (the LP prices, and the floors where better)."""
+    (see module docstring); without a P95 limit, lam = 0 alone (the LP prices, and the floors where better).
+    Then each bucket's own bound is raised by the search over its shape sets (``prefix_bound``) for up to
+    ``sets_s`` seconds (within ``deadline``), the smallest buckets first, each the same share of what is left."""
     allowance = [allowed_above(len(b)) if lim.max_p95_latency_ms is not None else None
                  for b, lim in zip(problem.buckets, problem.limits, strict=True)]
     one = one_window(problem)
     pools = window_pools(one)
     cands = candidate_shapes(pools, problem.max_seq_len)
-    chosen, owns = [], []
+    chosen, owns, searchable = [], [], []
     for pools_b, allowed in zip(pools, allowance, strict=True):
         best = best_table(one, pools_b, cands, 0.0, allowed, deadline)
         scale = best[0] / max(1, len(one.buckets[pools_b.bucket]))  # a request's mean price
@@ -222,12 +226,23 @@ def p95_bound(problem: Problem, deadline: Deadline) -> LimitBound:
             own = max(own, gained(one, pools_b, cands, allowed, stepped, deadline))
         value, lam, table, _ = stepped
         if table.psi is not None and not deadline.expired():  # the riders' bound on the same prices
-            raised = raised_own_bound(one, [(pools_b.S[0], pools_b.G[0], suffix_min(table.psi))], table.acc,
-                                      table.charge, table.top, cands, lam,
-                                      one.limits[pools_b.bucket].max_p95_latency_ms, deadline)
+            phi = suffix_min(table.psi)
+            raised, acc = raised_table(one, [(pools_b.S[0], pools_b.G[0], phi)], table.acc, table.charge,
+                                       table.top, cands, lam, one.limits[pools_b.bucket].max_p95_latency_ms,
+                                       deadline)
             own = max(own, raised - lam * (allowed or 0))
+            searchable.append((len(pools_b.S[0]), len(owns), pools_b, phi, acc, table, lam, allowed))
         chosen.append(stepped)
         owns.append(own)
+    sets_until, unsearched = deadline.within(sets_s), sum(owns)
+    for k, (_, b, pools_b, phi, acc, table, lam, allowed) in enumerate(sorted(searchable, key=lambda t: t[:2])):
+        if sets_until.expired():
+            break
+        own_table, _ = charged_tables(acc, table.charge, table.top)
+        found = prefix_bound(one, pools_b.S[0], pools_b.G[0], phi, own_table, table.charge, table.top, cands, lam,
+                             one.limits[pools_b.bucket].max_p95_latency_ms,
+                             sets_until.share(1.0 / (len(searchable) - k)))
+        owns[b] = max(owns[b], found.bound - lam * (allowed or 0))
     lams = tuple(lam for _, lam, _, _ in chosen)
     subtract = sum(lam * (a or 0) for lam, a in zip(lams, allowance, strict=True))
     joint_value = -np.inf
@@ -235,4 +250,4 @@ def p95_bound(problem: Problem, deadline: Deadline) -> LimitBound:
         for pick in ([table for _, _, table, _ in chosen], [tables[0] for _, _, _, tables in chosen]):
             joint = sum(charged_tables(table.acc, table.charge, table.top)[1] for table in pick)
             joint_value = max(joint_value, shape_dp(joint, cands, problem.max_shapes)[0] - subtract)
-    return LimitBound(max(joint_value, sum(owns)), lams, tuple(owns))
+    return LimitBound(max(joint_value, sum(owns)), lams, tuple(owns), sum(owns) > max(joint_value, unsearched))

@@ -100,6 +100,10 @@ class PlannerOptions:
       chain_shapes_share: device mode: share of the time left after the re-batching within which each bucket's
         shape set is searched near the cheapest plan's by the rider chain's bound and the best found planned on
         (``model.planning.chain_shapes``; the main job: 465,198 -> 455,720); 0: not searched.
+      prefix_share: device mode: share of the time left after the LP-price bound within which each bucket's own
+        bound is raised by the branch and bound over its shape sets (``model.planning.prefix_bound``; the
+        embedded default's chat bucket: 287,654 -> 292,700 in 1.4 s, the short one exact in 0.1 s); 0: not
+        searched (the windowed planner's per-window MIPs).
       flow_stall_s, flow_stall_share: device mode's flow MIP gives its time back once it has found no
         better incumbent for the larger of these (seconds; share of the time it was given), counted from its
         start: on the embedded default it never beats the exact-runs start and ran 58 s for nothing (1.5 s and 3 %:
@@ -145,3 +149,4 @@ class PlannerOptions:
     flow_stall_share: float = 0.03
     on_shapes_share: float = 0.25
     chain_shapes_share: float = 0.3
+    prefix_share: float = 0.025

@@ -88,11 +88,20 @@ def rider_entry(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray,
 def raised_own_bound(problem: Problem, windows: list[tuple[np.ndarray, np.ndarray, np.ndarray]], acc: np.ndarray,
                      charge: np.ndarray, top: int, cands: np.ndarray, lam: float, limit: float | None,
                      deadline: Deadline) -> float:
+    """``raised_table``'s bound alone."""
+    return raised_table(problem, windows, acc, charge, top, cands, lam, limit, deadline)[0]
+
+
+def raised_table(problem: Problem, windows: list[tuple[np.ndarray, np.ndarray, np.ndarray]], acc: np.ndarray,
+                 charge: np.ndarray, top: int, cands: np.ndarray, lam: float, limit: float | None,
+                 deadline: Deadline) -> tuple[float, np.ndarray]:
     """One bucket's own bound (before lam times its allowance) with the entries of the DP's best set raised
     until they all are or ``deadline`` passes (see module docstring).  ``windows`` holds each window's requests
     (entry shapes, gens) and their prices phi at every candidate (the suffix minimum of the LP prices penalised
     at lam for the P95 ``limit``); ``acc`` is the bucket's interval table on them (``window_bound.interval_table``).
-    Batches never span two windows, so each window's part of an entry is the larger of its old and raised sums."""
+    Batches never span two windows, so each window's part of an entry is the larger of its old and raised sums.
+    Returns the bound and the table with the entries raised so far (every entry obeys the caps: a DP over any
+    part of it stays a bound, ``prefix_bound``'s suffixes)."""
     limit = limit if lam > 0 else None
     acc = acc.copy()
     raised = np.zeros(acc.shape, dtype=bool)
@@ -107,7 +116,7 @@ def raised_own_bound(problem: Problem, windows: list[tuple[np.ndarray, np.ndarra
             break
         for lo, hi in todo:
             if deadline.expired():
-                return value
+                return value, acc
             total = 0.0
             for S, G, phi in windows:
                 inside = (S <= cands[hi]) & ((S > cands[lo]) if lo >= 0 else True)
@@ -116,4 +125,4 @@ def raised_own_bound(problem: Problem, windows: list[tuple[np.ndarray, np.ndarra
                     total += max(old, rider_entry(problem, S, G, phi, cands, lo, hi, top, lam, limit))
             acc[lo + 1, hi] = max(acc[lo + 1, hi], total)
             raised[lo + 1, hi] = True
-    return value
+    return value, acc

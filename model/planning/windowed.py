@@ -70,7 +70,8 @@ MIN_WINDOW_MIP_S = 0.05  # nor with less than this left: a MIP call costs about 
 FEWER_SHARE = 0.3  # of the time left: the plan for K - 1 shapes, one more candidate (recursively)
 FEWER_MAX_REQUESTS = 2000  # above this, the K - 1 shapes' start alone stands for it (a whole run per K costs)
 FEWER_MIN_S = 0.2  # nor with less time than this for it: each level judges a few plans past a tiny limit
-WINDOW_MIP_OPTIONS = PlannerOptions(rebatch_share=0.0, on_shapes_share=0.0, chain_shapes_share=0.0)
+WINDOW_MIP_OPTIONS = PlannerOptions(rebatch_share=0.0, on_shapes_share=0.0, chain_shapes_share=0.0,
+                                    prefix_share=0.0)
 # every packer, the usual winners first; greedy merges per request, so it is skipped on big inputs
 PACKER_ORDER = ("dpfill", "greedy", "exp", "pow2", "cells", "solo", "baseline")
 

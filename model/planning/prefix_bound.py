@@ -1,0 +1,177 @@
+"""Device mode: a bucket's bound over every shape set by branch and bound from the bottom ("the prefix bound").
+
+Why.  The rider chain (``rider_chain``) prices a FIXED shape set nearly as well as its LP, but its prices of
+an interval depend on every shape below, so no DP over sets can use them; the riders' bound
+(``rider_bound``) is a DP because it caps every rider's price at phi (the penalised LP prices' suffix
+minimum) at the candidate after its interval, which costs it where the riders' real prices are far below
+the caps (the embedded default's chat bucket: the DP's best set gets 287,654 where the chain on that set
+certifies 327,355, compiles included).
+
+The search.  A node is a prefix P = (y_1 < ... < y_j) of a set, every y below the bucket's top candidate.
+Its requests (entry shape <= y_j) run only at shapes of P, or ride above y_j.  They are priced by the chain
+interval by interval (riders at their prices, ``rider_chain.member_limits``), each interval's prices then
+capped at phi at the candidate after its shape, so as a rider above y_j each is priced at most what the
+riders' bound assumes there.  Every set with this prefix then costs at least
+
+    sum of the prefix's prices + m * min(0, least reduced cost of its batches) + its compiles
+      + the riders' DP over the shapes above y_j with at most K - j of them (the table's entries)
+
+(m <= the prefix's requests: the Lagrangian of ``rider_chain``; the suffix entries hold for any riders priced
+within the caps).  A node's children add one shape; adding the top candidate ends a set, whose value is the
+chain's on the whole set (the top interval uncapped: nothing rides above it).  Each child's bound is at
+least its parent's, every set lies below exactly one node of the frontier, so the least bound over the
+frontier is a bound over every set at every moment: the search pops the least, best first, until the
+deadline, or until the least is a whole set's own value (then it is the least over every set exactly).
+All at the same P95 multiplier lam as the table (minus lam times the allowance, once).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from model.base.runtime import Deadline, check_interrupt
+from model.domain.schema import Problem
+from model.planning.rider_chain import chain_duals, interval_prices, member_limits
+from model.planning.shape_lp import SAFETY, Cells, all_boxes, cells_of, least_reduced_costs
+
+MAX_NODES = 20_000  # nodes kept on the frontier at most (about 1 kB each beyond the prefix's cells)
+
+
+@dataclass(frozen=True, eq=False)
+class Prefix:
+    """A node: the candidate indices of the prefix, its requests' cells (gens, counts, capped prices), the
+    least reduced cost over its batches (<= 0) and how many requests it holds."""
+
+    shapes: tuple[int, ...]
+    G: np.ndarray
+    n: np.ndarray
+    pi: np.ndarray
+    rc: float
+    requests: int
+
+
+@dataclass(frozen=True)
+class PrefixBound:
+    """The least bound over every shape set (before lam times the allowance, compiles included), whether it is
+    exact (the least is a whole set's own value), and how many nodes were expanded."""
+
+    bound: float
+    exact: bool
+    expanded: int
+
+
+def suffix_values(own: np.ndarray, top: int, max_shapes: int) -> np.ndarray:
+    """F[i, k]: the least over shape sets above candidate i ending at the top with at most k shapes of the sum
+    of the table's entries ``own[lo + 1, hi]`` of their intervals, the first from i (inf where k = 0)."""
+    F = np.full((top + 1, max_shapes + 1), np.inf)
+    for k in range(1, max_shapes + 1):
+        for i in range(top - 1, -1, -1):
+            best = own[i + 1, top]
+            if k > 1 and i + 1 < top:
+                best = min(best, float(np.min(own[i + 1, i + 1:top] + F[i + 1:top, k - 1])))
+            F[i, k] = best
+    return F
+
+
+def interval_cells(S: np.ndarray, G: np.ndarray, phi: np.ndarray, cands: np.ndarray, lo: int, hi: int,
+                   capped: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(gens, counts, caps) of the requests with entry shape in (cands[lo], cands[hi]] (lo = -1: none below),
+    by gen; a cell's cap is the least over its requests of phi at the candidate after hi (inf: uncapped)."""
+    rows = np.flatnonzero((S <= cands[hi]) & ((S > cands[lo]) if lo >= 0 else True))
+    gens, inv = np.unique(G[rows], return_inverse=True)
+    counts = np.bincount(inv, minlength=len(gens))
+    caps = np.full(len(gens), np.inf)
+    if capped:
+        np.minimum.at(caps, inv, phi[rows, hi + 1])
+    return gens, counts, caps
+
+
+def extend(problem: Problem, node: Prefix, S: np.ndarray, G: np.ndarray, phi: np.ndarray, cands: np.ndarray,
+           hi: int, top: int, lam: float, limit: float | None) -> Prefix:
+    """The node with candidate ``hi`` added: the new interval priced by the chain with the node's requests as
+    riders (their prices divided by theta where riders alone overrun a batch there), capped unless hi is the
+    top; the least reduced cost over the new shape's batches joins the node's."""
+    lo = node.shapes[-1] if node.shapes else -1
+    gens, counts, caps = interval_cells(S, G, phi, cands, lo, hi, hi < top)
+    allG, alln = np.r_[node.G, gens], np.r_[node.n, counts]
+    cells = Cells(np.zeros(len(allG), dtype=np.int64), allG, alln)
+    boxes = all_boxes(problem.cost, cells, np.array([int(cands[hi])]), limit, problem.max_batch_size)
+    order = np.argsort(-node.pi, kind="stable")
+    Tp, theta = member_limits(boxes, np.arange(len(boxes.i)), gens, int(counts.sum()), node.pi[order],
+                              node.n[order], node.G[order], lam)
+    own = np.minimum(interval_prices(counts, Tp), caps) if len(gens) else np.zeros(0)
+    pi = np.r_[node.pi / theta, own]
+    rc = least_reduced_costs(cells, boxes, pi, lam)
+    return Prefix(node.shapes + (hi,), allG, alln, pi, min(node.rc, float(rc.min(initial=0.0))),
+                  node.requests + int(counts.sum()))
+
+
+def whole_value(problem: Problem, S: np.ndarray, G: np.ndarray, cands: np.ndarray, shapes: tuple[int, ...],
+                lam: float, limit: float | None, charge: np.ndarray) -> float:
+    """A whole set's own bound: the chain's uncapped prices on it (``rider_chain.chain_duals``, certified by
+    the Lagrangian at lam), plus its compiles -- valid for the plans on that set alone, where the capped
+    prices the search needs for its suffixes are weaker."""
+    arr = cands[list(shapes)]
+    cells = cells_of(S, G, arr)
+    boxes = all_boxes(problem.cost, cells, arr, limit, problem.max_batch_size)
+    pi = chain_duals(cells, boxes, lam)
+    rc = least_reduced_costs(cells, boxes, pi, lam)
+    return float(cells.n @ pi) + len(S) * min(0.0, float(rc.min(initial=0.0))) + float(np.sum(charge[list(shapes)]))
+
+
+def prefix_value(node: Prefix, charge: np.ndarray) -> float:
+    """What every plan's prefix batches cost at least (the Lagrangian on its prices) plus its compiles."""
+    return float(node.n @ node.pi) + node.requests * min(0.0, node.rc) + float(np.sum(charge[list(node.shapes)]))
+
+
+def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray, own: np.ndarray,
+                 charge: np.ndarray, top: int, cands: np.ndarray, lam: float, limit: float | None,
+                 deadline: Deadline) -> PrefixBound:
+    """One bucket's bound over every shape set of at most K shapes (see module docstring): requests with entry
+    shapes S and gens G, phi their prices at every candidate, ``own`` the bucket's charged interval table at
+    the same multiplier lam (``shapes.charged_tables``; raised entries welcome), ``charge`` its compile per
+    candidate, ``top`` its longest prompt's candidate; the P95 ``limit`` priced at lam (None: not)."""
+    limit = limit if lam > 0 else None
+    K = problem.max_shapes
+    F = suffix_values(own, top, K)
+    root = Prefix((), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0), 0.0, 0)
+    tie = itertools.count()
+    # a frontier item: (bound, tie, node, state, h); OPEN a priced prefix to expand, CHILD the node's child at
+    # candidate h not priced yet (its parent's bound until popped), CLOSE the node closed with the top not
+    # priced yet, WHOLE a whole set priced
+    OPEN, CHILD, CLOSE, WHOLE = 0, 1, 2, 3
+    frontier: list[tuple[float, int, Prefix, int, int]] = []
+    if K >= 1:  # the top alone
+        frontier.append((float(own[0, top]), next(tie), root, CLOSE, top))
+    for y in range(top) if K >= 2 else ():  # the root's children: each first shape below the top
+        frontier.append((float(own[0, y] + F[y, K - 1]), next(tie), root, CHILD, y))  # the riders' DP's bound
+    heapq.heapify(frontier)
+    expanded = 0
+    while frontier and frontier[0][3] != WHOLE and not deadline.expired() and len(frontier) < MAX_NODES:
+        check_interrupt()
+        bound, _, node, state, h = heapq.heappop(frontier)
+        if state == CLOSE:  # price the set node + (top,) whole
+            whole = extend(problem, node, S, G, phi, cands, top, top, lam, limit)
+            value = max(prefix_value(whole, charge),
+                        whole_value(problem, S, G, cands, whole.shapes, lam, limit, charge))
+            heapq.heappush(frontier, (max(bound, value), next(tie), whole, WHOLE, top))
+        elif state == CHILD:
+            child = extend(problem, node, S, G, phi, cands, h, top, lam, limit)
+            used = len(child.shapes)
+            heapq.heappush(frontier, (max(bound, prefix_value(child, charge) + float(F[h, K - used])), next(tie),
+                                      child, OPEN, h))
+        else:
+            expanded += 1
+            last, used = node.shapes[-1], len(node.shapes)
+            base = prefix_value(node, charge)
+            heapq.heappush(frontier, (max(bound, base + float(own[last + 1, top])), next(tie), node, CLOSE, top))
+            for nxt in range(last + 1, top) if used + 2 <= K else ():
+                heapq.heappush(frontier, (bound, next(tie), node, CHILD, nxt))
+    if not frontier:
+        return PrefixBound(np.inf, True, expanded)
+    least, _, _, state, _ = frontier[0]
+    return PrefixBound(least - SAFETY * abs(least), state == WHOLE, expanded)
