@@ -134,3 +134,12 @@ def test_on_the_embedded_default_both_buckets_rise():
         got[one.buckets[b].name] = (dp - lam * allowed, found.bound - lam * allowed, found.exact)
     assert got["short"][2] and got["short"][1] > got["short"][0] + 1000
     assert got["chat"][1] > got["chat"][0] + 1000 and got["chat"][1] + got["short"][1] < 455_719.6
+
+
+def test_a_bucket_too_large_to_search_claims_nothing(monkeypatch):
+    """Above MAX_WORK (requests x candidates) the search does not start: -inf, and the caller keeps its bound."""
+    from model.planning import prefix_bound as module
+
+    prob = riders_instance(3)
+    monkeypatch.setattr(module, "MAX_WORK", 1)
+    assert all(found == -np.inf for _, found, _ in bounds(prob, 0.0))
