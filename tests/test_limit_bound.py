@@ -54,7 +54,7 @@ def test_the_p95_bound_is_below_the_brute_force_optimum(seed):
     plain = whole_trace_bound(prob, Deadline.after(30))
     assert cut.bound <= best * (1 + 1e-9), (cut, best)
     assert full.bound <= best * (1 + 1e-9), (full, best)
-    assert full.bound >= plain * (1 - 1e-12)  # lam = 0 with the LP prices alone is one of the tables tried
+    assert full.bound >= plain * (1 - 2e-9)  # lam = 0 with the LP prices alone is one of the tables tried (less SAFETY)
     searched = p95_bound(prob, Deadline.after(30), sets_s=30.0)  # every bucket's shape sets searched too
     assert full.bound * (1 - 1e-12) <= searched.bound <= best * (1 + 1e-9), (searched, full, best)
 

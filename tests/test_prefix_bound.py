@@ -143,3 +143,23 @@ def test_a_bucket_too_large_to_search_claims_nothing(monkeypatch):
     prob = riders_instance(3)
     monkeypatch.setattr(module, "MAX_WORK", 1)
     assert all(found == -np.inf for _, found, _ in bounds(prob, 0.0))
+
+
+@pytest.mark.parametrize("kv", [100, 500])
+def test_no_plan_is_inf_not_nan_and_a_tie_is_not_lifted_by_rounding(kv):
+    """The review's instances: under a KV capacity of 100 no batch holds the 300-gen request (the bound is inf,
+    once nan); at 500 the bound ties the optimum, which the LP-price DP's sums passed by one ulp (now with a
+    margin: never above it, with no tolerance)."""
+    from dataclasses import replace as swap
+
+    from helpers import bucket, problem
+    from test_shape_lp import TOY
+
+    from model.cost.model import cost_model
+
+    prob = problem(bucket([30, 100, 200], [10, 300, 10]), k=2,
+                   cost=cost_model("device", swap(TOY, kv_capacity_tokens=kv)))
+    best = brute_force(prob).cost
+    found = [f for _, f, _ in bounds(prob, 0.0)]
+    assert not any(np.isnan(f) for f in found) and all(f <= best for f in found)
+    assert L.p95_bound(prob, Deadline.after(30), sets_s=30.0).bound <= best

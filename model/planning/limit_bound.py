@@ -37,6 +37,7 @@ from model.domain.schema import Problem, Windowing
 from model.packers.grouping import batch_capacity
 from model.planning.prefix_bound import prefix_bound
 from model.planning.rider_bound import raised_table
+from model.planning.shape_lp import SAFETY
 from model.planning.shapes import charged_tables, own_bound, shape_dp
 from model.planning.top_interval import gained_own_bound, top_interval
 from model.planning.window_bound import (
@@ -250,4 +251,7 @@ def p95_bound(problem: Problem, deadline: Deadline, sets_s: float = 0.0) -> Limi
         for pick in ([table for _, _, table, _ in chosen], [tables[0] for _, _, _, tables in chosen]):
             joint = sum(charged_tables(table.acc, table.charge, table.top)[1] for table in pick)
             joint_value = max(joint_value, shape_dp(joint, cands, problem.max_shapes)[0] - subtract)
-    return LimitBound(max(joint_value, sum(owns)), lams, tuple(owns), sum(owns) > max(joint_value, unsearched))
+    value = max(joint_value, sum(owns))
+    if np.isfinite(value):  # the DPs add entries without a margin: one ulp above the optimum at a tie, measured
+        value -= SAFETY * abs(value)
+    return LimitBound(value, lams, tuple(owns), sum(owns) > max(joint_value, unsearched))

@@ -181,4 +181,6 @@ def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray
     if not frontier:
         return PrefixBound(np.inf, True, expanded)
     least, _, _, state, _ = frontier[0]
-    return PrefixBound(least - SAFETY * abs(least), state == WHOLE, expanded)
+    if np.isfinite(least):
+        least -= SAFETY * abs(least)  # float sums at a tie must not lift it above the optimum
+    return PrefixBound(least, state == WHOLE, expanded)  # inf: no plan holds the requests (no batch fits)
