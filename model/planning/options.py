@@ -102,7 +102,7 @@ class PlannerOptions:
         (``model.planning.chain_shapes``; the main job: 465,198 -> 455,720); 0: not searched.
       prefix_share: device mode: share of the time left after the LP-price bound within which each bucket's own
         bound is raised by the branch and bound over its shape sets (``model.planning.prefix_bound``; the
-        embedded default's chat bucket: 287,654 -> 292,700 in 1.4 s, the short one exact in 0.1 s); 0: not
+        embedded default's chat bucket: 287,654 -> about 291,000 in 1.4 s, the short one exact in 0.1 s); 0: not
         searched (the windowed planner's per-window MIPs).
       flow_stall_s, flow_stall_share: device mode's flow MIP gives its time back once it has found no
         better incumbent for the larger of these (seconds; share of the time it was given), counted from its
