@@ -139,8 +139,8 @@ def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray
     shapes S and gens G, phi their prices at every candidate, ``own`` the bucket's charged interval table at
     the same multiplier lam (``shapes.charged_tables``; raised entries welcome), ``charge`` its compile per
     candidate, ``top`` its longest prompt's candidate; the P95 ``limit`` priced at lam (None: not).  -inf where
-    the bucket is too large to search (MAX_WORK) or the deadline passed while the first shapes were listed;
-    the riders' DP itself where it passed before any node was priced; inf where no plan holds the requests."""
+    the bucket is too large to search (MAX_WORK); the riders' DP itself where the deadline passed before any
+    node was priced; inf where no plan holds the requests."""
     limit = limit if lam > 0 else None
     K = problem.max_shapes
     if len(S) * (top + 1) > MAX_WORK:
