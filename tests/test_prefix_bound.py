@@ -86,7 +86,7 @@ def test_cut_anywhere_it_stays_below_the_optimum(seed, checks):
     """Cut before anything is priced it claims nothing beyond the riders' DP; cut later, what it has is valid."""
     prob = riders_instance(seed)
     check(prob, [0.0], deadline=lambda: Checks(checks))
-    if checks == 0:  # nothing priced: -inf, or the riders' DP where the top candidate is the only one
+    if checks == 0:  # nothing priced: at most the riders' DP (or -inf)
         assert all(found == -np.inf or found <= dp * (1 + 1e-9) for dp, found, _ in bounds(prob, 0.0, lambda: Checks(0)))
 
 
