@@ -132,6 +132,16 @@ class ShapeCover:
     ranges: tuple[tuple[int, int], ...]
 
 
+def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` for nonnegative lengths, by a count table where they are at
+    most MAX_SHAPE (every loaded length is): O(n), where the sort took 2 s on 10^7 requests."""
+    if not len(values) or int(values.min()) < 0 or int(values.max()) > MAX_SHAPE:
+        return np.unique(values, return_inverse=True)
+    present = np.bincount(values) > 0
+    rank = np.cumsum(present) - 1
+    return np.flatnonzero(present), rank[values]
+
+
 def shapes_needed(problem: Problem) -> ShapeCover:
     """The fewest shapes every plan needs under a KV capacity (1 without one; 0 with no request).
 
@@ -140,27 +150,37 @@ def shapes_needed(problem: Problem) -> ShapeCover:
     of shapes and the shapes declared must stab every interval; the greedy by right end finds the fewest
     (the classic interval-stabbing argument), and the requests that open a new shape have pairwise disjoint
     intervals (each starts above the last one's end).  Shapes above the longest aligned prompt stab nothing
-    more.  The greedy runs over the distinct intervals, not the requests."""
+    more.  A request's range depends on its prompt and gen alone, so both ends are found per distinct value,
+    and the greedy runs over the right ends, each group's largest left end deciding (no sort of the requests:
+    10^7 of them took 27 s that way)."""
     lens = [align(b.prompt_len) for b in problem.buckets if len(b)]
     if problem.cost.kv_capacity is None or not lens:
         return ShapeCover(1 if lens else 0, (), ())
     allowed = usable(problem)
-    prompts = np.concatenate(lens)
-    gens = np.concatenate([b.gen_len for b in problem.buckets if len(b)])
+    prompts, of_prompt = distinct(np.concatenate(lens))
     grid = allowed if allowed is not None else np.arange(GRANULARITY, int(prompts.max()) + 1, GRANULARITY)
-    left = np.searchsorted(grid, prompts, side="left")
-    lo, hi = left.copy(), np.full(len(left), len(grid) - 1)  # invariant: grid[lo] fits; the answer is in [lo, hi]
-    while (lo < hi).any():
+    left = np.searchsorted(grid, prompts, side="left")[of_prompt]
+    gens, of_gen = distinct(np.concatenate([b.gen_len for b in problem.buckets if len(b)]))
+    lo, hi = np.zeros(len(gens), dtype=np.int64), np.full(len(gens), len(grid) - 1)  # the answer is in [lo, hi]
+    while (lo < hi).any():  # the largest grid index each gen fits at (0 where none: check_kv_fits' case)
         mid = (lo + hi + 1) // 2
         fit = problem.cost.batch_fits(1, grid[mid], gens)
         lo, hi = np.where(fit, mid, lo), np.where(fit, hi, mid - 1)
-    pairs, first = np.unique(np.stack([lo, left], axis=1), axis=0, return_index=True)  # by right end, then left
+    right = np.maximum(lo[of_gen], left)  # a request fits its own smallest shape (check_kv_fits)
+    widest = np.full(len(grid), -1)
+    np.maximum.at(widest, right, left)  # per right end, the largest left end among its requests
     last, opened = -1, []
-    for (right, start), k in zip(pairs.tolist(), first.tolist(), strict=True):
-        if start > last:  # not stabbed by the last shape: a new one at this interval's right end
-            last = right
-            opened.append(k)
-    return ShapeCover(len(opened), tuple(opened), tuple((int(grid[left[k]]), int(grid[lo[k]])) for k in opened))
+    for r in np.flatnonzero(widest >= 0).tolist():
+        if widest[r] > last:  # not stabbed by the last shape: a new one at this right end
+            last = r
+            opened.append(r)
+    ends = np.asarray(opened, dtype=np.int64)
+    is_end = np.zeros(len(grid), dtype=bool)
+    is_end[ends] = True
+    hits = np.flatnonzero(is_end[right] & (left == widest[right]))  # requests that opened a shape, file order
+    firsts = hits[np.unique(right[hits], return_index=True)[1]]  # one per opened right end, by right end
+    return ShapeCover(len(opened), tuple(int(k) for k in firsts),
+                      tuple((int(grid[left[k]]), int(grid[right[k]])) for k in firsts))
 
 
 SHOWN = 4  # requests of the certificate named in the message
