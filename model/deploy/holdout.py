@@ -185,13 +185,10 @@ def _attempt(problem: Problem, solver: str, backend: str, time_limit: float,
              messages: list[str], what: str) -> pipeline.Run | None:
     try:
         return pipeline.run(problem, solver, backend, time_limit)
-    except InfeasibleError as exc:
-        messages.append(f"{what}: {exc}")
-        return None
-    except NoPlanFound as exc:  # a packer's rule with no plan (pow2 at a shape a request does not fit): said
-        if solver == pipeline.MIP:
+    except (InfeasibleError, NoPlanFound) as exc:
+        if isinstance(exc, NoPlanFound) and solver == pipeline.MIP:  # not proven: the check cannot go on
             raise
-        messages.append(f"{what}: {exc}")
+        messages.append(f"{what}: {exc}")  # a proof, or a packer's rule with no plan (pow2 where it does not fit)
         return None
 
 

@@ -35,7 +35,8 @@ import numpy as np
 
 from model.base.runtime import Deadline, check_interrupt
 from model.domain.schema import Problem
-from model.planning.rider_chain import chain_duals, interval_prices, member_limits
+from model.planning.rider_bound import interval_rows
+from model.planning.rider_chain import chain_duals, interval_prices, lagrangian, member_limits
 from model.planning.shape_lp import SAFETY, Cells, all_boxes, cells_of, least_reduced_costs
 
 MAX_NODES = 20_000  # nodes kept on the frontier at most (about 1 kB each beyond the prefix's cells)
@@ -85,7 +86,7 @@ def interval_cells(S: np.ndarray, G: np.ndarray, phi: np.ndarray, cands: np.ndar
                    capped: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(gens, counts, caps) of the requests with entry shape in (cands[lo], cands[hi]] (lo = -1: none below),
     by gen; a cell's cap is the least over its requests of phi at the candidate after hi (inf: uncapped)."""
-    rows = np.flatnonzero((S <= cands[hi]) & ((S > cands[lo]) if lo >= 0 else True))
+    rows = np.flatnonzero(interval_rows(S, cands, lo, hi))
     gens, inv = np.unique(G[rows], return_inverse=True)
     counts = np.bincount(inv, minlength=len(gens))
     caps = np.full(len(gens), np.inf)
@@ -122,9 +123,7 @@ def whole_value(problem: Problem, S: np.ndarray, G: np.ndarray, cands: np.ndarra
     arr = cands[list(shapes)]
     cells = cells_of(S, G, arr)
     boxes = all_boxes(problem.cost, cells, arr, limit, problem.max_batch_size)
-    pi = chain_duals(cells, boxes, lam)
-    rc = least_reduced_costs(cells, boxes, pi, lam)
-    return float(cells.n @ pi) + len(S) * min(0.0, float(rc.min(initial=0.0))) + float(np.sum(charge[list(shapes)]))
+    return lagrangian(cells, boxes, chain_duals(cells, boxes, lam), lam, len(S)) + float(np.sum(charge[list(shapes)]))
 
 
 def prefix_value(node: Prefix, charge: np.ndarray) -> float:

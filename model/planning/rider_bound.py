@@ -56,12 +56,17 @@ def free_prices(levels_n: np.ndarray, Tp: np.ndarray) -> np.ndarray:
     return np.diff(V) / c - max(0.0, float(excess))
 
 
+def interval_rows(S: np.ndarray, cands: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Which requests (entry shapes S) are members of the interval (cands[lo], cands[hi]] (lo = -1: none below)."""
+    return (S <= cands[hi]) & ((S > cands[lo]) if lo >= 0 else True)
+
+
 def rider_entry(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray, cands: np.ndarray, lo: int,
                 hi: int, top: int, lam: float, limit: float | None) -> float:
     """The raised entry of interval (cands[lo], cands[hi]] (lo = -1: none below) of one bucket whose requests
     (entry shapes S, gens G) have prices phi (see module docstring); -inf where it has no members."""
     s = int(cands[hi])
-    mem = np.flatnonzero((S <= s) & ((S > cands[lo]) if lo >= 0 else True))
+    mem = np.flatnonzero(interval_rows(S, cands, lo, hi))
     if not len(mem):
         return -np.inf
     rid = np.flatnonzero(S <= cands[lo]) if lo >= 0 else np.zeros(0, dtype=np.int64)
@@ -119,7 +124,7 @@ def raised_table(problem: Problem, windows: list[tuple[np.ndarray, np.ndarray, n
                 return value, acc
             total = 0.0
             for S, G, phi in windows:
-                inside = (S <= cands[hi]) & ((S > cands[lo]) if lo >= 0 else True)
+                inside = interval_rows(S, cands, lo, hi)
                 if inside.any():
                     old = float(phi[inside, hi].sum())
                     total += max(old, rider_entry(problem, S, G, phi, cands, lo, hi, top, lam, limit))

@@ -161,10 +161,16 @@ def chain_duals(cells: Cells, boxes: Boxes, mu: float, deadline: Deadline = Dead
     return pi
 
 
+def lagrangian(cells: Cells, boxes: Boxes, pi: np.ndarray, mu: float, requests: int) -> float:
+    """What every plan's batches of these boxes cost at least, penalised at mu, from prices pi: their sum plus
+    ``requests`` (at least the batches) times the least reduced cost where that is negative."""
+    rc = least_reduced_costs(cells, boxes, pi, mu)
+    return float(cells.n @ pi) + requests * float(min(0.0, rc.min(initial=0.0)))
+
+
 def certified(cells: Cells, boxes: Boxes, pi: np.ndarray, mu: float, allowed: int | None, requests: int) -> float:
     """The Lagrangian bound of prices (pi, mu) (see module docstring), lowered by SAFETY for the float sums."""
-    rc = least_reduced_costs(cells, boxes, pi, mu)
-    value = float(cells.n @ pi) - mu * (allowed or 0) + requests * float(min(0.0, rc.min(initial=0.0)))
+    value = lagrangian(cells, boxes, pi, mu, requests) - mu * (allowed or 0)
     return value - SAFETY * abs(value)
 
 
