@@ -36,8 +36,8 @@ import numpy as np
 from model.base.runtime import Deadline, check_interrupt
 from model.domain.schema import Problem
 from model.planning.rider_bound import interval_rows
-from model.planning.rider_chain import chain_duals, interval_prices, lagrangian, member_limits
-from model.planning.shape_lp import SAFETY, Cells, all_boxes, cells_of, least_reduced_costs
+from model.planning.rider_chain import interval_prices, member_limits
+from model.planning.shape_lp import SAFETY, Cells, all_boxes, least_reduced_costs
 
 MAX_NODES = 20_000  # nodes kept on the frontier at most (about 1 kB each beyond the prefix's cells)
 # requests x candidates up to the top beyond which the search is not started: a node's children price an
@@ -48,15 +48,21 @@ MAX_WORK = 200_000
 
 @dataclass(frozen=True, eq=False)
 class Prefix:
-    """A node: the candidate indices of the prefix, its requests' cells (gens, counts, capped prices), the
-    least reduced cost over its batches (<= 0) and how many requests it holds."""
+    """A node: the candidate indices of the prefix, its requests' cells (gens, counts, the chain's uncapped
+    prices), which requests it holds (``rows``) and each one's cell, and the least reduced cost over its
+    batches (<= 0)."""
 
     shapes: tuple[int, ...]
     G: np.ndarray
     n: np.ndarray
     pi: np.ndarray
+    rows: np.ndarray
+    cell: np.ndarray
     rc: float
-    requests: int
+
+    @property
+    def requests(self) -> int:
+        return len(self.rows)
 
 
 @dataclass(frozen=True)
@@ -82,53 +88,35 @@ def suffix_values(own: np.ndarray, top: int, max_shapes: int) -> np.ndarray:
     return F
 
 
-def interval_cells(S: np.ndarray, G: np.ndarray, phi: np.ndarray, cands: np.ndarray, lo: int, hi: int,
-                   capped: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(gens, counts, caps) of the requests with entry shape in (cands[lo], cands[hi]] (lo = -1: none below),
-    by gen; a cell's cap is the least over its requests of phi at the candidate after hi (inf: uncapped)."""
+def extend(problem: Problem, node: Prefix, S: np.ndarray, G: np.ndarray, cands: np.ndarray, hi: int, lam: float,
+           limit: float | None) -> Prefix:
+    """The node with candidate ``hi`` added: the new interval priced by the chain with the node's requests as
+    riders at their uncapped prices (divided by theta where riders alone overrun a batch there); the least
+    reduced cost over the new shape's batches joins the node's."""
+    lo = node.shapes[-1] if node.shapes else -1
     rows = np.flatnonzero(interval_rows(S, cands, lo, hi))
     gens, inv = np.unique(G[rows], return_inverse=True)
     counts = np.bincount(inv, minlength=len(gens))
-    caps = np.full(len(gens), np.inf)
-    if capped:
-        np.minimum.at(caps, inv, phi[rows, hi + 1])
-    return gens, counts, caps
-
-
-def extend(problem: Problem, node: Prefix, S: np.ndarray, G: np.ndarray, phi: np.ndarray, cands: np.ndarray,
-           hi: int, top: int, lam: float, limit: float | None) -> Prefix:
-    """The node with candidate ``hi`` added: the new interval priced by the chain with the node's requests as
-    riders (their prices divided by theta where riders alone overrun a batch there), capped unless hi is the
-    top; the least reduced cost over the new shape's batches joins the node's."""
-    lo = node.shapes[-1] if node.shapes else -1
-    gens, counts, caps = interval_cells(S, G, phi, cands, lo, hi, hi < top)
-    allG, alln = np.r_[node.G, gens], np.r_[node.n, counts]
-    cells = Cells(np.zeros(len(allG), dtype=np.int64), allG, alln)
+    cells = Cells(np.zeros(len(node.G) + len(gens), dtype=np.int64), np.r_[node.G, gens], np.r_[node.n, counts])
     boxes = all_boxes(problem.cost, cells, np.array([int(cands[hi])]), limit, problem.max_batch_size)
     order = np.argsort(-node.pi, kind="stable")
     Tp, theta = member_limits(boxes, np.arange(len(boxes.i)), gens, int(counts.sum()), node.pi[order],
                               node.n[order], node.G[order], lam)
-    own = np.minimum(interval_prices(counts, Tp), caps) if len(gens) else np.zeros(0)
-    pi = np.r_[node.pi / theta, own]
+    pi = np.r_[node.pi / theta, interval_prices(counts, Tp) if len(gens) else np.zeros(0)]
     rc = least_reduced_costs(cells, boxes, pi, lam)
-    return Prefix(node.shapes + (hi,), allG, alln, pi, min(node.rc, float(rc.min(initial=0.0))),
-                  node.requests + int(counts.sum()))
+    return Prefix(node.shapes + (hi,), cells.G, cells.n, pi, np.r_[node.rows, rows],
+                  np.r_[node.cell, len(node.G) + inv], min(node.rc, float(rc.min(initial=0.0))))
 
 
-def whole_value(problem: Problem, S: np.ndarray, G: np.ndarray, cands: np.ndarray, shapes: tuple[int, ...],
-                lam: float, limit: float | None, charge: np.ndarray) -> float:
-    """A whole set's own bound: the chain's uncapped prices on it (``rider_chain.chain_duals``, certified by
-    the Lagrangian at lam), plus its compiles -- valid for the plans on that set alone, where the capped
-    prices the search needs for its suffixes are weaker."""
-    arr = cands[list(shapes)]
-    cells = cells_of(S, G, arr)
-    boxes = all_boxes(problem.cost, cells, arr, limit, problem.max_batch_size)
-    return lagrangian(cells, boxes, chain_duals(cells, boxes, lam), lam, len(S)) + float(np.sum(charge[list(shapes)]))
-
-
-def prefix_value(node: Prefix, charge: np.ndarray) -> float:
-    """What every plan's prefix batches cost at least (the Lagrangian on its prices) plus its compiles."""
-    return float(node.n @ node.pi) + node.requests * min(0.0, node.rc) + float(np.sum(charge[list(node.shapes)]))
+def prefix_value(node: Prefix, phi: np.ndarray, top: int, charge: np.ndarray) -> float:
+    """What every plan's prefix batches cost at least plus its compiles: the Lagrangian on the node's prices,
+    each request's capped at phi at the candidate after the prefix's last shape unless that is the top (lower
+    prices keep every batch's reduced cost at least what it was)."""
+    last = node.shapes[-1]
+    prices = node.pi[node.cell]
+    if last < top:
+        prices = np.minimum(prices, phi[node.rows, last + 1])
+    return float(prices.sum()) + node.requests * min(0.0, node.rc) + float(np.sum(charge[list(node.shapes)]))
 
 
 def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray, own: np.ndarray,
@@ -145,7 +133,8 @@ def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray
     if len(S) * (top + 1) > MAX_WORK:
         return PrefixBound(-np.inf, False, 0)
     F = suffix_values(own, top, K)
-    root = Prefix((), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0), 0.0, 0)
+    empty = np.zeros(0, dtype=np.int64)
+    root = Prefix((), empty, empty, np.zeros(0), empty, empty, 0.0)
     tie = itertools.count()
     # a frontier item: (bound, tie, node, state, h); OPEN a priced prefix to expand, CHILD the node's child at
     # candidate h not priced yet (its parent's bound until popped), CLOSE the node closed with the top not
@@ -162,19 +151,18 @@ def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray
         check_interrupt()
         bound, _, node, state, h = heapq.heappop(frontier)
         if state == CLOSE:  # price the set node + (top,) whole
-            whole = extend(problem, node, S, G, phi, cands, top, top, lam, limit)
-            value = max(prefix_value(whole, charge),
-                        whole_value(problem, S, G, cands, whole.shapes, lam, limit, charge))
+            whole = extend(problem, node, S, G, cands, top, lam, limit)
+            value = prefix_value(whole, phi, top, charge)
             heapq.heappush(frontier, (max(bound, value), next(tie), whole, WHOLE, top))
         elif state == CHILD:
-            child = extend(problem, node, S, G, phi, cands, h, top, lam, limit)
+            child = extend(problem, node, S, G, cands, h, lam, limit)
             used = len(child.shapes)
-            heapq.heappush(frontier, (max(bound, prefix_value(child, charge) + float(F[h, K - used])), next(tie),
-                                      child, OPEN, h))
+            value = prefix_value(child, phi, top, charge) + float(F[h, K - used])
+            heapq.heappush(frontier, (max(bound, value), next(tie), child, OPEN, h))
         else:
             expanded += 1
             last, used = node.shapes[-1], len(node.shapes)
-            base = prefix_value(node, charge)
+            base = prefix_value(node, phi, top, charge)
             heapq.heappush(frontier, (max(bound, base + float(own[last + 1, top])), next(tie), node, CLOSE, top))
             for nxt in range(last + 1, top) if used + 2 <= K else ():
                 heapq.heappush(frontier, (bound, next(tie), node, CHILD, nxt))
