@@ -46,11 +46,11 @@ def bounds(prob, lam: float, deadline=None) -> list[tuple[float, float, bool]]:
     out = []
     for table in L.bucket_tables(one, pools[0], cands, lam, Deadline.never()):
         phi = suffix_min(table.psi)
-        _, acc = raised_table(one, [(S, G, phi)], table.acc, table.charge, table.top, cands, lam, lim,
-                              Deadline.never())
+        _, acc, done = raised_table(one, [(S, G, phi)], table.acc, table.charge, table.top, cands, lam, lim,
+                                    Deadline.never())
         own, _ = charged_tables(acc, table.charge, table.top)
         dp = own_bound(own, cands, table.top, prob.max_shapes)[0]
-        found = prefix_bound(one, S, G, phi, own, table.charge, table.top, cands, lam, lim,
+        found = prefix_bound(one, S, G, phi, acc, done, table.charge, table.top, cands, lam, lim,
                              Deadline.never() if deadline is None else deadline())
         out.append((dp - lam * allowed, found.bound - lam * allowed, found.exact))
     return out
@@ -109,7 +109,7 @@ def test_the_suffix_values_are_the_dp_over_the_sets_above():
 
 
 def test_on_the_embedded_default_both_buckets_rise():
-    """The short bucket's search ends exact within a few steps; chat's, cut after 150 checks, is above its
+    """The short bucket's search ends exact within a few steps; chat's, cut after 300 deadline checks, is above its
     riders' DP (287,654) and below what the plan's chat batches cost (the plan is 455,719.6 in all)."""
     from model import pipeline
 
@@ -128,9 +128,8 @@ def test_on_the_embedded_default_both_buckets_rise():
         tried += [L.best_table(one, pools_b, cands, s * scale, allowed, dl) for s in L.LAMBDA_STEPS]
         _, lam, table, _ = L.refined(one, pools_b, cands, allowed, tried, dl)
         S, G, phi = pools_b.S[0], pools_b.G[0], suffix_min(table.psi)
-        dp, acc = raised_table(one, [(S, G, phi)], table.acc, table.charge, table.top, cands, lam, lim, dl)
-        own, _ = charged_tables(acc, table.charge, table.top)
-        found = prefix_bound(one, S, G, phi, own, table.charge, table.top, cands, lam, lim, Checks(150))
+        dp, acc, done = raised_table(one, [(S, G, phi)], table.acc, table.charge, table.top, cands, lam, lim, dl)
+        found = prefix_bound(one, S, G, phi, acc, done, table.charge, table.top, cands, lam, lim, Checks(300))
         got[one.buckets[b].name] = (dp - lam * allowed, found.bound - lam * allowed, found.exact)
     assert got["short"][2] and got["short"][1] > got["short"][0] + 1000
     assert got["chat"][1] > got["chat"][0] + 1000 and got["chat"][1] + got["short"][1] < 455_719.6

@@ -129,7 +129,7 @@ def without_gains(prob, monkeypatch) -> float:
     import model.planning.limit_bound as limit_bound_module
     with monkeypatch.context() as m:
         m.setattr(top_interval_module, "gain", lambda ctx, lo: 0.0)
-        m.setattr(limit_bound_module, "raised_table", lambda *args, **kw: (-np.inf, args[2]))
+        m.setattr(limit_bound_module, "raised_table", lambda *args, **kw: (-np.inf, args[2], np.zeros(args[2].shape, dtype=bool)))
         return p95_bound(prob, Deadline.after(30)).bound
 
 

@@ -228,19 +228,18 @@ def p95_bound(problem: Problem, deadline: Deadline, sets_s: float = 0.0) -> Limi
         value, lam, table, _ = stepped
         if table.psi is not None and not deadline.expired():  # the riders' bound on the same prices
             phi = suffix_min(table.psi)
-            raised, acc = raised_table(one, [(pools_b.S[0], pools_b.G[0], phi)], table.acc, table.charge,
+            raised, acc, done = raised_table(one, [(pools_b.S[0], pools_b.G[0], phi)], table.acc, table.charge,
                                        table.top, cands, lam, one.limits[pools_b.bucket].max_p95_latency_ms,
                                        deadline)
             own = max(own, raised - lam * (allowed or 0))
-            searchable.append((len(pools_b.S[0]), len(owns), pools_b, phi, acc, table, lam, allowed))
+            searchable.append((len(pools_b.S[0]), len(owns), pools_b, phi, acc, done, table, lam, allowed))
         chosen.append(stepped)
         owns.append(own)
     sets_until, unsearched = deadline.within(sets_s), sum(owns)
-    for k, (_, b, pools_b, phi, acc, table, lam, allowed) in enumerate(sorted(searchable, key=lambda t: t[:2])):
+    for k, (_, b, pools_b, phi, acc, done, table, lam, allowed) in enumerate(sorted(searchable, key=lambda t: t[:2])):
         if sets_until.expired():
             break
-        own_table, _ = charged_tables(acc, table.charge, table.top)
-        found = prefix_bound(one, pools_b.S[0], pools_b.G[0], phi, own_table, table.charge, table.top, cands, lam,
+        found = prefix_bound(one, pools_b.S[0], pools_b.G[0], phi, acc, done, table.charge, table.top, cands, lam,
                              one.limits[pools_b.bucket].max_p95_latency_ms,
                              sets_until.share(1.0 / (len(searchable) - k)))
         owns[b] = max(owns[b], found.bound - lam * (allowed or 0))

@@ -35,9 +35,10 @@ import numpy as np
 
 from model.base.runtime import Deadline, check_interrupt
 from model.domain.schema import Problem
-from model.planning.rider_bound import interval_rows
+from model.planning.rider_bound import interval_rows, rider_entry
 from model.planning.rider_chain import interval_prices, member_limits
 from model.planning.shape_lp import SAFETY, Cells, all_boxes, least_reduced_costs
+from model.planning.shapes import charged_tables
 
 MAX_NODES = 20_000  # nodes kept on the frontier at most (about 1 kB each beyond the prefix's cells)
 # requests x candidates up to the top beyond which the search is not started: a node's children price an
@@ -88,6 +89,52 @@ def suffix_values(own: np.ndarray, top: int, max_shapes: int) -> np.ndarray:
     return F
 
 
+def suffix_path(own: np.ndarray, F: np.ndarray, i: int, k: int, top: int) -> list[tuple[int, int]]:
+    """The intervals (lo, hi) of a set above candidate i attaining ``suffix_values``' F[i, k]."""
+    path = []
+    while k > 1 and i + 1 < top:
+        vals = own[i + 1, i + 1:top] + F[i + 1:top, k - 1]
+        j = int(np.argmin(vals))
+        if own[i + 1, top] <= vals[j]:
+            break
+        path.append((i, i + 1 + j))
+        i, k = i + 1 + j, k - 1
+    return [*path, (i, top)]
+
+
+class Suffixes:
+    """The riders' DP over the sets above each candidate (``suffix_values``) on the bucket's charged table, its
+    entries raised by ``rider_bound.rider_entry`` along the sets the search asks about (those not raised
+    before): an entry only rises and every raised one is a valid entry, so every F on the way is a bound."""
+
+    def __init__(self, problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray, acc: np.ndarray,
+                 raised: np.ndarray, charge: np.ndarray, top: int, cands: np.ndarray, lam: float,
+                 limit: float | None):
+        self.args = (problem, S, G, phi, cands)
+        self.top, self.lam, self.limit, self.K = top, lam, limit, problem.max_shapes
+        self.charge = charge
+        self.own = charged_tables(acc, charge, top)[0]
+        self.raised = raised.copy()
+        self.F = suffix_values(self.own, top, self.K)
+
+    def value(self, i: int, k: int, deadline: Deadline) -> float:
+        """F[i, k] after raising the entries of the sets attaining it until they all are or ``deadline`` passes."""
+        while not deadline.expired():
+            path = suffix_path(self.own, self.F, i, k, self.top)
+            todo = [(lo, hi) for lo, hi in path if not self.raised[lo + 1, hi]]
+            if not todo:
+                break
+            for lo, hi in todo:
+                if deadline.expired():
+                    break
+                problem, S, G, phi, cands = self.args
+                entry = rider_entry(problem, S, G, phi, cands, lo, hi, self.top, self.lam, self.limit)
+                self.own[lo + 1, hi] = max(self.own[lo + 1, hi], entry + self.charge[hi])
+                self.raised[lo + 1, hi] = True
+            self.F = suffix_values(self.own, self.top, self.K)
+        return float(self.F[i, k])
+
+
 def extend(problem: Problem, node: Prefix, S: np.ndarray, G: np.ndarray, cands: np.ndarray, hi: int, lam: float,
            limit: float | None) -> Prefix:
     """The node with candidate ``hi`` added: the new interval priced by the chain with the node's requests as
@@ -119,20 +166,21 @@ def prefix_value(node: Prefix, phi: np.ndarray, top: int, charge: np.ndarray) ->
     return float(prices.sum()) + node.requests * min(0.0, node.rc) + float(np.sum(charge[list(node.shapes)]))
 
 
-def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray, own: np.ndarray,
-                 charge: np.ndarray, top: int, cands: np.ndarray, lam: float, limit: float | None,
+def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray, acc: np.ndarray,
+                 raised: np.ndarray, charge: np.ndarray, top: int, cands: np.ndarray, lam: float, limit: float | None,
                  deadline: Deadline) -> PrefixBound:
     """One bucket's bound over every shape set of at most K shapes (see module docstring): requests with entry
-    shapes S and gens G, phi their prices at every candidate, ``own`` the bucket's charged interval table at
-    the same multiplier lam (``shapes.charged_tables``; raised entries welcome), ``charge`` its compile per
-    candidate, ``top`` its longest prompt's candidate; the P95 ``limit`` priced at lam (None: not).  -inf where
-    the bucket is too large to search (MAX_WORK); the riders' DP itself where the deadline passed before any
-    node was priced; inf where no plan holds the requests."""
+    shapes S and gens G, phi their prices at every candidate, ``acc`` the bucket's interval table at the same
+    multiplier lam with the entries marked ``raised`` raised (``rider_bound.raised_table``; the search raises
+    the rest it needs), ``charge`` its compile per candidate, ``top`` its longest prompt's candidate; the P95
+    ``limit`` priced at lam (None: not).  -inf where the bucket is too large to search (MAX_WORK); the riders'
+    DP itself where the deadline passed before any node was priced; inf where no plan holds the requests."""
     limit = limit if lam > 0 else None
     K = problem.max_shapes
     if len(S) * (top + 1) > MAX_WORK:
         return PrefixBound(-np.inf, False, 0)
-    F = suffix_values(own, top, K)
+    suffixes = Suffixes(problem, S, G, phi, acc, raised, charge, top, cands, lam, limit)
+    own, F = suffixes.own, suffixes.F
     empty = np.zeros(0, dtype=np.int64)
     root = Prefix((), empty, empty, np.zeros(0), empty, empty, 0.0)
     tie = itertools.count()
@@ -157,12 +205,17 @@ def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray
         elif state == CHILD:
             child = extend(problem, node, S, G, cands, h, lam, limit)
             used = len(child.shapes)
-            value = prefix_value(child, phi, top, charge) + float(F[h, K - used])
+            value = prefix_value(child, phi, top, charge) + suffixes.value(h, K - used, deadline)
             heapq.heappush(frontier, (max(bound, value), next(tie), child, OPEN, h))
         else:
-            expanded += 1
             last, used = node.shapes[-1], len(node.shapes)
             base = prefix_value(node, phi, top, charge)
+            value = base + suffixes.value(last, K - used, deadline)  # the entries raised since it was priced
+            if value > bound * (1 + 1e-12) + 1e-9:
+                heapq.heappush(frontier, (value, next(tie), node, OPEN, h))
+                continue
+            expanded += 1
+            own = suffixes.own
             heapq.heappush(frontier, (max(bound, base + float(own[last + 1, top])), next(tie), node, CLOSE, top))
             for nxt in range(last + 1, top) if used + 2 <= K else ():
                 heapq.heappush(frontier, (bound, next(tie), node, CHILD, nxt))

@@ -99,14 +99,14 @@ def raised_own_bound(problem: Problem, windows: list[tuple[np.ndarray, np.ndarra
 
 def raised_table(problem: Problem, windows: list[tuple[np.ndarray, np.ndarray, np.ndarray]], acc: np.ndarray,
                  charge: np.ndarray, top: int, cands: np.ndarray, lam: float, limit: float | None,
-                 deadline: Deadline) -> tuple[float, np.ndarray]:
+                 deadline: Deadline) -> tuple[float, np.ndarray, np.ndarray]:
     """One bucket's own bound (before lam times its allowance) with the entries of the DP's best set raised
     until they all are or ``deadline`` passes (see module docstring).  ``windows`` holds each window's requests
     (entry shapes, gens) and their prices phi at every candidate (the suffix minimum of the LP prices penalised
     at lam for the P95 ``limit``); ``acc`` is the bucket's interval table on them (``window_bound.interval_table``).
     Batches never span two windows, so each window's part of an entry is the larger of its old and raised sums.
-    Returns the bound and the table with the entries raised so far (every entry obeys the caps: a DP over any
-    part of it stays a bound, ``prefix_bound``'s suffixes)."""
+    Returns the bound, the table with the entries raised so far (every entry obeys the caps: a DP over any
+    part of it stays a bound, ``prefix_bound``'s suffixes) and which entries were raised."""
     limit = limit if lam > 0 else None
     acc = acc.copy()
     raised = np.zeros(acc.shape, dtype=bool)
@@ -121,7 +121,7 @@ def raised_table(problem: Problem, windows: list[tuple[np.ndarray, np.ndarray, n
             break
         for lo, hi in todo:
             if deadline.expired():
-                return value, acc
+                return value, acc, raised
             total = 0.0
             for S, G, phi in windows:
                 inside = interval_rows(S, cands, lo, hi)
@@ -130,4 +130,4 @@ def raised_table(problem: Problem, windows: list[tuple[np.ndarray, np.ndarray, n
                     total += max(old, rider_entry(problem, S, G, phi, cands, lo, hi, top, lam, limit))
             acc[lo + 1, hi] = max(acc[lo + 1, hi], total)
             raised[lo + 1, hi] = True
-    return value, acc
+    return value, acc, raised
