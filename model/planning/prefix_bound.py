@@ -27,6 +27,7 @@ All at the same P95 multiplier lam as the table (minus lam times the allowance, 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from model.base.runtime import Deadline, check_interrupt
 from model.domain.schema import Problem
 from model.planning.rider_bound import interval_rows, rider_entry
 from model.planning.rider_chain import interval_prices, member_limits
-from model.planning.shape_lp import SAFETY, Cells, all_boxes, least_reduced_costs
+from model.planning.shape_lp import SAFETY, Boxes, Cells, all_boxes, least_reduced_costs
 from model.planning.shapes import charged_tables
 
 MAX_NODES = 20_000  # nodes kept on the frontier at most (about 1 kB each beyond the prefix's cells)
@@ -135,17 +136,26 @@ class Suffixes:
         return float(self.F[i, k])
 
 
-def extend(problem: Problem, node: Prefix, S: np.ndarray, G: np.ndarray, cands: np.ndarray, hi: int, lam: float,
-           limit: float | None) -> Prefix:
+def shape_boxes(problem: Problem, S: np.ndarray, G: np.ndarray, cands: np.ndarray, hi: int, limit: float | None
+                ) -> Boxes:
+    """The boxes at candidate hi over every request that fits under it (``shape_lp.all_boxes``): they depend on
+    those requests' gens alone, not on how a prefix splits them into intervals, so the search builds them once
+    per candidate."""
+    gens, n = np.unique(G[S <= cands[hi]], return_counts=True)
+    return all_boxes(problem.cost, Cells(np.zeros(len(gens), dtype=np.int64), gens, n), np.array([int(cands[hi])]),
+                     limit, problem.max_batch_size)
+
+
+def extend(node: Prefix, S: np.ndarray, G: np.ndarray, cands: np.ndarray, hi: int, boxes: Boxes, lam: float
+           ) -> Prefix:
     """The node with candidate ``hi`` added: the new interval priced by the chain with the node's requests as
     riders at their uncapped prices (divided by theta where riders alone overrun a batch there); the least
-    reduced cost over the new shape's batches joins the node's."""
+    reduced cost over the new shape's batches (``boxes``: ``shape_boxes`` at hi) joins the node's."""
     lo = node.shapes[-1] if node.shapes else -1
     rows = np.flatnonzero(interval_rows(S, cands, lo, hi))
     gens, inv = np.unique(G[rows], return_inverse=True)
     counts = np.bincount(inv, minlength=len(gens))
     cells = Cells(np.zeros(len(node.G) + len(gens), dtype=np.int64), np.r_[node.G, gens], np.r_[node.n, counts])
-    boxes = all_boxes(problem.cost, cells, np.array([int(cands[hi])]), limit, problem.max_batch_size)
     order = np.argsort(-node.pi, kind="stable")
     Tp, theta = member_limits(boxes, np.arange(len(boxes.i)), gens, int(counts.sum()), node.pi[order],
                               node.n[order], node.G[order], lam)
@@ -184,6 +194,7 @@ def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray
     empty = np.zeros(0, dtype=np.int64)
     root = Prefix((), empty, empty, np.zeros(0), empty, empty, 0.0)
     tie = itertools.count()
+    boxes_at = functools.cache(lambda h: shape_boxes(problem, S, G, cands, h, limit))
     # a frontier item: (bound, tie, node, state, h); OPEN a priced prefix to expand, CHILD the node's child at
     # candidate h not priced yet (its parent's bound until popped), CLOSE the node closed with the top not
     # priced yet, WHOLE a whole set priced
@@ -199,11 +210,11 @@ def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray
         check_interrupt()
         bound, _, node, state, h = heapq.heappop(frontier)
         if state == CLOSE:  # price the set node + (top,) whole
-            whole = extend(problem, node, S, G, cands, top, lam, limit)
+            whole = extend(node, S, G, cands, top, boxes_at(top), lam)
             value = prefix_value(whole, phi, top, charge)
             heapq.heappush(frontier, (max(bound, value), next(tie), whole, WHOLE, top))
         elif state == CHILD:
-            child = extend(problem, node, S, G, cands, h, lam, limit)
+            child = extend(node, S, G, cands, h, boxes_at(h), lam)
             used = len(child.shapes)
             value = prefix_value(child, phi, top, charge) + suffixes.value(h, K - used, deadline)
             heapq.heappush(frontier, (max(bound, value), next(tie), child, OPEN, h))

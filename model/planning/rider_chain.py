@@ -94,7 +94,9 @@ def member_limits(boxes: Boxes, at: np.ndarray, levels: np.ndarray, own_total: i
     blocks, theta = [], 1.0
     for lo in range(0, len(at), step):
         ks = at[lo:lo + step]
-        units, count = rider_units(rider_p, rider_n, rider_G, boxes.g[ks], width)
+        gens, row = np.unique(boxes.g[ks], return_inverse=True)  # size classes and over/within share a gen's riders
+        units, count = rider_units(rider_p, rider_n, rider_G, gens, width)
+        units, count = units[row], count[row]
         C = np.concatenate([np.zeros((len(ks), 1)), np.cumsum(units, axis=1)], axis=1)  # C[k, r], r = 0..width
         pe = boxes.per[ks] + mu * boxes.over[ks]
         if len(rider_p):  # riders alone (the members of this interval in their batch priced 0 at least)

@@ -147,26 +147,35 @@ def eligible(cells: Cells, boxes: Boxes, k: int) -> np.ndarray:
 
 def least_reduced_costs(cells: Cells, boxes: Boxes, pi: np.ndarray, mu: float) -> np.ndarray:
     """Every box's most negative batch: min over n in its range of fixed + n * (per + mu * over) - the n
-    largest duals among its eligible members (with their counts)."""
+    largest duals among its eligible members (with their counts).  A box's members are those of its shape with
+    gen <= its gen, so the cumulative counts and prices are built once per distinct gen (several boxes share
+    one: size classes, over the limit or not) and each box finds its size by a search along its gen's row."""
     rc = np.full(len(boxes.i), np.inf)
     for i in np.unique(boxes.i).tolist():
         members = np.flatnonzero(cells.j <= i)
         order = members[np.argsort(-pi[members], kind="stable")]
         p, n, G = pi[order], cells.n[order], cells.G[order]
         at = np.flatnonzero(boxes.i == i)
+        gens, row = np.unique(boxes.g[at], return_inverse=True)
         step = max(1, PRICE_BLOCK // max(1, len(order)))
-        for lo in range(0, len(at), step):
-            ks = at[lo:lo + step]
-            take = np.where(G[None, :] <= boxes.g[ks, None], n[None, :], 0)
+        for lo in range(0, len(gens), step):
+            ug = gens[lo:lo + step]
+            sel = np.flatnonzero((row >= lo) & (row < lo + len(ug)))
+            ks, r = at[sel], row[sel] - lo
+            take = np.where(G[None, :] <= ug[:, None], n[None, :], 0)
             cum = np.cumsum(take, axis=1)
             csum = np.cumsum(take * p[None, :], axis=1)
             pe = boxes.per[ks] + mu * boxes.over[ks]
-            worth = np.where(p[None, :] > pe[:, None], take, 0).sum(axis=1)
+            above = np.searchsorted(-p, -pe, side="left")  # how many members are priced above pe
+            worth = np.where(above > 0, cum[r, np.maximum(above - 1, 0)], 0)
             size = np.clip(worth, boxes.lo[ks], np.maximum(boxes.lo[ks], boxes.hi[ks]))
-            at_n = np.minimum((cum < size[:, None]).sum(axis=1), len(order) - 1)
-            rows = np.arange(len(ks))
-            prefix = csum[rows, at_n] - (cum[rows, at_n] - size) * p[at_n]
-            fine = size <= cum[:, -1]
+            # the first member whose cumulative count reaches the size: one search over the rows end to end
+            span = int(cum[:, -1].max(initial=0)) + int(size.max(initial=0)) + 1
+            flat = (cum + np.arange(len(ug))[:, None] * span).ravel()
+            at_n = np.searchsorted(flat, size + r * span, side="left") - r * len(order)
+            at_n = np.minimum(at_n, len(order) - 1)
+            prefix = csum[r, at_n] - (cum[r, at_n] - size) * p[at_n]
+            fine = size <= cum[r, -1]
             rc[ks] = np.where(fine, boxes.fixed[ks] + size * pe - prefix, np.inf)
     return rc
 
