@@ -203,7 +203,8 @@ def p95_bound(problem: Problem, deadline: Deadline, sets_s: float = 0.0) -> Limi
     """The LP-price bound with each bucket's P95 limit priced by its best multiplier found before ``deadline``
     (see module docstring); without a P95 limit, lam = 0 alone (the LP prices, and the floors where better).
     Then each bucket's own bound is raised by the search over its shape sets (``prefix_bound``) for up to
-    ``sets_s`` seconds (within ``deadline``), the smallest buckets first, each the same share of what is left."""
+    ``sets_s`` seconds (within ``deadline``), the smallest searches first (requests x candidates up to the bucket's
+    top: a search that ends early leaves its time to the next), each the same share of what is left."""
     allowance = [allowed_above(len(b)) if lim.max_p95_latency_ms is not None else None
                  for b, lim in zip(problem.buckets, problem.limits, strict=True)]
     one = one_window(problem)
@@ -232,7 +233,8 @@ def p95_bound(problem: Problem, deadline: Deadline, sets_s: float = 0.0) -> Limi
                                        table.top, cands, lam, one.limits[pools_b.bucket].max_p95_latency_ms,
                                        deadline)
             own = max(own, raised - lam * (allowed or 0))
-            searchable.append((len(pools_b.S[0]), len(owns), pools_b, phi, acc, done, table, lam, allowed))
+            work = len(pools_b.S[0]) * (table.top + 1)
+            searchable.append((work, len(owns), pools_b, phi, acc, done, table, lam, allowed))
         chosen.append(stepped)
         owns.append(own)
     sets_until, unsearched = deadline.within(sets_s), sum(owns)

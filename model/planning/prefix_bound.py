@@ -9,16 +9,20 @@ certifies 327,355, compiles included).
 
 The search.  A node is a prefix P = (y_1 < ... < y_j) of a set, every y below the bucket's top candidate.
 Its requests (entry shape <= y_j) run only at shapes of P, or ride above y_j.  They are priced by the chain
-interval by interval (riders at their prices, ``rider_chain.member_limits``), each interval's prices then
-capped at phi at the candidate after its shape, so as a rider above y_j each is priced at most what the
-riders' bound assumes there.  Every set with this prefix then costs at least
+interval by interval, riders at their prices (``rider_chain.member_limits``); the chain's prices are kept
+uncapped (they are what the next interval's riders pay) and each request's is capped, for the node's bound
+only, at phi at the candidate after y_j: as a rider above y_j it is then priced at most what the riders'
+bound assumes there, and lower prices keep every batch's reduced cost at least what it was.  Every set with
+this prefix then costs at least
 
-    sum of the prefix's prices + m * min(0, least reduced cost of its batches) + its compiles
+    sum of the prefix's capped prices + m * min(0, least reduced cost of its batches) + its compiles
       + the riders' DP over the shapes above y_j with at most K - j of them (the table's entries)
 
 (m <= the prefix's requests: the Lagrangian of ``rider_chain``; the suffix entries hold for any riders priced
-within the caps).  A node's children add one shape; adding the top candidate ends a set, whose value is the
-chain's on the whole set (the top interval uncapped: nothing rides above it).  Each child's bound is at
+within the caps, and the search raises the entries its suffixes stand on, ``Suffixes``).  A node's children
+add one shape; until a child is priced its bound is its parent's capped prices plus the riders' DP through
+it (the entry of its new interval, then the suffix above).  Adding the top candidate ends a set, whose
+value is the chain's on the whole set, uncapped (nothing rides above the top).  Each child's bound is at
 least its parent's, every set lies below exactly one node of the frontier, so the least bound over the
 frontier is a bound over every set at every moment: the search pops the least, best first, until the
 deadline, or until the least is a whole set's own value (then it is the least over every set exactly).
@@ -196,7 +200,7 @@ def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray
     tie = itertools.count()
     boxes_at = functools.cache(lambda h: shape_boxes(problem, S, G, cands, h, limit))
     # a frontier item: (bound, tie, node, state, h); OPEN a priced prefix to expand, CHILD the node's child at
-    # candidate h not priced yet (its parent's bound until popped), CLOSE the node closed with the top not
+    # candidate h not priced yet (the riders' DP through h until popped), CLOSE the node closed with the top not
     # priced yet, WHOLE a whole set priced
     OPEN, CHILD, CLOSE, WHOLE = 0, 1, 2, 3
     frontier: list[tuple[float, int, Prefix, int, int]] = []
@@ -228,8 +232,9 @@ def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray
             expanded += 1
             own = suffixes.own
             heapq.heappush(frontier, (max(bound, base + float(own[last + 1, top])), next(tie), node, CLOSE, top))
-            for nxt in range(last + 1, top) if used + 2 <= K else ():
-                heapq.heappush(frontier, (bound, next(tie), node, CHILD, nxt))
+            for nxt in range(last + 1, top) if used + 2 <= K else ():  # until priced, the riders' DP through nxt
+                path = base + float(own[last + 1, nxt] + suffixes.F[nxt, K - used - 1])
+                heapq.heappush(frontier, (max(bound, path), next(tie), node, CHILD, nxt))
     if not frontier:
         return PrefixBound(np.inf, True, expanded)
     least, _, _, state, _ = frontier[0]
