@@ -27,6 +27,7 @@ far from the plan's 555,440: see scripts/bench.py --main-job.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -69,12 +70,14 @@ class Table:
 @dataclass(frozen=True)
 class LimitBound:
     """The certified bound, the multiplier each bucket's P95 limit got (0 without a limit), each bucket's
-    own bound at it, and whether the search over shape sets raised the bound."""
+    own bound at it, whether the search over shape sets raised the bound, and the buckets whose search did not
+    end exact (more time could raise them)."""
 
     bound: float
     lams: tuple[float, ...]
     bucket_bounds: tuple[float, ...]
     searched: bool = False
+    unfinished: tuple[int, ...] = ()
 
 
 def one_window(problem: Problem) -> Problem:
@@ -199,18 +202,53 @@ def gained(one: Problem, pools_b: WindowPools, cands: np.ndarray, allowed: int |
     return max(value, gained_own_bound(own, cands, one.max_shapes, ctx, deadline)[0] - lam * (allowed or 0))
 
 
+@dataclass(frozen=True)
+class Searchable:
+    """One bucket's search over shape sets, ready to run: its pools, prices phi, raised table (``acc``, with the
+    entries ``done``), chosen table and multiplier, and allowance; ``work`` (requests x candidates up to its
+    top) orders the searches."""
+
+    work: int
+    bucket: int
+    pools: WindowPools
+    phi: np.ndarray
+    acc: np.ndarray
+    done: np.ndarray
+    table: Table
+    lam: float
+    allowed: int | None
+
+
+@dataclass(frozen=True)
+class Priced:
+    """``p95_bound`` before its search over shape sets: the one-window problem and its candidates, each bucket's
+    multiplier and own bound, the searches to run, the joint DP's value and the sum of the own bounds (what
+    the search must beat to have raised anything)."""
+
+    one: Problem
+    cands: np.ndarray
+    lams: tuple[float, ...]
+    owns: tuple[float, ...]
+    searches: tuple[Searchable, ...]
+    joint_value: float
+
+
 def p95_bound(problem: Problem, deadline: Deadline, sets_s: float = 0.0) -> LimitBound:
     """The LP-price bound with each bucket's P95 limit priced by its best multiplier found before ``deadline``
     (see module docstring); without a P95 limit, lam = 0 alone (the LP prices, and the floors where better).
-    Then each bucket's own bound is raised by the search over its shape sets (``prefix_bound``) for up to
-    ``sets_s`` seconds (within ``deadline``), the smallest searches first (requests x candidates up to the bucket's
-    top: a search that ends early leaves its time to the next), each the same share of what is left."""
+    Then each bucket's own bound is raised by the search over its shape sets for up to ``sets_s`` seconds
+    (within ``deadline``; ``searched``)."""
+    return searched(priced_buckets(problem, deadline), deadline.within(sets_s))
+
+
+def priced_buckets(problem: Problem, deadline: Deadline) -> Priced:
+    """Every bucket's tables, multiplier and own bound before ``deadline`` (``p95_bound`` but its search)."""
     allowance = [allowed_above(len(b)) if lim.max_p95_latency_ms is not None else None
                  for b, lim in zip(problem.buckets, problem.limits, strict=True)]
     one = one_window(problem)
     pools = window_pools(one)
     cands = candidate_shapes(pools, problem.max_seq_len)
-    chosen, owns, searchable = [], [], []
+    chosen, owns, searches = [], [], []
     for pools_b, allowed in zip(pools, allowance, strict=True):
         best = best_table(one, pools_b, cands, 0.0, allowed, deadline)
         scale = best[0] / max(1, len(one.buckets[pools_b.bucket]))  # a request's mean price
@@ -230,21 +268,13 @@ def p95_bound(problem: Problem, deadline: Deadline, sets_s: float = 0.0) -> Limi
         if table.psi is not None and not deadline.expired():  # the riders' bound on the same prices
             phi = suffix_min(table.psi)
             raised, acc, done = raised_table(one, [(pools_b.S[0], pools_b.G[0], phi)], table.acc, table.charge,
-                                       table.top, cands, lam, one.limits[pools_b.bucket].max_p95_latency_ms,
-                                       deadline)
+                                             table.top, cands, lam, one.limits[pools_b.bucket].max_p95_latency_ms,
+                                             deadline)
             own = max(own, raised - lam * (allowed or 0))
-            work = len(pools_b.S[0]) * (table.top + 1)
-            searchable.append((work, len(owns), pools_b, phi, acc, done, table, lam, allowed))
+            searches.append(Searchable(len(pools_b.S[0]) * (table.top + 1), len(owns), pools_b, phi, acc, done,
+                                       table, lam, allowed))
         chosen.append(stepped)
         owns.append(own)
-    sets_until, unsearched = deadline.within(sets_s), sum(owns)
-    for k, (_, b, pools_b, phi, acc, done, table, lam, allowed) in enumerate(sorted(searchable, key=lambda t: t[:2])):
-        if sets_until.expired():
-            break
-        found = prefix_bound(one, pools_b.S[0], pools_b.G[0], phi, acc, done, table.charge, table.top, cands, lam,
-                             one.limits[pools_b.bucket].max_p95_latency_ms,
-                             sets_until.share(1.0 / (len(searchable) - k)))
-        owns[b] = max(owns[b], found.bound - lam * (allowed or 0))
     lams = tuple(lam for _, lam, _, _ in chosen)
     subtract = sum(lam * (a or 0) for lam, a in zip(lams, allowance, strict=True))
     joint_value = -np.inf
@@ -252,7 +282,42 @@ def p95_bound(problem: Problem, deadline: Deadline, sets_s: float = 0.0) -> Limi
         for pick in ([table for _, _, table, _ in chosen], [tables[0] for _, _, _, tables in chosen]):
             joint = sum(charged_tables(table.acc, table.charge, table.top)[1] for table in pick)
             joint_value = max(joint_value, shape_dp(joint, cands, problem.max_shapes)[0] - subtract)
-    value = max(joint_value, sum(owns))
-    if np.isfinite(value):  # the DPs add entries without a margin: one ulp above the optimum at a tie, measured
-        value -= SAFETY * abs(value)
-    return LimitBound(value, lams, tuple(owns), sum(owns) > max(joint_value, unsearched))
+    return Priced(one, cands, lams, tuple(owns), tuple(sorted(searches, key=lambda t: (t.work, t.bucket))),
+                  joint_value)
+
+
+def searched(priced: Priced, deadline: Deadline, on_rise: Callable[[LimitBound], None] | None = None
+             ) -> LimitBound:
+    """The bound with each bucket's own bound raised by the search over its shape sets (``prefix_bound``) until
+    ``deadline``, the smallest searches first (a search that ends early leaves its time to the next), each
+    the same share of what is left.  ``on_rise`` is told each higher bound as the searches go (each valid
+    when told: the frontier's least is a bound at every moment).  ``unfinished`` names the buckets whose
+    search did not end exact."""
+    owns, unfinished = list(priced.owns), []
+
+    def bound_of(values: list[float], left: list[int]) -> LimitBound:
+        value = max(priced.joint_value, sum(values))
+        if np.isfinite(value):  # the DPs add entries without a margin: one ulp above the optimum at a tie
+            value -= SAFETY * abs(value)
+        return LimitBound(value, priced.lams, tuple(values), sum(values) > max(priced.joint_value, sum(priced.owns)),
+                          tuple(sorted(left)))
+
+    def told(item: Searchable, rest: list[int]) -> Callable[[float], None] | None:
+        if on_rise is None:
+            return None
+        return lambda least: on_rise(bound_of([max(v, least - item.lam * (item.allowed or 0)) if b == item.bucket
+                                               else v for b, v in enumerate(owns)], rest))
+
+    for k, item in enumerate(priced.searches):
+        rest = [t.bucket for t in priced.searches[k:]]
+        if deadline.expired():
+            unfinished += rest
+            break
+        found = prefix_bound(priced.one, item.pools.S[0], item.pools.G[0], item.phi, item.acc, item.done,
+                             item.table.charge, item.table.top, priced.cands, item.lam,
+                             priced.one.limits[item.bucket].max_p95_latency_ms,
+                             deadline.share(1.0 / (len(priced.searches) - k)), told(item, rest))
+        owns[item.bucket] = max(owns[item.bucket], found.bound - item.lam * (item.allowed or 0))
+        if not found.exact:
+            unfinished.append(item.bucket)
+    return bound_of(owns, unfinished)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -182,13 +183,14 @@ def prefix_value(node: Prefix, phi: np.ndarray, top: int, charge: np.ndarray) ->
 
 def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray, acc: np.ndarray,
                  raised: np.ndarray, charge: np.ndarray, top: int, cands: np.ndarray, lam: float, limit: float | None,
-                 deadline: Deadline) -> PrefixBound:
+                 deadline: Deadline, on_rise: Callable[[float], None] | None = None) -> PrefixBound:
     """One bucket's bound over every shape set of at most K shapes (see module docstring): requests with entry
     shapes S and gens G, phi their prices at every candidate, ``acc`` the bucket's interval table at the same
     multiplier lam with the entries marked ``raised`` raised (``rider_bound.raised_table``; the search raises
     the rest it needs), ``charge`` its compile per candidate, ``top`` its longest prompt's candidate; the P95
     ``limit`` priced at lam (None: not).  -inf where the bucket is too large to search (MAX_WORK); the riders'
-    DP itself where the deadline passed before any node was priced; inf where no plan holds the requests."""
+    DP itself where the deadline passed before any node was priced; inf where no plan holds the requests.
+    ``on_rise`` is told each higher least bound as the search goes (lowered by SAFETY: valid when told)."""
     limit = limit if lam > 0 else None
     K = problem.max_shapes
     if len(S) * (top + 1) > MAX_WORK:
@@ -209,9 +211,13 @@ def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray
     for y in range(top) if K >= 2 else ():  # the root's children: each first shape below the top
         frontier.append((float(own[0, y] + F[y, K - 1]), next(tie), root, CHILD, y))  # the riders' DP's bound
     heapq.heapify(frontier)
+    told = -np.inf
     expanded = 0
     while frontier and frontier[0][3] != WHOLE and not deadline.expired() and len(frontier) < MAX_NODES:
         check_interrupt()
+        if on_rise is not None and told < frontier[0][0] < np.inf:
+            told = frontier[0][0]
+            on_rise(told - SAFETY * abs(told))
         bound, _, node, state, h = heapq.heappop(frontier)
         if state == CLOSE:  # price the set node + (top,) whole
             whole = extend(node, S, G, cands, top, boxes_at(top), lam)
