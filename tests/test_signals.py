@@ -34,7 +34,8 @@ def scenario(tmp_path_factory) -> Path:
     return write_scenario(tmp_path_factory.mktemp("signals"), buckets, binding_limits(buckets))
 
 
-def start(tmp_path: Path, scenario: Path, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
+def start(tmp_path: Path, scenario: Path | None, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
+    """The solve CLI on ``scenario`` (None: the embedded default) with old plans in its --out."""
     out, tmp = tmp_path / "out", tmp_path / "tmp"
     out.mkdir()
     tmp.mkdir()
@@ -42,7 +43,8 @@ def start(tmp_path: Path, scenario: Path, *extra: str) -> tuple[subprocess.Popen
         (out / name).write_bytes(data)
     env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
-    proc = subprocess.Popen([sys.executable, "-m", "model.solve", "--scenario", str(scenario), "--out", str(out),
+    where = ["--scenario", str(scenario)] if scenario is not None else []
+    proc = subprocess.Popen([sys.executable, "-m", "model.solve", *where, "--out", str(out),
                              "--time-limit", "60", *extra], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     return proc, out, tmp
@@ -103,6 +105,41 @@ def test_a_signal_mid_mip_exits_cleanly(scenario, tmp_path, backend, sig, line):
     time.sleep(0.3)
     proc.send_signal(sig)
     assert_clean_exit(proc, sig, out, tmp)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
+def test_a_signal_while_the_search_runs_beside_leaves_no_process(tmp_path, sig):
+    """The main job forks its search over shape sets onto a second core: a signal then still ends the run cleanly
+    and the forked search with it (it carries the run's TMPDIR, which ``assert_clean_exit`` looks for)."""
+    from model.planning.beside import can_fork
+
+    if not can_fork():
+        pytest.skip("needs fork and a second core")
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    out.mkdir()
+    tmp.mkdir()
+    for name, data in OLD.items():
+        (out / name).write_bytes(data)
+    script = tmp_path / "endless.py"
+    script.write_text(ENDLESS_SCRIPT)
+    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    proc = subprocess.Popen([sys.executable, str(script), "--limit-shapes", "8", "--out", str(out)], cwd=tmp_path,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for_line(proc, "goes on beside the planner")
+    proc.send_signal(sig)
+    assert_clean_exit(proc, sig, out, tmp)
+
+
+ENDLESS_SCRIPT = textwrap.dedent('''
+    import sys, time
+    from model import solve
+    from model.cli_common import run_main
+    from model.planning import beside
+
+    beside.searched = lambda *args: time.sleep(600)  # the forked search would outlive the test unless stopped
+    run_main(lambda: solve.main(sys.argv[1:]))
+''')
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])

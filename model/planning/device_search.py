@@ -27,8 +27,9 @@ from model.formulation.boxes import BucketModel, variant_of_size
 from model.formulation.device_flow import FlowBlocks, Levels, bucket_levels, build_flow_model, entry_levels
 from model.histogram.cells import Histogram
 from model.packers.grouping import balanced_batching
+from model.planning.beside import Beside, can_fork, start
 from model.planning.fixed_set import FIXED_SET_SHARE, fixed_set_bound
-from model.planning.limit_bound import p95_bound
+from model.planning.limit_bound import p95_bound, priced_buckets, searched
 from model.planning.options import PlannerOptions
 from model.planning.shapes import ShapeChoice, choose_shapes
 from model.planning.stages import SearchOutcome, bucket_models
@@ -326,7 +327,22 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
     takes seconds; the limits it depends on do not change between repair attempts).
 
     With exact levels and no held-back P95 members the model is the whole problem in
-    device mode, so its INFEASIBLE is a proof (``SearchOutcome.exact``)."""
+    device mode, so its INFEASIBLE is a proof (``SearchOutcome.exact``).
+
+    A search over shape sets forked beside the planner (``SearchOutcome.beside``) is stopped if this raises."""
+    started: list[Beside] = []
+    try:
+        return flow_outcome(problem, fine, warm, solver, deadline, reserves, options, want_bound, relaxation, started)
+    except BaseException:
+        for beside in started:
+            beside.stop()
+        raise
+
+
+def flow_outcome(problem: Problem, fine: list[Histogram], warm: tuple[Batching, ...] | None, solver: Backend,
+                 deadline: Deadline, reserves: tuple[int, ...] | None, options: PlannerOptions, want_bound: bool,
+                 relaxation: ShapeChoice | None, started: list[Beside]) -> SearchOutcome:
+    """``flow_search``'s work; a search it forks beside the planner is put in ``started`` at once."""
     bms = bucket_models(problem, fine, reserves)
     plan_levels = flow_levels(problem, fine, options, "ceil", warm)
     exact = exact_levels(plan_levels, fine, problem)
@@ -337,14 +353,21 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
     # in its graph's T(B(n)), which can be cheaper (decode_large), so it is left out with compiled batch sizes
     priceable = want_bound and problem.cost.shared_batch_time and problem.windowing is None \
         and problem.cost.batch_buckets is None and cells <= options.lp_price_max_cells
-    lp_cut, lp_s, lp_again = False, 0.0, False
+    lp_cut, lp_s, lp_again, beside = False, 0.0, False, None
     if priceable and cells * LP_PRICE_S_PER_CELL <= 0.25 * deadline.left():
         # with P95 limits, the same bound with each limit priced by a Lagrangian (``limit_bound``)
         lp_until, t_lp = deadline.share(options.lp_price_share), time.perf_counter()
         sets_s = options.prefix_share * deadline.left()
-        priced = p95_bound(problem, lp_until, sets_s)
+        tables = priced_buckets(problem, lp_until)
+        fork = sets_s > 0 and options.beside_slice_s > 0 and can_fork()  # then a brief search here, the rest beside
+        priced = searched(tables, lp_until.within(min(sets_s, options.beside_slice_s) if fork else sets_s))
         lp_price, lp_lams, lp_searched = priced.bound, priced.lams, priced.searched
         lp_cut, lp_s = lp_until.expired(), time.perf_counter() - t_lp  # cut: some shapes priced by floors only
+        if fork:
+            beside = start(tables, priced, deadline, "LP-price bound" + (
+                " with the P95 limits priced by a Lagrangian" if any(lp_lams) else "")
+                + ", raised by a search over each bucket's shape sets (beside the planner, on a second core)")
+            started += [beside] if beside is not None else []
     until = deadline
     model, blocks, result = solve_levels(problem, fine, bms, plan_levels, solver, until, warm,
                                          spikes=True, options=options)
@@ -393,11 +416,11 @@ def flow_search(problem: Problem, fine: list[Histogram], warm: tuple[Batching, .
     whole = exact and not any(reserves or ()) and problem.cost.shared_batch_time
     if not result.has_solution:
         return SearchOutcome(None, None, bound, None, result.status, result.backend, result.version, tuple(notes),
-                             whole, result.native, bound_by=by, stalled=result.stalled)
+                             whole, result.native, bound_by=by, stalled=result.stalled, beside=beside)
     used = served(result.x, blocks)
     ts = plan_levels[0].ts
     batchings = tuple(flow_batching(problem, b, h, ts, lv.gs, u)
                       for b, (h, lv, u) in enumerate(zip(fine, plan_levels, used, strict=True)))
     return SearchOutcome(batchings, result.objective, bound, None, result.status, result.backend, result.version,
-                         tuple(notes), whole, bound_by=by, stalled=result.stalled)
+                         tuple(notes), whole, bound_by=by, stalled=result.stalled, beside=beside)
 

@@ -39,6 +39,7 @@ from model.cost.model import CostModel
 from model.domain.schema import Batching, Planned, Problem, Status
 from model.histogram.cells import Histogram, build_histogram
 from model.packers import PACKERS
+from model.planning.beside import raised
 from model.planning.chain_shapes import chain_candidates
 from model.planning.contract import Candidates, Judge, Judged, select
 from model.planning.device_search import all_shapes, flow_search, shape_levels, shape_relaxation
@@ -297,6 +298,18 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     InfeasibleError only with a proof that the limits cannot all be met, NoPlanFound
     when no plan was found without one, and Interrupted on a signal.
     """
+    searches: list[SearchOutcome] = []
+    try:
+        return planned_mip(problem, backend, time_limit, options, judge, searches)
+    finally:  # a search forked beside the planner never outlives it
+        for outcome in searches:
+            if outcome.beside is not None:
+                outcome.beside.stop()
+
+
+def planned_mip(problem: Problem, backend: str, time_limit: float, options: PlannerOptions, judge: Judge,
+                searches: list[SearchOutcome]) -> Planned:
+    """``plan_mip``'s work; every search's outcome goes into ``searches`` as it comes."""
     t0 = time.perf_counter()
     clock = Deadline.after(time_limit)
     solver = get_backend(backend)
@@ -323,6 +336,7 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     for attempt in range(options.max_repairs + 1):
         outcome = strategy.search(attempt_problem, fine, state, greedy, solver, work, reserves, options,
                                   want_bound=first is None)
+        searches.append(outcome)
         first = first or outcome  # its bound is for the original limits: the only one certified
         if outcome.batchings is None:
             break
@@ -386,9 +400,10 @@ def plan_mip(problem: Problem, backend: str = "highs", time_limit: float = 60.0,
     if options.on_shapes_share > 0 and first.bound is not None:
         on_shapes = on_shapes_bound(problem, min(said, key=lambda j: j.cost).batchings,
                                     clock.share(options.on_shapes_share))
-    chosen, report = select(Candidates(tuple(said), first.bound, solver.name, solver.version(), t0, clock,
+    bound, bound_by = raised(first.bound, first.bound_by, first.beside)  # the search beside, stopped here
+    chosen, report = select(Candidates(tuple(said), bound, solver.name, solver.version(), t0, clock,
                                        outcome.status, first.bucket_bounds, tuple(first.notes),
-                                       bound_by=first.bound_by, stalled=outcome.stalled, start=start_cost,
+                                       bound_by=bound_by, stalled=outcome.stalled, start=start_cost,
                                        on_shapes=on_shapes))
     return Planned(chosen.batchings, report, chosen.plans, chosen.evaluation)
 

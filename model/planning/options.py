@@ -102,8 +102,11 @@ class PlannerOptions:
         (``model.planning.chain_shapes``; the main job: 465,198 -> 455,720); 0: not searched.
       prefix_share: device mode: share of the time left after the LP-price bound within which each bucket's own
         bound is raised by the branch and bound over its shape sets (``model.planning.prefix_bound``; the
-        embedded default's chat bucket: 287,654 -> about 291,000 in 1.4 s, the short one exact in 0.1 s); 0: not
+        embedded default's chat bucket: 287,654 -> about 297,000 in 1 s, the short one exact in 0.1 s); 0: not
         searched (the windowed planner's per-window MIPs).
+      beside_slice_s: device mode, where a second core can take the search over shape sets beside the planner
+        (``model.planning.beside``): the planner's own search is cut at this many seconds (small buckets end
+        exact within it) and a forked process searches on until the planner reports; 0: never forked.
       flow_stall_s, flow_stall_share: device mode's flow MIP gives its time back once it has found no
         better incumbent for the larger of these (seconds; share of the time it was given), counted from its
         start: on the embedded default it never beats the exact-runs start and ran 58 s for nothing (1.5 s and 3 %:
@@ -150,3 +153,4 @@ class PlannerOptions:
     on_shapes_share: float = 0.25
     chain_shapes_share: float = 0.3
     prefix_share: float = 0.025
+    beside_slice_s: float = 0.15

@@ -19,6 +19,7 @@ from model.formulation.boxes import BucketModel, Grid, bucket_model, candidate_g
 from model.histogram.cells import Histogram, coarsen
 from model.packers import PACKERS
 from model.packers.greedy import pack as greedy_pack
+from model.planning.beside import Beside
 from model.planning.cell_runs import batching_of_runs, box_runs, deal
 from model.planning.colgen import NoDuals, exact_bound, floor_bound, generate
 from model.planning.options import PlannerOptions
@@ -78,6 +79,7 @@ class SearchOutcome:
     runs: tuple[CellRuns, ...] | None = None  # the plan by cells (None with no plan); ``batchings`` needs requests
     bound_by: str = ""  # the method whose bound is ``bound``
     stalled: bool = False  # the last MIP ended by finding nothing better for a while (time given back)
+    beside: Beside | None = None  # the search over shape sets still running beside the planner (``beside``)
 
     @property
     def proven_infeasible(self) -> bool:

@@ -1,0 +1,108 @@
+"""Device mode: the search over shape sets (``limit_bound.searched``) on a second core while the plan is made.
+
+Why.  On the embedded default the search proves the chat bucket's bound over every shape set exact after
+about 1,400 node pricings, some 4 s on one core, while the planner's own phases after the bound's tables
+(the flow MIP, the exact re-batching, the chain's shape moves) keep the first core busy for about as long;
+inside the bound's share of the deadline the search would get about 1 s.  So the planner searches briefly
+in its own process (enough for small buckets to end exact), and where a search is left unfinished and a
+second core is free, it forks a process that searches on, from the same tables, until the planner is about
+to report (``Beside.collect``) or the run's deadline.
+
+Why a value read at any instant is valid.  The frontier's least is a bound at every moment of the search, so
+the child writes each higher bound as it finds it, one aligned 8-byte store into shared memory (a torn read
+cannot happen), and the planner reads the last one after stopping the child.  The child ignores SIGINT (the
+planner alone handles a signal and stops it), is killed by the kernel if the planner dies (Linux), and ends
+by itself at the deadline.  Forking copies the tables (nothing is pickled); without ``fork`` or a second
+core nothing is forked and the planner's own brief search is what it reports.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+from dataclasses import replace
+
+import numpy as np
+
+from model.base.runtime import Deadline
+from model.planning.limit_bound import LimitBound, Priced, searched
+from model.planning.parallel import workers_available
+
+log = logging.getLogger("shapeplan")
+
+PR_SET_PDEATHSIG = 1  # prctl option: the signal the kernel sends this process when its parent dies
+
+
+class Beside:
+    """A running search beside the planner: ``collect`` stops it and returns the highest bound it wrote."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess, shared: ctypes.Array, bound_by: str):
+        self.process, self.shared, self.bound_by = process, shared, bound_by
+
+    def stop(self) -> None:
+        """Stop the child now (idempotent; a child that ended by itself is only reaped)."""
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+
+    def collect(self) -> float:
+        """The highest bound the child wrote (-inf if none), the child stopped first."""
+        self.stop()
+        return float(self.shared[0])
+
+
+def can_fork() -> bool:
+    """A second core and the ``fork`` start method (the child inherits the tables instead of unpickling them)."""
+    return workers_available() >= 2 and "fork" in multiprocessing.get_all_start_methods()
+
+
+def start(priced: Priced, first: LimitBound, deadline: Deadline, bound_by: str) -> Beside | None:
+    """Fork the search on over the buckets ``first`` (the planner's own brief search) left unfinished, from its
+    own bounds; None where nothing is left, the deadline has passed or no second core can take it."""
+    if not first.unfinished or deadline.expired() or not can_fork():
+        return None
+    rest = replace(priced, owns=first.bucket_bounds,
+                   searches=tuple(s for s in priced.searches if s.bucket in first.unfinished))
+    context = multiprocessing.get_context("fork")
+    shared = context.Array(ctypes.c_double, [first.bound], lock=False)
+    process = context.Process(target=child, args=(rest, deadline, shared), daemon=True)
+    process.start()
+    log.info("the search over shape sets goes on beside the planner (process %d, buckets %s)", process.pid,
+             ", ".join(rest.one.buckets[b].name for b in first.unfinished))
+    return Beside(process, shared, bound_by)
+
+
+def child(rest: Priced, deadline: Deadline, shared: ctypes.Array) -> None:
+    """The forked search: every higher bound into ``shared[0]``; any failure ends it silently (what it wrote
+    stays valid, and the planner never depends on it)."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        die_with_parent()
+
+        def write(bound: LimitBound) -> None:
+            if bound.bound > shared[0]:
+                shared[0] = bound.bound
+
+        write(searched(rest, deadline, write))
+    except BaseException:  # noqa: BLE001 -- the child's only duty is to leave a valid bound behind
+        os._exit(1)
+    os._exit(0)
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to kill this process when its parent dies (Linux; elsewhere the deadline ends it)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def raised(bound: float, by: str, beside: Beside | None) -> tuple[float, str]:
+    """The bound and its source after the search beside the planner, whichever is higher (both are bounds)."""
+    if beside is None:
+        return bound, by
+    late = beside.collect()
+    return (late, beside.bound_by) if np.isfinite(late) and late > bound else (bound, by)
