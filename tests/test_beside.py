@@ -34,8 +34,9 @@ def test_the_forked_search_finds_what_the_planners_own_finds_and_stays_below_the
     assert set(first.unfinished) == {s.bucket for s in priced.searches}
     run = beside.start(priced, first, Deadline.after(60), "by")
     run.process.join(60)
-    late = run.collect()
+    late, ended = run.collect()
     whole = searched(priced, Deadline.never())
+    assert ended and not whole.unfinished
     assert late == pytest.approx(whole.bound, rel=1e-12, abs=1e-9)
     assert first.bound * (1 - 1e-12) - 1e-9 <= late <= brute_force(prob).cost * (1 + 1e-9) + 1e-9
 
@@ -57,10 +58,10 @@ def test_collect_stops_the_child_at_once_and_what_it_wrote_is_a_bound():
     run = beside.start(priced, first, Deadline.after(60), "by")
     assert run is not None
     time.sleep(0.3)
-    late = run.collect()
-    assert not run.process.is_alive()
+    late, ended = run.collect()
+    assert not run.process.is_alive() and not ended
     assert np.isfinite(late) and first.bound <= late < 455_719.6
-    assert beside.raised(first.bound, "mine", None) == (first.bound, "mine")
+    assert beside.raised(first.bound, "mine", None, True) == (first.bound, "mine", True)
 
 
 DIE_SCRIPT = textwrap.dedent('''

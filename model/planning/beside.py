@@ -48,10 +48,11 @@ class Beside:
             self.process.kill()
         self.process.join()
 
-    def collect(self) -> float:
-        """The highest bound the child wrote (-inf if none), the child stopped first."""
+    def collect(self) -> tuple[float, bool]:
+        """The highest bound the child wrote and whether its search ended (every bucket exact), the child
+        stopped first."""
         self.stop()
-        return float(self.shared[0])
+        return float(self.shared[0]), self.shared[1] > 0.5
 
 
 def can_fork() -> bool:
@@ -67,7 +68,7 @@ def start(priced: Priced, first: LimitBound, deadline: Deadline, bound_by: str) 
     rest = replace(priced, owns=first.bucket_bounds,
                    searches=tuple(s for s in priced.searches if s.bucket in first.unfinished))
     context = multiprocessing.get_context("fork")
-    shared = context.Array(ctypes.c_double, [first.bound], lock=False)
+    shared = context.Array(ctypes.c_double, [first.bound, 0.0], lock=False)  # the bound, whether it ended
     process = context.Process(target=child, args=(rest, deadline, shared), daemon=True)
     process.start()
     log.info("the search over shape sets goes on beside the planner (process %d, buckets %s)", process.pid,
@@ -86,7 +87,9 @@ def child(rest: Priced, deadline: Deadline, shared: ctypes.Array) -> None:
             if bound.bound > shared[0]:
                 shared[0] = bound.bound
 
-        write(searched(rest, deadline, write))
+        last = searched(rest, deadline, write)
+        write(last)
+        shared[1] = 0.0 if last.unfinished else 1.0
     except BaseException:  # noqa: BLE001 -- the child's only duty is to leave a valid bound behind
         os._exit(1)
     os._exit(0)
@@ -100,9 +103,12 @@ def die_with_parent() -> None:
         pass
 
 
-def raised(bound: float, by: str, beside: Beside | None) -> tuple[float, str]:
-    """The bound and its source after the search beside the planner, whichever is higher (both are bounds)."""
+def raised(bound: float, by: str, beside: Beside | None, open_: bool) -> tuple[float, str, bool]:
+    """The bound, its source and whether its search over shape sets was left unfinished (``open_``: by the
+    planner's own), after the search beside the planner: whichever bound is higher (both are bounds)."""
     if beside is None:
-        return bound, by
-    late = beside.collect()
-    return (late, beside.bound_by) if np.isfinite(late) and late > bound else (bound, by)
+        return bound, by, open_
+    late, ended = beside.collect()
+    if np.isfinite(late) and late > bound:
+        return late, beside.bound_by, not ended
+    return bound, by, not ended

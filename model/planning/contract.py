@@ -123,6 +123,7 @@ class Candidates:
     stalled: bool = False  # the last search gave its time back (nothing better found for a while)
     start: tuple[str, float] | None = None  # the search's start plan: its method and exact cost
     on_shapes: float | None = None  # a bound on every plan compiling the shapes of the cheapest of ``judged``
+    bound_open: bool = False  # the bound's search over shape sets was stopped before it ended (more time: higher)
 
 
 def plan_status(gap: float, last: Status, clock: Deadline) -> Status:
@@ -155,7 +156,12 @@ def how_it_ended(gap: float, found: Candidates) -> tuple[str, str]:
         return "the time limit", "possibly: the search was still running when the time limit came"
     if found.stalled:
         return ("the search stalled (no better plan for a while) and gave its time back",
+                "for the bound, possibly: its search over shape sets was stopped before it ended; for the plan, "
+                "unlikely: the search had stopped improving" if found.bound_open else
                 "unlikely: the search had stopped improving; the gap is the bound's as much as the plan's")
+    if found.bound_open:
+        return ("the search finished (nothing left to try)",
+                "for the bound, possibly: its search over shape sets was stopped before it ended")
     return "the search finished (nothing left to try)", "unlikely: every phase ended on its own"
 
 

@@ -353,7 +353,7 @@ def flow_outcome(problem: Problem, fine: list[Histogram], warm: tuple[Batching, 
     # in its graph's T(B(n)), which can be cheaper (decode_large), so it is left out with compiled batch sizes
     priceable = want_bound and problem.cost.shared_batch_time and problem.windowing is None \
         and problem.cost.batch_buckets is None and cells <= options.lp_price_max_cells
-    lp_cut, lp_s, lp_again, beside = False, 0.0, False, None
+    lp_cut, lp_s, lp_again, beside, lp_open = False, 0.0, False, None, False
     if priceable and cells * LP_PRICE_S_PER_CELL <= 0.25 * deadline.left():
         # with P95 limits, the same bound with each limit priced by a Lagrangian (``limit_bound``)
         lp_until, t_lp = deadline.share(options.lp_price_share), time.perf_counter()
@@ -368,6 +368,7 @@ def flow_outcome(problem: Problem, fine: list[Histogram], warm: tuple[Batching, 
                 " with the P95 limits priced by a Lagrangian" if any(lp_lams) else "")
                 + ", raised by a search over each bucket's shape sets (beside the planner, on a second core)")
             started += [beside] if beside is not None else []
+        lp_open = beside is None and bool(priced.unfinished)
     until = deadline
     model, blocks, result = solve_levels(problem, fine, bms, plan_levels, solver, until, warm,
                                          spikes=True, options=options)
@@ -376,6 +377,7 @@ def flow_outcome(problem: Problem, fine: list[Histogram], warm: tuple[Batching, 
         again, lp_again = p95_bound(problem, deadline, sets_s), True
         if again.bound > lp_price:
             lp_price, lp_lams, lp_searched = again.bound, again.lams, again.searched
+            lp_open = beside is None and bool(again.unfinished)
     graphs = problem.cost.batch_buckets
     notes = [f"{problem.cost.name} mode: flow model over {len(plan_levels[0].ts)} shape levels and "
              f"{', '.join(str(len(lv.gs)) for lv in plan_levels)} gen levels"
@@ -416,11 +418,13 @@ def flow_outcome(problem: Problem, fine: list[Histogram], warm: tuple[Batching, 
     whole = exact and not any(reserves or ()) and problem.cost.shared_batch_time
     if not result.has_solution:
         return SearchOutcome(None, None, bound, None, result.status, result.backend, result.version, tuple(notes),
-                             whole, result.native, bound_by=by, stalled=result.stalled, beside=beside)
+                             whole, result.native, bound_by=by, stalled=result.stalled, beside=beside,
+                             bound_open=lp_open)
     used = served(result.x, blocks)
     ts = plan_levels[0].ts
     batchings = tuple(flow_batching(problem, b, h, ts, lv.gs, u)
                       for b, (h, lv, u) in enumerate(zip(fine, plan_levels, used, strict=True)))
     return SearchOutcome(batchings, result.objective, bound, None, result.status, result.backend, result.version,
-                         tuple(notes), whole, bound_by=by, stalled=result.stalled, beside=beside)
+                         tuple(notes), whole, bound_by=by, stalled=result.stalled, beside=beside,
+                         bound_open=lp_open)
 

@@ -80,6 +80,7 @@ class SearchOutcome:
     bound_by: str = ""  # the method whose bound is ``bound``
     stalled: bool = False  # the last MIP ended by finding nothing better for a while (time given back)
     beside: Beside | None = None  # the search over shape sets still running beside the planner (``beside``)
+    bound_open: bool = False  # the planner's own search over shape sets left a bucket unfinished, none beside
 
     @property
     def proven_infeasible(self) -> bool:
