@@ -45,6 +45,19 @@ def test_a_stalled_search_is_feasible_not_a_time_limit_and_says_more_time_is_unl
     assert "stalled" in rep.termination and rep.more_time.startswith("unlikely")
 
 
+def test_a_bound_search_stopped_unfinished_says_more_time_could_raise_the_bound():
+    from dataclasses import replace
+
+    stalled = replace(found(Status.FEASIBLE, True, Deadline.after(60)), bound_open=True)
+    _, rep = select(stalled)
+    assert rep.status is Status.FEASIBLE and "stalled" in rep.termination
+    assert rep.more_time.startswith("for the bound, possibly") and "for the plan, unlikely" in rep.more_time
+    _, rep = select(replace(found(Status.FEASIBLE, False, Deadline.after(60)), bound_open=True))
+    assert rep.termination.startswith("the search finished") and rep.more_time.startswith("for the bound, possibly")
+    _, rep = select(replace(stalled, bound=100.0))  # at gap 0 nothing is open
+    assert rep.more_time.startswith("no")
+
+
 def test_only_the_clock_makes_a_time_limit_and_then_more_time_might_help():
     _, rep = select(found(Status.TIME_LIMIT_FEASIBLE, False, Deadline(0.0)))
     assert rep.status is Status.TIME_LIMIT_FEASIBLE
