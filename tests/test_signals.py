@@ -34,8 +34,8 @@ def scenario(tmp_path_factory) -> Path:
     return write_scenario(tmp_path_factory.mktemp("signals"), buckets, binding_limits(buckets))
 
 
-def start(tmp_path: Path, scenario: Path | None, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
-    """The solve CLI on ``scenario`` (None: the embedded default) with old plans in its --out."""
+def prepared(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """(--out holding the old plans, a private TMPDIR, the environment that points the run at both)."""
     out, tmp = tmp_path / "out", tmp_path / "tmp"
     out.mkdir()
     tmp.mkdir()
@@ -43,6 +43,12 @@ def start(tmp_path: Path, scenario: Path | None, *extra: str) -> tuple[subproces
         (out / name).write_bytes(data)
     env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    return out, tmp, env
+
+
+def start(tmp_path: Path, scenario: Path | None, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
+    """The solve CLI on ``scenario`` (None: the embedded default) with old plans in its --out."""
+    out, tmp, env = prepared(tmp_path)
     where = ["--scenario", str(scenario)] if scenario is not None else []
     proc = subprocess.Popen([sys.executable, "-m", "model.solve", *where, "--out", str(out),
                              "--time-limit", "60", *extra], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
@@ -115,15 +121,9 @@ def test_a_signal_while_the_search_runs_beside_leaves_no_process(tmp_path, sig):
 
     if not can_fork():
         pytest.skip("needs fork and a second core")
-    out, tmp = tmp_path / "out", tmp_path / "tmp"
-    out.mkdir()
-    tmp.mkdir()
-    for name, data in OLD.items():
-        (out / name).write_bytes(data)
+    out, tmp, env = prepared(tmp_path)
     script = tmp_path / "endless.py"
     script.write_text(ENDLESS_SCRIPT)
-    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join(
-        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
     proc = subprocess.Popen([sys.executable, str(script), "--limit-shapes", "8", "--out", str(out)], cwd=tmp_path,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_for_line(proc, "goes on beside the planner")
@@ -182,15 +182,9 @@ WRITE_SCRIPT = textwrap.dedent('''
 @pytest.mark.parametrize("where", ["staging", "renaming"])
 def test_sigterm_during_the_plan_write_leaves_the_old_plans(scenario, tmp_path, where):
     """SIGTERM while the plans are written: the old plans come back, no hidden temporary file is left."""
-    out, tmp = tmp_path / "out", tmp_path / "tmp"
-    out.mkdir()
-    tmp.mkdir()
-    for name, data in OLD.items():
-        (out / name).write_bytes(data)
+    out, tmp, env = prepared(tmp_path)
     script = tmp_path / "write.py"
     script.write_text(WRITE_SCRIPT)
-    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join(
-        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
     done = subprocess.run([sys.executable, str(script), where, "--scenario", str(scenario), "--out", str(out),
                            "--solver", "greedy", "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=60)
