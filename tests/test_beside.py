@@ -98,3 +98,15 @@ def running(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
     return state != "Z"
+
+
+def worker_can_fork(_: int) -> bool:
+    return beside.can_fork()
+
+
+def test_a_pools_worker_never_forks_a_search():
+    """A daemonic pool worker may not have children (and its siblings hold the other cores)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.map(worker_can_fork, [0]) == [False]

@@ -56,8 +56,10 @@ class Beside:
 
 
 def can_fork() -> bool:
-    """A second core and the ``fork`` start method (the child inherits the tables instead of unpickling them)."""
-    return workers_available() >= 2 and "fork" in multiprocessing.get_all_start_methods()
+    """A second core, the ``fork`` start method (the child inherits the tables instead of unpickling them), and
+    not a pool's worker (a daemonic process may not have children; its siblings hold the other cores)."""
+    return workers_available() >= 2 and "fork" in multiprocessing.get_all_start_methods() \
+        and not multiprocessing.current_process().daemon
 
 
 def start(priced: Priced, first: LimitBound, deadline: Deadline, bound_by: str) -> Beside | None:
