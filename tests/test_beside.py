@@ -110,3 +110,13 @@ def test_a_pools_worker_never_forks_a_search():
 
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.map(worker_can_fork, [0]) == [False]
+
+
+def test_a_bucket_too_large_to_search_is_not_left_to_a_child(monkeypatch):
+    from model.planning import prefix_bound
+
+    monkeypatch.setattr(prefix_bound, "MAX_WORK", 1)
+    priced = priced_buckets(limited(0), Deadline.never())
+    first = searched(priced, Deadline.never())
+    assert priced.searches and not first.unfinished
+    assert beside.start(priced, first, Deadline.after(60), "by") is None

@@ -318,6 +318,6 @@ def searched(priced: Priced, deadline: Deadline, on_rise: Callable[[LimitBound],
                              priced.one.limits[item.bucket].max_p95_latency_ms,
                              deadline.share(1.0 / (len(priced.searches) - k)), told(item, rest))
         owns[item.bucket] = max(owns[item.bucket], found.bound - item.lam * (item.allowed or 0))
-        if not found.exact:
+        if not found.exact and found.bound > -np.inf:  # -inf: too large to search (more time would not help)
             unfinished.append(item.bucket)
     return bound_of(owns, unfinished)
