@@ -48,9 +48,11 @@ class Beside:
             self.process.kill()
         self.process.join()
 
-    def collect(self) -> tuple[float, bool]:
+    def collect(self, until: Deadline = Deadline(0.0), above: float = np.inf) -> tuple[float, bool]:
         """The highest bound the child wrote and whether its search ended (every bucket exact), the child
-        stopped first."""
+        stopped first; while it still runs and its bound is below ``above``, it is waited for until ``until``."""
+        while self.process.is_alive() and self.shared[0] < above and not until.expired():
+            self.process.join(min(0.05, until.left()))
         self.stop()
         return float(self.shared[0]), self.shared[1] > 0.5
 
@@ -105,12 +107,14 @@ def die_with_parent() -> None:
         pass
 
 
-def raised(bound: float, by: str, beside: Beside | None, open_: bool) -> tuple[float, str, bool]:
+def raised(bound: float, by: str, beside: Beside | None, open_: bool, until: Deadline = Deadline(0.0),
+           above: float = np.inf) -> tuple[float, str, bool]:
     """The bound, its source and whether its search over shape sets was left unfinished (``open_``: by the
-    planner's own), after the search beside the planner: whichever bound is higher (both are bounds)."""
+    planner's own), after the search beside the planner (waited for until ``until`` while its bound is below
+    ``above``): whichever bound is higher (both are bounds)."""
     if beside is None:
         return bound, by, open_
-    late, ended = beside.collect()
+    late, ended = beside.collect(until, above)
     if np.isfinite(late) and late > bound:
         return late, beside.bound_by, not ended
     return bound, by, not ended

@@ -400,7 +400,11 @@ def planned_mip(problem: Problem, backend: str, time_limit: float, options: Plan
     if options.on_shapes_share > 0 and first.bound is not None:
         on_shapes = on_shapes_bound(problem, min(said, key=lambda j: j.cost).batchings,
                                     clock.share(options.on_shapes_share))
-    bound, bound_by, bound_open = raised(first.bound, first.bound_by, first.beside, first.bound_open)  # stops it
+    # the search beside the planner, waited for a little while it could still close the gap, then stopped
+    cheapest = min(j.cost for j in said)
+    bound, bound_by, bound_open = raised(
+        first.bound, first.bound_by, first.beside, first.bound_open,
+        Deadline(clock.at - options.solver_stop_s).within(options.beside_wait_s), cheapest * (1 - options.target_gap))
     chosen, report = select(Candidates(tuple(said), bound, solver.name, solver.version(), t0, clock,
                                        outcome.status, first.bucket_bounds, tuple(first.notes),
                                        bound_by=bound_by, stalled=outcome.stalled, start=start_cost,

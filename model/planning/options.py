@@ -107,6 +107,9 @@ class PlannerOptions:
       beside_slice_s: device mode, where a second core can take the search over shape sets beside the planner
         (``model.planning.beside``): the planner's own search is cut at this many seconds (small buckets end
         exact within it) and a forked process searches on until the planner reports; 0: never forked.
+      beside_wait_s: how long the planner, its plan final, waits at most for that search while its bound is more
+        than ``target_gap`` below the plan (never past the time limit): the embedded default's chat search ends
+        exact about 2 s after the plan; 0: stopped at once.
       flow_stall_s, flow_stall_share: device mode's flow MIP gives its time back once it has found no
         better incumbent for the larger of these (seconds; share of the time it was given), counted from its
         start: on the embedded default it never beats the exact-runs start and ran 58 s for nothing (1.5 s and 3 %:
@@ -154,3 +157,4 @@ class PlannerOptions:
     chain_shapes_share: float = 0.3
     prefix_share: float = 0.025
     beside_slice_s: float = 0.15
+    beside_wait_s: float = 3.0
