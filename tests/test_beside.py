@@ -112,11 +112,14 @@ def test_a_pools_worker_never_forks_a_search():
         assert pool.map(worker_can_fork, [0]) == [False]
 
 
-def test_a_bucket_too_large_to_search_is_not_left_to_a_child(monkeypatch):
-    from model.planning import prefix_bound
-
-    monkeypatch.setattr(prefix_bound, "MAX_WORK", 1)
-    priced = priced_buckets(limited(0), Deadline.never())
-    first = searched(priced, Deadline.never())
-    assert priced.searches and not first.unfinished
+def test_a_bucket_too_large_for_the_planner_is_searched_beside_it_up_to_its_own_limit(monkeypatch):
+    prob = limited(0)
+    priced = priced_buckets(prob, Deadline.never())
+    first = searched(priced, Deadline.never(), max_work=1)  # the planner's own search: every bucket too large
+    assert priced.searches and not first.unfinished and set(first.too_large) == {s.bucket for s in priced.searches}
+    run = beside.start(priced, first, Deadline.after(60), "by")
+    run.process.join(60)
+    late, ended = run.collect()
+    assert ended and late == pytest.approx(searched(priced, Deadline.never()).bound, rel=1e-12, abs=1e-9)
+    monkeypatch.setattr(beside, "BESIDE_MAX_WORK", 1)  # too large beside it as well: nothing is forked
     assert beside.start(priced, first, Deadline.after(60), "by") is None

@@ -34,7 +34,7 @@ class Checks:
         return self.left < 0
 
 
-def bounds(prob, lam: float, deadline=None) -> list[tuple[float, float, bool]]:
+def bounds(prob, lam: float, deadline=None, **kw) -> list[tuple[float, float, bool]]:
     """Per price table of the one-bucket problem at lam: (riders' DP, search, exact), each less lam times the
     allowance."""
     one = L.one_window(prob)
@@ -51,7 +51,7 @@ def bounds(prob, lam: float, deadline=None) -> list[tuple[float, float, bool]]:
         own, _ = charged_tables(acc, table.charge, table.top)
         dp = own_bound(own, cands, table.top, prob.max_shapes)[0]
         found = prefix_bound(one, S, G, phi, acc, done, table.charge, table.top, cands, lam, lim,
-                             Deadline.never() if deadline is None else deadline())
+                             Deadline.never() if deadline is None else deadline(), **kw)
         out.append((dp - lam * allowed, found.bound - lam * allowed, found.exact))
     return out
 
@@ -135,13 +135,10 @@ def test_on_the_embedded_default_both_buckets_rise():
     assert got["chat"][1] > got["chat"][0] + 1000 and got["chat"][1] + got["short"][1] < 455_719.6
 
 
-def test_a_bucket_too_large_to_search_claims_nothing(monkeypatch):
-    """Above MAX_WORK (requests x candidates) the search does not start: -inf, and the caller keeps its bound."""
-    from model.planning import prefix_bound as module
-
+def test_a_bucket_too_large_to_search_claims_nothing():
+    """Above max_work (requests x candidates) the search does not start: -inf, and the caller keeps its bound."""
     prob = riders_instance(3)
-    monkeypatch.setattr(module, "MAX_WORK", 1)
-    assert all(found == -np.inf for _, found, _ in bounds(prob, 0.0))
+    assert all(found == -np.inf for _, found, _ in bounds(prob, 0.0, max_work=1))
 
 
 @pytest.mark.parametrize("kv", [100, 500])

@@ -30,6 +30,7 @@ import numpy as np
 from model.base.runtime import Deadline
 from model.planning.limit_bound import LimitBound, Priced, searched
 from model.planning.parallel import workers_available
+from model.planning.prefix_bound import BESIDE_MAX_WORK
 
 log = logging.getLogger("shapeplan")
 
@@ -65,18 +66,20 @@ def can_fork() -> bool:
 
 
 def start(priced: Priced, first: LimitBound, deadline: Deadline, bound_by: str) -> Beside | None:
-    """Fork the search on over the buckets ``first`` (the planner's own brief search) left unfinished, from its
-    own bounds; None where nothing is left, the deadline has passed or no second core can take it."""
-    if not first.unfinished or deadline.expired() or not can_fork():
+    """Fork the search on over the buckets ``first`` (the planner's own brief search) left unfinished or found too
+    large for itself (up to ``prefix_bound.BESIDE_MAX_WORK``), from its own bounds; None where nothing is left,
+    the deadline has passed or no second core can take it."""
+    left = {*first.unfinished, *(b for b in first.too_large
+                                 if next(t for t in priced.searches if t.bucket == b).work <= BESIDE_MAX_WORK)}
+    if not left or deadline.expired() or not can_fork():
         return None
-    rest = replace(priced, owns=first.bucket_bounds,
-                   searches=tuple(s for s in priced.searches if s.bucket in first.unfinished))
+    rest = replace(priced, owns=first.bucket_bounds, searches=tuple(s for s in priced.searches if s.bucket in left))
     context = multiprocessing.get_context("fork")
     shared = context.Array(ctypes.c_double, [first.bound, 0.0], lock=False)  # the bound, whether it ended
     process = context.Process(target=child, args=(rest, deadline, shared), daemon=True)
     process.start()
     log.info("the search over shape sets goes on beside the planner (process %d, buckets %s)", process.pid,
-             ", ".join(rest.one.buckets[b].name for b in first.unfinished))
+             ", ".join(rest.one.buckets[b].name for b in sorted(left)))
     return Beside(process, shared, bound_by)
 
 
@@ -91,9 +94,9 @@ def child(rest: Priced, deadline: Deadline, shared: ctypes.Array) -> None:
             if bound.bound > shared[0]:
                 shared[0] = bound.bound
 
-        last = searched(rest, deadline, write)
+        last = searched(rest, deadline, write, BESIDE_MAX_WORK)
         write(last)
-        shared[1] = 0.0 if last.unfinished else 1.0
+        shared[1] = 0.0 if last.unfinished or last.too_large else 1.0
     except BaseException:  # noqa: BLE001 -- the child's only duty is to leave a valid bound behind
         os._exit(1)
     os._exit(0)

@@ -36,7 +36,7 @@ from model.base.runtime import Deadline
 from model.cost.common import allowed_above
 from model.domain.schema import Problem, Windowing
 from model.packers.grouping import batch_capacity
-from model.planning.prefix_bound import prefix_bound
+from model.planning.prefix_bound import MAX_WORK, prefix_bound
 from model.planning.rider_bound import raised_table
 from model.planning.shape_lp import SAFETY
 from model.planning.shapes import charged_tables, own_bound, shape_dp
@@ -70,14 +70,15 @@ class Table:
 @dataclass(frozen=True)
 class LimitBound:
     """The certified bound, the multiplier each bucket's P95 limit got (0 without a limit), each bucket's
-    own bound at it, whether the search over shape sets raised the bound, and the buckets whose search did not
-    end exact (more time could raise them)."""
+    own bound at it, whether the search over shape sets raised the bound, the buckets whose search did not
+    end exact (more time could raise them) and those too large to search."""
 
     bound: float
     lams: tuple[float, ...]
     bucket_bounds: tuple[float, ...]
     searched: bool = False
     unfinished: tuple[int, ...] = ()
+    too_large: tuple[int, ...] = ()
 
 
 def one_window(problem: Problem) -> Problem:
@@ -286,21 +287,22 @@ def priced_buckets(problem: Problem, deadline: Deadline) -> Priced:
                   joint_value)
 
 
-def searched(priced: Priced, deadline: Deadline, on_rise: Callable[[LimitBound], None] | None = None
-             ) -> LimitBound:
+def searched(priced: Priced, deadline: Deadline, on_rise: Callable[[LimitBound], None] | None = None,
+             max_work: int = MAX_WORK) -> LimitBound:
     """The bound with each bucket's own bound raised by the search over its shape sets (``prefix_bound``) until
     ``deadline``, the smallest searches first (a search that ends early leaves its time to the next), each
     the same share of what is left.  ``on_rise`` is told each higher bound as the searches go (each valid
     when told: the frontier's least is a bound at every moment).  ``unfinished`` names the buckets whose
-    search did not end exact."""
+    search did not end exact, ``too_large`` those not searched (above ``max_work``: requests x candidates)."""
     owns, unfinished = list(priced.owns), []
+    too_large = [t.bucket for t in priced.searches if t.work > max_work]
 
     def bound_of(values: list[float], left: list[int]) -> LimitBound:
         value = max(priced.joint_value, sum(values))
         if np.isfinite(value):  # the DPs add entries without a margin: one ulp above the optimum at a tie
             value -= SAFETY * abs(value)
         return LimitBound(value, priced.lams, tuple(values), sum(values) > max(priced.joint_value, sum(priced.owns)),
-                          tuple(sorted(left)))
+                          tuple(sorted(left)), tuple(too_large))
 
     def told(item: Searchable, rest: list[int]) -> Callable[[float], None] | None:
         if on_rise is None:
@@ -308,16 +310,17 @@ def searched(priced: Priced, deadline: Deadline, on_rise: Callable[[LimitBound],
         return lambda least: on_rise(bound_of([max(v, least - item.lam * (item.allowed or 0)) if b == item.bucket
                                                else v for b, v in enumerate(owns)], rest))
 
-    for k, item in enumerate(priced.searches):
-        rest = [t.bucket for t in priced.searches[k:]]
+    todo = [t for t in priced.searches if t.work <= max_work]
+    for k, item in enumerate(todo):
+        rest = [t.bucket for t in todo[k:]]
         if deadline.expired():
             unfinished += rest
             break
         found = prefix_bound(priced.one, item.pools.S[0], item.pools.G[0], item.phi, item.acc, item.done,
                              item.table.charge, item.table.top, priced.cands, item.lam,
                              priced.one.limits[item.bucket].max_p95_latency_ms,
-                             deadline.share(1.0 / (len(priced.searches) - k)), told(item, rest))
+                             deadline.share(1.0 / (len(todo) - k)), told(item, rest), max_work)
         owns[item.bucket] = max(owns[item.bucket], found.bound - item.lam * (item.allowed or 0))
-        if not found.exact and found.bound > -np.inf:  # -inf: too large to search (more time would not help)
+        if not found.exact:
             unfinished.append(item.bucket)
     return bound_of(owns, unfinished)

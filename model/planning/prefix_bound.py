@@ -51,6 +51,10 @@ MAX_NODES = 20_000  # nodes kept on the frontier at most (about 1 kB each beyond
 # interval over every request below it each (the embedded default's chat bucket, 800 x 29: 6 ms a child, 290
 # children a second; the Azure code trace, 8,819 x 117: 86 ms a child, its 116 first shapes alone 10 s)
 MAX_WORK = 200_000
+# beside the planner (``beside``) the search costs it nothing, so it runs on buckets up to this much work (the
+# Azure code trace's 1.03M)
+BESIDE_MAX_WORK = 5_000_000
+NODE_BYTES = 400_000_000  # the frontier's nodes hold about 16 bytes per request each: at most this in all
 
 
 @dataclass(frozen=True, eq=False)
@@ -183,17 +187,18 @@ def prefix_value(node: Prefix, phi: np.ndarray, top: int, charge: np.ndarray) ->
 
 def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray, acc: np.ndarray,
                  raised: np.ndarray, charge: np.ndarray, top: int, cands: np.ndarray, lam: float, limit: float | None,
-                 deadline: Deadline, on_rise: Callable[[float], None] | None = None) -> PrefixBound:
+                 deadline: Deadline, on_rise: Callable[[float], None] | None = None, max_work: int = MAX_WORK
+                 ) -> PrefixBound:
     """One bucket's bound over every shape set of at most K shapes (see module docstring): requests with entry
     shapes S and gens G, phi their prices at every candidate, ``acc`` the bucket's interval table at the same
     multiplier lam with the entries marked ``raised`` raised (``rider_bound.raised_table``; the search raises
     the rest it needs), ``charge`` its compile per candidate, ``top`` its longest prompt's candidate; the P95
-    ``limit`` priced at lam (None: not).  -inf where the bucket is too large to search (MAX_WORK); the riders'
+    ``limit`` priced at lam (None: not).  -inf where the bucket is too large to search (``max_work``); the riders'
     DP itself where the deadline passed before any node was priced; inf where no plan holds the requests.
     ``on_rise`` is told each higher least bound as the search goes (lowered by SAFETY: valid when told)."""
     limit = limit if lam > 0 else None
     K = problem.max_shapes
-    if len(S) * (top + 1) > MAX_WORK:
+    if len(S) * (top + 1) > max_work:
         return PrefixBound(-np.inf, False, 0)
     suffixes = Suffixes(problem, S, G, phi, acc, raised, charge, top, cands, lam, limit)
     own, F = suffixes.own, suffixes.F
@@ -213,7 +218,8 @@ def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray
     heapq.heapify(frontier)
     told = -np.inf
     expanded = 0
-    while frontier and frontier[0][3] != WHOLE and not deadline.expired() and len(frontier) < MAX_NODES:
+    most = min(MAX_NODES, NODE_BYTES // (16 * max(1, len(S))))
+    while frontier and frontier[0][3] != WHOLE and not deadline.expired() and len(frontier) < most:
         check_interrupt()
         if on_rise is not None and told < frontier[0][0] < np.inf:
             told = frontier[0][0]
