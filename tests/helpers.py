@@ -301,7 +301,7 @@ class Optimum:
     layouts: tuple[Layout, ...] | None
 
 
-@functools.cache
+@functools.lru_cache(maxsize=256)  # bounded: a long fuzz over many instances grew to gigabytes unbounded
 def _ranked_layouts(prompts: tuple[int, ...], gens: tuple[int, ...], values: tuple[int, ...], k: int,
                     max_batch: int | None, cost) -> tuple[tuple[float, Layout], ...]:
     """Every layout of one bucket with its cost, cheapest first (limits aside, so reusable across limits)."""

@@ -94,3 +94,46 @@ def test_highs_gives_back_the_time_of_a_mip_that_finds_nothing():
     assert Feature.STALL in highs.features
     got = highs.solve(market_split(), SolveOptions(time_limit=60.0, stall_s=0.2))
     assert got.stalled and got.status in (Status.TIME_LIMIT_NO_SOLUTION, Status.FEASIBLE)
+
+
+HIGHS_ORPHAN = """
+import logging, os, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from test_backends import market_split
+from solvers.backends.highs import solve_in_child
+from solvers.backends.result import SolveOptions
+
+class Pid(logging.Handler):
+    def emit(self, record):
+        if "in its own process" in record.getMessage():
+            print(record.args[0], flush=True)
+            # once the model is sent and HiGHS runs, the planner dies without stopping its solver
+            threading.Timer(1.5, os._exit, (0,)).start()
+
+logging.getLogger("shapeplan").addHandler(Pid())
+logging.getLogger("shapeplan").setLevel(logging.INFO)
+solve_in_child(market_split(), SolveOptions(time_limit=120.0))  # the child process whatever the model's size
+"""
+
+
+def test_a_highs_process_dies_with_a_killed_planner():
+    """A SIGKILLed planner cannot stop its HiGHS process; the kernel must (the child asks it to at its start)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_beside import running
+
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p))
+    done = subprocess.run([sys.executable, "-c", HIGHS_ORPHAN, str(repo / "tests")], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=120)
+    pid = int(done.stdout.split()[0])
+    end = time.monotonic() + 10
+    while time.monotonic() < end and running(pid):
+        time.sleep(0.05)
+    alive = running(pid)
+    if alive:
+        os.kill(pid, 9)
+    assert not alive, "the HiGHS process outlived its planner"

@@ -51,6 +51,23 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
+PR_SET_PDEATHSIG = 1  # prctl option: the signal the kernel sends this process when its parent dies
+
+
+def die_with_parent(parent: int) -> None:
+    """In a child process: be killed by the kernel when ``parent`` (its pid, taken before the child started) dies
+    (Linux; elsewhere the child's own time limit ends it), and end at once if it already has -- the child may
+    have been reparented between its start and this call."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 class DeadlineExceeded(Exception):
     """A phase ran out of time; whoever catches it keeps what the phase had completed."""
 

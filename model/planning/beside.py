@@ -27,14 +27,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from model.base.runtime import Deadline
+from model.base.runtime import Deadline, die_with_parent
 from model.planning.limit_bound import LimitBound, Priced, searched
 from model.planning.parallel import workers_available
 from model.planning.prefix_bound import BESIDE_MAX_WORK
 
 log = logging.getLogger("shapeplan")
 
-PR_SET_PDEATHSIG = 1  # prctl option: the signal the kernel sends this process when its parent dies
 
 
 class Beside:
@@ -76,19 +75,19 @@ def start(priced: Priced, first: LimitBound, deadline: Deadline, bound_by: str) 
     rest = replace(priced, owns=first.bucket_bounds, searches=tuple(s for s in priced.searches if s.bucket in left))
     context = multiprocessing.get_context("fork")
     shared = context.Array(ctypes.c_double, [first.bound, 0.0], lock=False)  # the bound, whether it ended
-    process = context.Process(target=child, args=(rest, deadline, shared), daemon=True)
+    process = context.Process(target=child, args=(rest, deadline, shared, os.getpid()), daemon=True)
     process.start()
     log.info("the search over shape sets goes on beside the planner (process %d, buckets %s)", process.pid,
              ", ".join(rest.one.buckets[b].name for b in sorted(left)))
     return Beside(process, shared, bound_by)
 
 
-def child(rest: Priced, deadline: Deadline, shared: ctypes.Array) -> None:
+def child(rest: Priced, deadline: Deadline, shared: ctypes.Array, parent: int) -> None:
     """The forked search: every higher bound into ``shared[0]``; any failure ends it silently (what it wrote
     stays valid, and the planner never depends on it)."""
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        die_with_parent()
+        die_with_parent(parent)
 
         def write(bound: LimitBound) -> None:
             if bound.bound > shared[0]:
@@ -100,14 +99,6 @@ def child(rest: Priced, deadline: Deadline, shared: ctypes.Array) -> None:
     except BaseException:  # noqa: BLE001 -- the child's only duty is to leave a valid bound behind
         os._exit(1)
     os._exit(0)
-
-
-def die_with_parent() -> None:
-    """Ask the kernel to kill this process when its parent dies (Linux; elsewhere the deadline ends it)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
 
 
 def raised(bound: float, by: str, beside: Beside | None, open_: bool, until: Deadline = Deadline(0.0),

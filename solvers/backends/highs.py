@@ -24,7 +24,7 @@ from dataclasses import replace
 import highspy
 import numpy as np
 
-from model.base.runtime import interrupt_signal, run_native, shielded, still_running
+from model.base.runtime import die_with_parent, interrupt_signal, run_native, shielded, still_running
 from solvers.backends.milp import MipArrays
 from solvers.backends.result import BackendResult, Feature, SolveOptions, Status, mapped
 
@@ -259,7 +259,8 @@ def solve_in_child(model: MipArrays, options: SolveOptions) -> BackendResult:
     plain = SolveOptions(time_limit=own, relax=False, mip_gap=options.mip_gap,
                          warm_start=options.warm_start, threads=options.threads, seed=options.seed)
     with shielded():
-        child = subprocess.Popen([sys.executable, "-c", "from solvers.backends.highs import child_main; child_main()"],
+        child = subprocess.Popen([sys.executable, "-c",
+                                  f"from solvers.backends.highs import child_main; child_main({os.getpid()})"],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True)
     log.info("HiGHS MIP in its own process (pid %d)", child.pid)
     messages: queue.Queue = queue.Queue()
@@ -317,9 +318,12 @@ def _read_messages(stream, messages: queue.Queue) -> None:
         messages.put(("end",))
 
 
-def child_main() -> None:
-    """The child process: read (model, options), solve, send each incumbent and then the result."""
+def child_main(parent: int | None = None) -> None:
+    """The child process: read (model, options), solve, send each incumbent and then the result; killed with
+    ``parent`` (the planner's pid) if that dies first (a SIGKILLed planner left it running to its own limit)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this process ends
+    if parent is not None:
+        die_with_parent(parent)
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything HiGHS prints goes to stderr, not into the messages
     model, options = pickle.load(sys.stdin.buffer)
