@@ -141,6 +141,23 @@ def test_a_bucket_too_large_to_search_claims_nothing():
     assert all(found == -np.inf for _, found, _ in bounds(prob, 0.0, max_work=1))
 
 
+@pytest.mark.parametrize("seed", [3, 9])
+def test_its_memory_cap_stops_it_short_and_what_it_has_holds(seed, monkeypatch):
+    """NODE_BYTES counts the nodes made and the frontier's entries: a cap of a few nodes stops the search
+    unfinished, below the optimum; the default cap lets the same instance end exact (so the cap is what stopped
+    it, and the unpriced children alone never do)."""
+    from model.planning import prefix_bound as PB
+
+    prob = riders_instance(seed)
+    best = brute_force(prob).cost
+    assert all(exact for _, _, exact in bounds(prob, 0.0))
+    n = sum(len(b) for b in prob.buckets)
+    monkeypatch.setattr(PB, "NODE_BYTES", 2 * (PB.NODE_OVERHEAD + 32 * n))  # two nodes' worth at most
+    cut = bounds(prob, 0.0)
+    assert not any(exact for _, _, exact in cut)
+    assert all(found <= best * (1 + 1e-9) + 1e-9 for _, found, _ in cut)
+
+
 @pytest.mark.parametrize("kv", [100, 500])
 def test_no_plan_is_inf_not_nan_and_a_tie_is_not_lifted_by_rounding(kv):
     """The review's instances: under a KV capacity of 100 no batch holds the 300-gen request (the bound is inf,

@@ -46,7 +46,6 @@ from model.planning.rider_chain import interval_prices, member_limits
 from model.planning.shape_lp import SAFETY, Boxes, Cells, all_boxes, least_reduced_costs
 from model.planning.shapes import charged_tables
 
-MAX_NODES = 20_000  # nodes kept on the frontier at most (about 1 kB each beyond the prefix's cells)
 # requests x candidates up to the top beyond which the search is not started: a node's children price an
 # interval over every request below it each (the embedded default's chat bucket, 800 x 29: 6 ms a child, 290
 # children a second; the Azure code trace, 8,819 x 117: 86 ms a child, its 116 first shapes alone 10 s)
@@ -54,7 +53,13 @@ MAX_WORK = 200_000
 # beside the planner (``beside``) the search costs it nothing, so it runs on buckets up to this much work (the
 # Azure code trace's 1.03M)
 BESIDE_MAX_WORK = 5_000_000
-NODE_BYTES = 400_000_000  # the frontier's nodes hold about 16 bytes per request each: at most this in all
+# the search's memory at most: every node made holds its arrays (8 bytes per request of its prefix, 24 per cell)
+# and NODE_OVERHEAD besides (counted as if none were ever freed), every frontier entry about ENTRY_BYTES (most are
+# a node's unpriced children, which share it).  Counting the entries as nodes capped the Azure code trace's search at 2,835
+# entries, about 25 expansions (its bound 3.664e6 after 9 s, whatever the time; uncapped 3.681e6 after 90 s)
+NODE_BYTES = 400_000_000
+NODE_OVERHEAD = 1_000
+ENTRY_BYTES = 200
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,6 +75,11 @@ class Prefix:
     rows: np.ndarray
     cell: np.ndarray
     rc: float
+
+    @property
+    def nbytes(self) -> int:
+        """What the node holds in memory, about (its arrays and NODE_OVERHEAD)."""
+        return NODE_OVERHEAD + sum(a.nbytes for a in (self.G, self.n, self.pi, self.rows, self.cell))
 
     @property
     def requests(self) -> int:
@@ -170,8 +180,8 @@ def extend(node: Prefix, S: np.ndarray, G: np.ndarray, cands: np.ndarray, hi: in
                               node.n[order], node.G[order], lam)
     pi = np.r_[node.pi / theta, interval_prices(counts, Tp) if len(gens) else np.zeros(0)]
     rc = least_reduced_costs(cells, boxes, pi, lam)
-    return Prefix(node.shapes + (hi,), cells.G, cells.n, pi, np.r_[node.rows, rows],
-                  np.r_[node.cell, len(node.G) + inv], min(node.rc, float(rc.min(initial=0.0))))
+    return Prefix(node.shapes + (hi,), cells.G, cells.n, pi, np.r_[node.rows, rows].astype(np.int32),
+                  np.r_[node.cell, len(node.G) + inv].astype(np.int32), min(node.rc, float(rc.min(initial=0.0))))
 
 
 def prefix_value(node: Prefix, phi: np.ndarray, top: int, charge: np.ndarray) -> float:
@@ -203,7 +213,7 @@ def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray
     suffixes = Suffixes(problem, S, G, phi, acc, raised, charge, top, cands, lam, limit)
     own, F = suffixes.own, suffixes.F
     empty = np.zeros(0, dtype=np.int64)
-    root = Prefix((), empty, empty, np.zeros(0), empty, empty, 0.0)
+    root = Prefix((), empty, empty, np.zeros(0), empty.astype(np.int32), empty.astype(np.int32), 0.0)
     tie = itertools.count()
     boxes_at = functools.cache(lambda h: shape_boxes(problem, S, G, cands, h, limit))
     # a frontier item: (bound, tie, node, state, h); OPEN a priced prefix to expand, CHILD the node's child at
@@ -218,8 +228,9 @@ def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray
     heapq.heapify(frontier)
     told = -np.inf
     expanded = 0
-    most = min(MAX_NODES, NODE_BYTES // (16 * max(1, len(S))))
-    while frontier and frontier[0][3] != WHOLE and not deadline.expired() and len(frontier) < most:
+    made = 0  # bytes of the nodes made so far
+    while (frontier and frontier[0][3] != WHOLE and not deadline.expired()
+           and made + len(frontier) * ENTRY_BYTES < NODE_BYTES):
         check_interrupt()
         if on_rise is not None and told < frontier[0][0] < np.inf:
             told = frontier[0][0]
@@ -227,10 +238,12 @@ def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray
         bound, _, node, state, h = heapq.heappop(frontier)
         if state == CLOSE:  # price the set node + (top,) whole
             whole = extend(node, S, G, cands, top, boxes_at(top), lam)
+            made += whole.nbytes
             value = prefix_value(whole, phi, top, charge)
             heapq.heappush(frontier, (max(bound, value), next(tie), whole, WHOLE, top))
         elif state == CHILD:
             child = extend(node, S, G, cands, h, boxes_at(h), lam)
+            made += child.nbytes
             used = len(child.shapes)
             value = prefix_value(child, phi, top, charge) + suffixes.value(h, K - used, deadline)
             heapq.heappush(frontier, (max(bound, value), next(tie), child, OPEN, h))
