@@ -53,10 +53,11 @@ MAX_WORK = 200_000
 # beside the planner (``beside``) the search costs it nothing, so it runs on buckets up to this much work (the
 # Azure code trace's 1.03M)
 BESIDE_MAX_WORK = 5_000_000
-# the search's memory at most: every node made holds its arrays (8 bytes per request of its prefix, 24 per cell)
-# and NODE_OVERHEAD besides (counted as if none were ever freed), every frontier entry about ENTRY_BYTES (most are
-# a node's unpriced children, which share it).  Counting the entries as nodes capped the Azure code trace's search at 2,835
-# entries, about 25 expansions (its bound 3.664e6 after 9 s, whatever the time; uncapped 3.681e6 after 90 s)
+# the search's memory at most: every node made holds its arrays (8 bytes per request of its prefix, 24 per
+# cell) and NODE_OVERHEAD besides (counted as if none were ever freed), every frontier entry about ENTRY_BYTES
+# (most are a node's unpriced children, which share it).  Counting the entries as nodes capped the Azure code
+# trace's search at 2,835 entries, about 25 expansions (its bound 3.664e6 after 9 s, whatever the time;
+# uncapped 3.681e6 after 90 s)
 NODE_BYTES = 400_000_000
 NODE_OVERHEAD = 1_000
 ENTRY_BYTES = 200
