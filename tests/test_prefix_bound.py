@@ -16,6 +16,7 @@ from test_rider_bound import riders_instance
 from model.base.runtime import Deadline
 from model.cost.common import allowed_above
 from model.planning import limit_bound as L
+from model.planning import prefix_bound as PB
 from model.planning.prefix_bound import prefix_bound, suffix_values
 from model.planning.rider_bound import raised_table
 from model.planning.shapes import charged_tables, own_bound
@@ -144,10 +145,8 @@ def test_a_bucket_too_large_to_search_claims_nothing():
 @pytest.mark.parametrize("seed", [3, 9])
 def test_its_memory_cap_stops_it_short_and_what_it_has_holds(seed, monkeypatch):
     """NODE_BYTES counts the nodes made and the frontier's entries: a cap of a few nodes stops the search
-    unfinished, below the optimum; the default cap lets the same instance end exact (so the cap is what stopped
-    it, and the unpriced children alone never do)."""
-    from model.planning import prefix_bound as PB
-
+    unfinished, below the optimum; the default cap lets the same instance end exact (so the small cap is what
+    stopped it)."""
     prob = riders_instance(seed)
     best = brute_force(prob).cost
     assert all(exact for _, _, exact in bounds(prob, 0.0))

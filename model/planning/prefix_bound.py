@@ -213,8 +213,8 @@ def prefix_bound(problem: Problem, S: np.ndarray, G: np.ndarray, phi: np.ndarray
         return PrefixBound(-np.inf, False, 0)
     suffixes = Suffixes(problem, S, G, phi, acc, raised, charge, top, cands, lam, limit)
     own, F = suffixes.own, suffixes.F
-    empty = np.zeros(0, dtype=np.int64)
-    root = Prefix((), empty, empty, np.zeros(0), empty.astype(np.int32), empty.astype(np.int32), 0.0)
+    empty, none = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
+    root = Prefix((), empty, empty, np.zeros(0), none, none, 0.0)
     tie = itertools.count()
     boxes_at = functools.cache(lambda h: shape_boxes(problem, S, G, cands, h, limit))
     # a frontier item: (bound, tie, node, state, h); OPEN a priced prefix to expand, CHILD the node's child at
