@@ -49,7 +49,7 @@ def free_prices(levels_n: np.ndarray, Tp: np.ndarray) -> np.ndarray:
     src = np.maximum(N[1:, None] - n[None, :], 0.0)
     single = Tp[:, 1] if Tp.shape[1] > 1 else np.zeros(len(c))
     V = np.r_[0.0, np.cumsum(c * np.where(np.isfinite(single), single, 0.0))]
-    V = greatest_convex(N, V, T, src)
+    V = greatest_convex(N, V, T)
     # the last iterate may sit a hair above a constraint: lower every level by the worst excess per member
     sums = V[1:, None] - np.interp(src, N, V)
     excess = np.where(np.isfinite(T), sums - T, -np.inf).max(initial=0.0)

@@ -17,8 +17,8 @@ where the box is over the limit), the members' prices must satisfy
 
 C_g(r) the r largest rider prices with gen <= g (concave in r, so the minimum is at r* = the riders priced
 above pe, clipped to the box's size range).  Members' prices are taken nondecreasing in gen, so the a
-largest with gen <= g are the last a in gen order and ``window_bound.lp_duals``' projections (greatest
-convex cumulative price under every such difference constraint) find them with T' in place of T.  A
+largest with gen <= g are the last a in gen order and ``projections.greatest_convex`` (the greatest
+convex cumulative price under every such difference constraint) finds them with T' in place of T.  A
 price feasible at y_i stays feasible at every larger shape (a batch's time grows with its shape), which is
 why the riders' prices can be fixed: every interval's prices are feasible wherever its requests can run.
 
@@ -130,16 +130,15 @@ def member_limits(boxes: Boxes, at: np.ndarray, levels: np.ndarray, own_total: i
 
 def interval_prices(levels_n: np.ndarray, Tp: np.ndarray) -> np.ndarray:
     """Per level, the members' price (nondecreasing): the greatest convex cumulative price V over the members in
-    gen order with V[N_l] - V[N_l - a] <= Tp[l, a] (``window_bound.lp_duals``' projections)."""
+    gen order with V[N_l] - V[N_l - a] <= Tp[l, a] (``projections.greatest_convex``)."""
     c = levels_n.astype(np.float64)
     N = np.r_[0.0, np.cumsum(c)]
     n = np.arange(1, Tp.shape[1])
     T = Tp[:, 1:]
     T = np.where(n[None, :] <= N[1:, None], T, np.inf)
-    src = np.maximum(N[1:, None] - n[None, :], 0.0)
     single = Tp[:, 1] if Tp.shape[1] > 1 else np.zeros(len(c))
     V = np.r_[0.0, np.cumsum(c * np.where(np.isfinite(single), np.maximum(single, 0.0), 0.0))]
-    V = greatest_convex(N, V, T, src)
+    V = greatest_convex(N, V, T)
     return np.maximum(np.diff(V) / c, 0.0)
 
 

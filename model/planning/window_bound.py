@@ -22,10 +22,9 @@ its size and longest gen, and the best prices of the pool are the optimal dual o
 set-partitioning LP over every batch at s.  Requests dominated by a longer gen may take
 no more, so the duals can be taken nondecreasing in gen, and then the constraints that
 matter are the runs of consecutive gens: the dual is the greatest convex P with
-P[i] - P[i - n] <= T(n, s, g_i).  ``lp_duals`` finds it by alternating the two
-projections (convex minorant, and P[i] <- min_n P[i - n] + T); both keep every
-feasible convex P below, so the iteration descends onto the optimum, and the last
-iterate is scaled down to exact feasibility.  Gens are rounded DOWN to at most
+P[i] - P[i - n] <= T(n, s, g_i).  ``lp_duals`` finds it in one pass up the gens
+(``projections.greatest_convex``) and scales it down to exact feasibility against
+rounding.  Gens are rounded DOWN to at most
 ``LEVELS`` levels first (a relaxation).  The LP is solved at each distinct shape of the
 window's own requests; between two of them the pool is the same and the prices at the
 lower one plus the per-member growth of T are feasible.  Anywhere the time budget ran
@@ -53,9 +52,8 @@ from model.planning.rider_bound import raised_own_bound
 from model.planning.shapes import charged_tables, own_bound, shape_dp, shape_sets
 from model.planning.window_runs import WindowPools, window_pools
 
-# gen levels per LP (gens rounded down to request-weighted quantiles beyond that); with 48 levels and 400
-# projection rounds the whole-trace bound on the Azure code trace was 3.20e6, with 1000 and 3000
-# (``projections.MAX_ITERS``) it converges at 3.48e6 (windows of 60 s: 3.98e6 -> 4.14e6) in about the same time
+# gen levels per LP (gens rounded down to request-weighted quantiles beyond that); with 48 levels the
+# whole-trace bound on the Azure code trace was 3.20e6, with 1000 3.48e6 (windows of 60 s: 3.98e6 -> 4.14e6)
 LEVELS = 1000
 
 
@@ -103,7 +101,7 @@ def lp_duals(g: np.ndarray, s: int, prof: DeviceProfile, max_batch: int | None,
     T = np.where(valid, T, np.inf)
     src = np.maximum(N[1:, None] - n[None, :], 0.0)
     V = np.r_[0.0, np.cumsum(c * penalised(batch_time(1, s, h, prof), 1, penalty))]  # everyone alone: above P
-    V = greatest_convex(N, V, T, src)
+    V = greatest_convex(N, V, T)
     sums = V[1:, None] - np.interp(src, N, V)
     theta = max(1.0, float(np.max(np.where(valid, sums / T, 0.0))))
     slope = np.diff(V) / c / theta
