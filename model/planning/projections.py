@@ -42,9 +42,9 @@ def lower_hull(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def alternated(N: np.ndarray, V0: np.ndarray, T: np.ndarray, rounds: int | None = None) -> np.ndarray | None:
     """``greatest_convex`` by alternating the convex minorant with the difference constraints for at most
-    ``rounds`` (default ``ROUNDS``) rounds, None where they have not settled.  Both projections keep every feasible convex V below,
-    so the iteration descends onto the greatest; once stable it may sit a relative 1e-12 above a constraint,
-    which the callers' own checks take back."""
+    ``rounds`` (default ``ROUNDS``) rounds, None where they have not settled.  Both projections keep every
+    feasible convex V below, so the iteration descends onto the greatest; once stable it may sit a relative
+    1e-12 above a constraint, which the callers' own checks take back."""
     src = np.maximum(N[1:, None] - np.arange(1, T.shape[1] + 1)[None, :], 0.0)
     V = V0.copy()
     for _ in range(ROUNDS if rounds is None else rounds):
